@@ -1,0 +1,159 @@
+"""Load ML-Bench rows from the hub, a local JSONL/Parquet file or a ``save_to_disk`` folder, and validate them."""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from mlbench_kit.errors import MLBenchError
+from mlbench_kit.io import read_jsonl
+
+HUB_ID = "super-dainiu/ml-bench"
+HUB_SPLITS = ("full", "quarter", "id_train", "ood_train")
+TYPES = ("Bash Script", "Python Code")
+REQUIRED = ("github_id", "id", "path", "arguments", "instruction", "oracle", "type", "output")
+# Column names used by older releases of the dataset and by the benchmark's scripts.
+ALIASES = {"instructions": "instruction", "oracle_segment": "oracle"}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One validated ML-Bench row. ``where`` says where it came from (file:line or split[index])."""
+
+    github_id: int
+    id: int
+    repo: str
+    path: str
+    arguments: dict[str, str]
+    instruction: str
+    oracle: str
+    type: str
+    output: str
+    github: str = ""
+    repo_id: int | None = None
+    prefix_code: str = ""
+    where: str = field(default="", compare=False)
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.github_id, self.id)
+
+    def to_record(self) -> dict[str, Any]:
+        rec = asdict(self)
+        rec.pop("where")
+        return rec
+
+
+def parse_arguments(value: Any, where: str) -> dict[str, str]:
+    """Parse the ``arguments`` column: a Python-literal dict string (never ``eval``), or a dict."""
+    if isinstance(value, dict):
+        parsed = value
+    elif isinstance(value, str):
+        try:
+            parsed = ast.literal_eval(value) if value.strip() else {}
+        except (ValueError, SyntaxError) as exc:
+            raise MLBenchError(f"`arguments` is not a Python-literal dict: {value[:80]!r} ({exc.__class__.__name__})",
+                               where, "write it like \"{'dataset': 'cora', 'lr': '0.01'}\"") from None
+    else:
+        raise MLBenchError(f"`arguments` must be a string or dict, got {type(value).__name__}", where)
+    if not isinstance(parsed, dict):
+        raise MLBenchError(f"`arguments` must be a dict, got {type(parsed).__name__}: {value!r:.80}", where)
+    return {str(k): str(v) for k, v in parsed.items()}
+
+
+def repo_name(github: str, github_id: int) -> str:
+    """Repository folder name: the last part of the GitHub URL (``dmlc/dgl`` -> ``dgl``)."""
+    name = github.rstrip("/").rsplit("/", 1)[-1] if github else ""
+    return name.removesuffix(".git") or f"repo{github_id}"
+
+
+def validate_row(row: dict[str, Any], where: str) -> Sample:
+    """Turn one raw row into a :class:`Sample`, or raise one clear error."""
+    row = {ALIASES.get(k, k): v for k, v in row.items()}
+    missing = [c for c in REQUIRED if c not in row or row[c] is None]
+    if missing:
+        raise MLBenchError(f"missing column(s) {', '.join(missing)}", where,
+                           f"every row needs: {', '.join(REQUIRED)}")
+    if row["type"] not in TYPES:
+        raise MLBenchError(f"unknown type {row['type']!r}", where, f"use one of {TYPES}")
+    for col in ("github_id", "id"):
+        if isinstance(row[col], bool) or not isinstance(row[col], (int, str)) or not str(row[col]).lstrip("-").isdigit():
+            raise MLBenchError(f"`{col}` must be an integer, got {row[col]!r}", where)
+    for col in ("path", "instruction", "oracle", "output"):
+        if not isinstance(row[col], str):
+            raise MLBenchError(f"`{col}` must be a string, got {type(row[col]).__name__}", where)
+    github_id = int(row["github_id"])
+    return Sample(
+        github_id=github_id, id=int(row["id"]), repo=repo_name(row.get("github") or "", github_id),
+        path=row["path"], arguments=parse_arguments(row["arguments"], where), instruction=row["instruction"],
+        oracle=row["oracle"], type=row["type"], output=row["output"], github=row.get("github") or "",
+        repo_id=int(row["repo_id"]) if row.get("repo_id") is not None else None,
+        prefix_code=row.get("prefix_code") or "", where=where,
+    )
+
+
+def _check_unique(samples: Iterable[Sample]) -> None:
+    seen: dict[tuple[int, int], str] = {}
+    for s in samples:
+        if s.key in seen:
+            raise MLBenchError(f"duplicate sample (github_id={s.github_id}, id={s.id}); first seen at {seen[s.key]}",
+                               s.where, "each (github_id, id) must appear once per split")
+        seen[s.key] = s.where
+
+
+def _rows_from_datasets(ds: Any, label: str) -> list[Sample]:
+    return [validate_row(dict(r), f"{label}[{i}]") for i, r in enumerate(ds)]
+
+
+def load_samples(source: str | Path, split: str = "full") -> list[Sample]:
+    """Load and validate ML-Bench rows.
+
+    ``source`` is a hub id (``super-dainiu/ml-bench``), a ``.jsonl`` / ``.parquet`` file, or a folder
+    written by ``datasets.save_to_disk`` (a ``DatasetDict``, from which ``split`` is taken, or a ``Dataset``).
+    """
+    src = str(source)
+    path = Path(src)
+    if path.suffix == ".jsonl" or (path.is_file() and path.suffix == ".json"):
+        samples = [validate_row(row, f"{path}:{ln}") for ln, row in read_jsonl(path)]
+    elif path.suffix == ".parquet":
+        if not path.is_file():
+            raise MLBenchError("file not found", src)
+        import datasets
+        samples = _rows_from_datasets(datasets.Dataset.from_parquet(src), str(path))
+    elif path.is_dir():
+        import datasets
+        try:
+            ds = datasets.load_from_disk(src)
+        except FileNotFoundError as exc:
+            raise MLBenchError(f"not a datasets.save_to_disk folder ({exc})", src,
+                               "pass a .jsonl/.parquet file, a save_to_disk folder, or a hub id") from None
+        if isinstance(ds, datasets.DatasetDict):
+            if split not in ds:
+                raise MLBenchError(f"split {split!r} not in this DatasetDict (has {sorted(ds)})", src)
+            ds = ds[split]
+        samples = _rows_from_datasets(ds, f"{src}[{split}]")
+    elif "/" in src and not path.exists() and not src.startswith((".", "/")):
+        samples = _load_hub(src, split)
+    else:
+        raise MLBenchError("no such file, folder or hub dataset", src,
+                           f"pass a .jsonl/.parquet file, a save_to_disk folder, or a hub id like {HUB_ID}")
+    if not samples:
+        raise MLBenchError("no rows", src, "the source is empty")
+    _check_unique(samples)
+    return samples
+
+
+def _load_hub(hub_id: str, split: str) -> list[Sample]:
+    import datasets
+    if hub_id == HUB_ID and split not in HUB_SPLITS:
+        raise MLBenchError(f"unknown split {split!r} of {HUB_ID}", hub_id, f"use one of {HUB_SPLITS}")
+    try:
+        ds = datasets.load_dataset(hub_id, split=split)
+    except Exception as exc:  # offline, unknown id, auth: datasets raises many types
+        raise MLBenchError(f"could not load {hub_id!r} split {split!r} from the Hugging Face hub "
+                           f"({exc.__class__.__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''})",
+                           hub_id, "offline? pass a local copy instead: --data path/to/full.jsonl "
+                           "(or a .parquet file, or a datasets.save_to_disk folder)") from None
+    return _rows_from_datasets(ds, f"{hub_id}[{split}]")

@@ -1,0 +1,78 @@
+"""Fit a rendered example into a token budget by cutting only the README context."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .templates import Rendered
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The rendered example after fitting, with what the cut cost."""
+
+    rendered: Rendered
+    truncated: bool
+    context_tokens: int  # tokens of the context before cutting
+    dropped_tokens: int  # context tokens cut away
+    total_tokens: int  # prompt + answer + EOS after cutting
+    over_budget: bool  # instruction + answer alone exceed the budget (context emptied; nothing else is cut)
+
+
+class TokenBudget:
+    """Counts tokens like training will (BOS + prompt, answer, EOS) and cuts the context at a token boundary."""
+
+    def __init__(self, tokenizer: Any, max_tokens: int, prompt_has_specials: bool = False) -> None:
+        self.tok = tokenizer
+        self.max_tokens = max_tokens
+        # A chat-template prompt already carries BOS as text; other prompts get the tokenizer's specials.
+        self.prompt_specials = not prompt_has_specials
+        self._ctx_cache: dict[str, list[tuple[int, int]]] = {}
+
+    def count(self, r: Rendered) -> int:
+        n_prompt = len(self.tok(r.prompt, add_special_tokens=self.prompt_specials)["input_ids"])
+        n_answer = len(self.tok(r.answer, add_special_tokens=False)["input_ids"])
+        return n_prompt + n_answer + 1  # + EOS
+
+    def _offsets(self, context: str) -> list[tuple[int, int]]:
+        offs = self._ctx_cache.get(context)
+        if offs is None:
+            offs = self.tok(context, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+            if len(self._ctx_cache) > 4096:
+                self._ctx_cache.clear()
+            self._ctx_cache[context] = offs
+        return offs
+
+    def fit(self, make: Callable[[str], Rendered], context: str) -> Fit:
+        """Render with ``make(context)``; if over budget, keep the longest context prefix that fits."""
+        offs = self._offsets(context)
+        r = make(context)
+        total = self.count(r)
+        if total <= self.max_tokens:
+            return Fit(r, False, len(offs), 0, total, False)
+        keep = len(offs) - (total - self.max_tokens)
+        for _ in range(16):  # token merges at the cut can shift the count by a few tokens
+            keep = max(keep, 0)
+            cut = context[: offs[keep - 1][1]] if keep > 0 else ""
+            r = make(cut)
+            total = self.count(r)
+            if total <= self.max_tokens or keep == 0:
+                break
+            keep -= total - self.max_tokens
+        return Fit(r, True, len(offs), len(offs) - keep, total, total > self.max_tokens)
+
+
+def load_tokenizer(name_or_path: str) -> Any:
+    """Load a (fast) tokenizer from a local folder or a hub id, with a clear error offline."""
+    from transformers import AutoTokenizer
+
+    from mlbench_kit.errors import MLBenchError
+    try:
+        tok = AutoTokenizer.from_pretrained(name_or_path)
+    except Exception as exc:
+        raise MLBenchError(f"could not load tokenizer ({exc.__class__.__name__}: {str(exc).splitlines()[0][:160]})",
+                           name_or_path, "pass a local tokenizer folder, or run with network access to the hub")
+    if not getattr(tok, "is_fast", False):
+        raise MLBenchError("a fast tokenizer is needed (offsets are used to cut the context)", name_or_path)
+    return tok

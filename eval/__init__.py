@@ -1,0 +1,1 @@
+"""mlbench_kit.eval"""

@@ -1,0 +1,2 @@
+def add_arguments(p): pass
+def run(a): return 0

@@ -1,0 +1,40 @@
+"""The `mlbench` command: one sub-command per stage."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable
+
+from .errors import MLBenchError
+
+
+def _stages() -> dict[str, tuple[str, Callable, Callable]]:
+    from mlbench_kit.data_prep import prepare
+    from mlbench_kit.eval import run as eval_run
+    return {
+        "prep": ("render tasks 1-3 into prompts", prepare.add_arguments, prepare.run),
+        "eval": ("execute generations in a sandbox and score them", eval_run.add_arguments, eval_run.run),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``mlbench``; bad input exits with status 2 and one clear message."""
+    parser = argparse.ArgumentParser(prog="mlbench", description=__doc__)
+    sub = parser.add_subparsers(dest="stage", required=True)
+    stages = _stages()
+    for name, (help_, add, _) in stages.items():
+        add(sub.add_parser(name, help=help_, description=help_))
+    args = parser.parse_args(argv)
+    try:
+        return stages[args.stage][2](args)
+    except MLBenchError as exc:
+        print(f"error: {exc.render()}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: results written so far are kept; re-run the same command to resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""JSONL reading with file:line errors, atomic writes and append-only logs."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from .errors import MLBenchError
+
+
+def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(line_number, object)`` for each non-blank line; bad JSON raises with file:line."""
+    path = Path(path)
+    if not path.is_file():
+        raise MLBenchError("file not found", str(path), "check the path")
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise MLBenchError(f"bad JSON ({exc.msg} at column {exc.colno})", f"{path}:{lineno}",
+                                   "each line must be one JSON object") from None
+            if not isinstance(obj, dict):
+                raise MLBenchError(f"expected a JSON object, got {type(obj).__name__}", f"{path}:{lineno}")
+            yield lineno, obj
+
+
+def read_jsonl_tolerant(path: str | Path) -> list[dict[str, Any]]:
+    """Read an append-only log, ignoring a torn last line left by a killed writer."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    rows = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                break  # torn tail from a kill mid-write: that record is redone
+            raise MLBenchError("corrupt record in the middle of a results log", f"{path}:{i + 1}",
+                               "delete the file to start over") from None
+    return rows
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` so that readers see the old file or the new one, never half of it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_jsonl_atomic(path: str | Path, rows: Iterable[dict[str, Any]]) -> None:
+    """Write all rows as JSONL atomically."""
+    write_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> None:
+    """Write one JSON document atomically."""
+    write_atomic(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+
+
+class AppendLog:
+    """An append-only JSONL file: one whole line per record, flushed and fsynced."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._repair_tail()
+        self._fh = self.path.open("a", encoding="utf-8")
+
+    def _repair_tail(self) -> None:
+        # A kill mid-write leaves a last line without "\n"; cut it so the next append starts clean.
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            return
+        data = self.path.read_bytes()
+        if not data.endswith(b"\n"):
+            self.path.write_bytes(data[: data.rfind(b"\n") + 1])
+
+    def append(self, row: dict[str, Any]) -> None:
+        self._fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def __enter__(self) -> "AppendLog":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

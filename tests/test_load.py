@@ -1,0 +1,92 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from mlbench_kit.data_prep.load import load_samples, parse_arguments
+from mlbench_kit.errors import MLBenchError
+
+
+def test_loads_real_test_split(shared):
+    samples = load_samples(shared / "full.jsonl")
+    assert len(samples) == 260
+    assert len({s.repo for s in samples}) == 14
+    assert sum(s.type == "Bash Script" for s in samples) == 171
+    first = samples[0]
+    assert first.repo == "dgl" and first.arguments == {"dataset": "Citeseer", "lr": "0", "num-stacks": "5"}
+
+
+def _write(tmp_path, rows, raw_lines=()):
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + "".join(raw_lines))
+    return path
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda r: r.pop("oracle"), "missing column(s) oracle"),
+    (lambda r: r.update(type="Shell"), "unknown type 'Shell'"),
+    (lambda r: r.update(arguments="{'a': foo()}"), "not a Python-literal dict"),
+    (lambda r: r.update(arguments="['a']"), "must be a dict"),
+    (lambda r: r.update(id="x"), "`id` must be an integer"),
+])
+def test_bad_rows_name_file_and_line(tmp_path, full_rows, mutate, message):
+    rows = [dict(full_rows[0]), dict(full_rows[1])]
+    mutate(rows[1])
+    path = _write(tmp_path, rows)
+    with pytest.raises(MLBenchError) as exc:
+        load_samples(path)
+    assert message in str(exc.value) and f"{path}:2" in str(exc.value)
+
+
+def test_arguments_are_never_evaluated(tmp_path):
+    marker = tmp_path / "pwned"
+    with pytest.raises(MLBenchError):
+        parse_arguments(f"__import__('pathlib').Path({str(marker)!r}).touch()", "x:1")
+    assert not marker.exists()
+
+
+def test_bad_json_and_duplicates(tmp_path, full_rows):
+    path = _write(tmp_path, full_rows[:2], ['{"github_id": 1, oops}\n'])
+    with pytest.raises(MLBenchError, match=r"d.jsonl:3: bad JSON"):
+        load_samples(path)
+    path = _write(tmp_path, [full_rows[0], full_rows[0]])
+    with pytest.raises(MLBenchError, match=r"d.jsonl:2: duplicate sample"):
+        load_samples(path)
+
+
+def test_cli_exits_2_with_one_message(tmp_path, full_rows):
+    bad = dict(full_rows[0], type="Nope")
+    path = _write(tmp_path, [bad])
+    out = tmp_path / "out"
+    res = subprocess.run([sys.executable, "-m", "mlbench_kit.cli", "prep", "--data", str(path), "--splits", "t",
+                          "--tasks", "3", "--out", str(out)], capture_output=True, text=True)
+    assert res.returncode == 2
+    assert f"{path}:1: unknown type 'Nope'" in res.stderr and "Traceback" not in res.stderr
+    assert not out.exists()  # nothing half-written
+
+
+def test_parquet_and_save_to_disk_and_aliases(tmp_path, full_rows):
+    import datasets
+    rows = [dict(r) for r in full_rows[:5]]
+    for r in rows:  # the older column names of the benchmark's scripts
+        r["instructions"] = r.pop("instruction")
+    ds = datasets.Dataset.from_list(rows)
+    ds.to_parquet(str(tmp_path / "x.parquet"))
+    datasets.DatasetDict({"full": ds}).save_to_disk(str(tmp_path / "dd"))
+    a = load_samples(tmp_path / "x.parquet")
+    b = load_samples(tmp_path / "dd", "full")
+    assert a == b and len(a) == 5 and a[0].instruction == full_rows[0]["instruction"]
+    with pytest.raises(MLBenchError, match="split 'quarter' not in this DatasetDict"):
+        load_samples(tmp_path / "dd", "quarter")
+
+
+def test_hub_offline_says_how_to_pass_a_local_file(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(MLBenchError) as exc:
+        load_samples("super-dainiu/ml-bench", "full")
+    assert "--data path/to/full.jsonl" in str(exc.value)
+    with pytest.raises(MLBenchError, match="unknown split"):
+        load_samples("super-dainiu/ml-bench", "nope")

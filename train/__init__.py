@@ -1,0 +1,1 @@
+"""mlbench_kit.train — placeholder package; the stage lands with its issue."""
