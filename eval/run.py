@@ -1,2 +1,233 @@
-def add_arguments(p): pass
-def run(a): return 0
+"""`mlbench eval`: validate generations, check parameters and types, execute in a sandbox, score, report.
+
+Results are appended per generation to ``OUT/results.jsonl``; a killed run resumes where it stopped, a
+finished run re-run does nothing, and ``--rescore`` recomputes metrics without executing anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import sys
+import tempfile
+import threading
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from mlbench_kit.data_prep.load import Sample, load_samples
+from mlbench_kit.errors import MLBenchError
+from mlbench_kit.io import AppendLog, read_jsonl_tolerant, write_atomic, write_json_atomic
+
+from .checks import check_output, runs_as_shell
+from .envs import EnvConfig
+from .generations import load_generations
+from .metrics import summarize
+from .report import to_markdown
+from .sandbox import BACKENDS, ExecResult, Job, Limits, check_backend, execute
+from .static_cli import check_command
+
+MODES = ("compat", "strict")
+_SYNTAX = re.compile(r"SyntaxError|IndentationError|syntax error near unexpected token|unexpected EOF")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``mlbench eval``."""
+    p.add_argument("--data", required=True, help="ML-Bench rows the generations answer (file, folder or hub id)")
+    p.add_argument("--split", default="full")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--generations", help="generations JSONL: {github_id, id, output: [n strings]} per line")
+    src.add_argument("--gold", action="store_true", help="score the dataset's own `output` column")
+    p.add_argument("--out", required=True, help="run folder (results.jsonl, summary.json, report.md)")
+    p.add_argument("--mode", choices=MODES, default="compat",
+                   help="compat: exactly the benchmark's checker; strict: its known holes closed")
+    p.add_argument("--backend", choices=BACKENDS, default="bwrap")
+    p.add_argument("--unsafe-local", action="store_true", help="allow --backend local (no isolation)")
+    p.add_argument("--envs", help="YAML of per-repository environments (configs/eval/*.yaml)")
+    p.add_argument("--repos-dir", help="folder holding one checkout per repository")
+    p.add_argument("--parser", choices=["compat", "fenced"], default="compat", help="code parser for `raw` lines")
+    p.add_argument("--n", type=int, help="outputs per sample (default: the most common count)")
+    p.add_argument("--k", type=int, nargs="+", default=[1, 2, 5])
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--timeout", type=float, help="wall-clock limit per execution (default: the benchmark's)")
+    p.add_argument("--timeout-pass", action="store_true", help="strict mode: count a timeout as a pass")
+    p.add_argument("--static-gate", action="store_true",
+                   help="strict mode: fail outputs whose CLI check finds unknown options or invalid choices")
+    p.add_argument("--mem-mb", type=int, default=8192)
+    p.add_argument("--rescore", action="store_true", help="recompute metrics from results.jsonl only")
+    p.add_argument("--no-ci", action="store_true", help="skip bootstrap confidence intervals")
+
+
+def reference_timeout(github_id: int, as_shell: bool) -> float:
+    """The benchmark's limits: 10 s; 4 s for vid2vid (5); 7 s for pytorch-image-models (11) Python code."""
+    if github_id == 5:
+        return 4.0
+    if github_id == 11 and not as_shell:
+        return 7.0
+    return 10.0
+
+
+def _sha(*parts: str) -> str:
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:16]
+
+
+class Scorer:
+    """Scores one generation at a time; identical (sample, output) executions run once."""
+
+    def __init__(self, args: argparse.Namespace, envs: EnvConfig, scratch: Path) -> None:
+        self.args, self.envs, self.scratch = args, envs, scratch
+        self._cache: dict[str, ExecResult] = {}
+        self._locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
+        self.executions = self.cached = 0
+
+    def _run(self, s: Sample, output: str) -> tuple[ExecResult, bool]:
+        env = self.envs.for_repo(s.repo)
+        as_shell = runs_as_shell(output)
+        key = _sha(s.repo, s.path, output, str(as_shell))
+        with self._locks[key]:
+            if key in self._cache:
+                self.cached += 1
+                return self._cache[key], True
+            wall = self.args.timeout or reference_timeout(s.github_id, as_shell)
+            job = Job(output, as_shell, env.checkout, s.path, env.env_bin, env.conda, env.image, env.ro_paths)
+            res = execute(job, self.args.backend, Limits(wall_s=wall, mem_mb=self.args.mem_mb), self.scratch,
+                          drain=self.args.mode == "strict")
+            self._cache[key] = res
+            self.executions += 1
+            return res, False
+
+    def score(self, s: Sample, idx: int, output: str) -> dict[str, Any]:
+        """The verdict record of one generation."""
+        a, strict = self.args, self.args.mode == "strict"
+        checks = check_output(output, s.arguments, s.type, a.mode)
+        cli = None
+        if runs_as_shell(output):
+            rep = check_command(output, self.envs.for_repo(s.repo).checkout / s.path)
+            cli = None if rep is None else {"script": rep.script, "unknown_options": rep.unknown_options,
+                                            "invalid_choices": rep.invalid_choices}
+        cli_ok = cli is None or not (cli["unknown_options"] or cli["invalid_choices"])
+        gate = checks.params_ok and checks.type_ok and (cli_ok or not (strict and a.static_gate))
+        rec: dict[str, Any] = {
+            "github_id": s.github_id, "id": s.id, "idx": idx, "repo": s.repo, "type": s.type,
+            "output_sha": _sha(output), "mode": a.mode, "param_hits": checks.param_hits,
+            "params_ok": checks.params_ok, "type_ok": checks.type_ok, "cli": cli, "executed": False,
+            "exit_code": None, "timed_out": False, "survivors": 0, "duration": 0.0, "cached": False, "log": "",
+        }
+        exec_ok = False
+        if gate:
+            res, cached = self._run(s, output)
+            exec_ok = (res.exit_code == 0 or res.timed_out) if not strict else (
+                (res.exit_code == 0 or (res.timed_out and a.timeout_pass)) and res.survivors == 0)
+            rec.update(executed=True, exit_code=res.exit_code, timed_out=res.timed_out, survivors=res.survivors,
+                       duration=res.duration, cached=cached, log=res.log[-2000:])
+        rec["passed"] = bool(gate and exec_ok)
+        rec["error_class"] = None if rec["passed"] else _error_class(rec, gate, cli_ok)
+        return rec
+
+
+def _error_class(rec: dict[str, Any], gate: bool, cli_ok: bool) -> str:
+    if not rec["type_ok"]:
+        return "E1"
+    if not rec["params_ok"] or not gate:
+        return "E2"
+    if _SYNTAX.search(rec["log"]):
+        return "E4"
+    if rec["timed_out"]:
+        return "TIMEOUT"
+    if rec["survivors"] and rec["exit_code"] == 0:
+        return "BACKGROUND"
+    return "E2" if not cli_ok else "E5"
+
+
+def gold_ceiling(samples: list[Sample]) -> dict[str, dict[str, int]]:
+    """How the ground truth itself fares under the benchmark's parameter and type checks, per repository."""
+    out: dict[str, dict[str, int]] = {}
+    for s in samples + [None]:  # None closes with the ALL row
+        for repo in ([s.repo, "ALL"] if s else []):
+            c = out.setdefault(repo, {"rows": 0, "param_ok": 0, "type_ok": 0, "both": 0})
+            ch = check_output(s.output, s.arguments, s.type, "compat")
+            c["rows"] += 1
+            c["param_ok"] += ch.params_ok
+            c["type_ok"] += ch.type_ok
+            c["both"] += ch.params_ok and ch.type_ok
+    return dict(sorted(out.items(), key=lambda kv: (kv[0] == "ALL", kv[0])))
+
+
+def _config(args: argparse.Namespace) -> dict[str, Any]:
+    keys = ("data", "split", "generations", "gold", "mode", "backend", "parser", "timeout", "timeout_pass",
+            "static_gate", "mem_mb")
+    return {k: getattr(args, k) for k in keys}
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the eval stage; returns the exit status."""
+    out = Path(args.out)
+    cfg = _config(args)
+    saved = out / "run.json"
+    if saved.exists():
+        old = json.loads(saved.read_text())
+        diff = {k: (old.get(k), v) for k, v in cfg.items() if old.get(k) != v}
+        if diff:
+            raise MLBenchError(f"this run folder was made with other settings: {diff}", str(saved),
+                               "use a new --out, or the same settings to resume")
+    samples = {s.key: s for s in load_samples(args.data, args.split)}
+    if args.gold:
+        from .generations import Generations
+        gens = Generations({k: [s.output] for k, s in samples.items()}, 1)
+    else:
+        gens = load_generations(args.generations, samples, args.parser, args.n)
+    results_path = out / "results.jsonl"
+    if not args.rescore:
+        check_backend(args.backend, args.unsafe_local)
+        envs = EnvConfig(args.envs, args.repos_dir)
+        for repo in sorted({samples[k].repo for k in gens.outputs}):
+            envs.for_repo(repo)  # fail before executing anything if a checkout is missing
+        write_json_atomic(saved, cfg)
+        done = {(r["github_id"], r["id"], r["idx"]) for r in read_jsonl_tolerant(results_path)}
+        todo = [(samples[k], i, o) for k, outs in gens.outputs.items() for i, o in enumerate(outs)
+                if (k[0], k[1], i) not in done]
+        with tempfile.TemporaryDirectory(prefix="mlbench-eval-") as tmp, AppendLog(results_path) as log:
+            scorer = Scorer(args, envs, Path(tmp))
+            lock = threading.Lock()
+
+            def work(item: tuple[Sample, int, str]) -> bool:
+                rec = scorer.score(*item)
+                with lock:
+                    log.append(rec)
+                return rec["passed"]
+
+            with ThreadPoolExecutor(max_workers=max(1, args.workers)) as pool:
+                bar = tqdm(pool.map(work, todo), total=len(todo), desc="eval", unit="gen",
+                           disable=not todo, file=sys.stderr)
+                passed = sum(bar)
+        print(f"eval: executed {scorer.executions} (reused {scorer.cached}); {passed}/{len(todo)} new generations "
+              f"passed; {len(done)} already done", file=sys.stderr)
+    results = read_jsonl_tolerant(results_path)
+    if not results:
+        raise MLBenchError("no results to score", str(results_path), "run without --rescore first")
+    ks = sorted(k for k in args.k if k <= gens.n) or [1]
+    scored = [samples[k] for k in gens.outputs]
+    notes = [f"{len(gens.missing)} dataset rows have no generations and are not scored "
+             f"(first: {gens.missing[:5]})" if gens.missing else "every dataset row has generations",
+             f"{len(gens.reference_would_drop)} rows have a number of outputs other than 5: the benchmark's "
+             f"checker silently drops them; here they are scored (first: {gens.reference_would_drop[:3]})"
+             if gens.reference_would_drop and not args.gold else "no rows the benchmark's checker would drop",
+             f"{sum(bool(s.prefix_code.strip()) for s in scored)} rows carry prefix_code (environment preparation): "
+             "it is not run per generation, as in the benchmark; it belongs to building the repository's env"]
+    summary = {"generations": "gold" if args.gold else str(args.generations), "mode": args.mode,
+               "backend": args.backend, "n": gens.n, "ks": ks,
+               "executions": sum(r["executed"] and not r["cached"] for r in results),
+               "cached_executions": sum(r["cached"] for r in results),
+               "metrics": summarize(results, ks, ci=not args.no_ci), "gold_ceiling": gold_ceiling(scored),
+               "reference_would_drop": gens.reference_would_drop, "missing": gens.missing, "notes": notes}
+    write_json_atomic(out / "summary.json", summary)
+    write_atomic(out / "report.md", to_markdown(summary))
+    o = summary["metrics"]["overall"]
+    print(f"eval: {o['samples']} samples, " + ", ".join(f"Pass@{k} {o[f'pass@{k}']:.3f}" for k in ks)
+          + f"; report: {out / 'report.md'}", file=sys.stderr)
+    return 0

@@ -1,0 +1,44 @@
+"""The markdown report of an eval run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .metrics import ERROR_CLASSES
+
+
+def _row(name: str, m: dict[str, Any], ks: list[int]) -> str:
+    cells = [name, str(m["samples"])]
+    for k in ks:
+        ci = m.get(f"pass@{k}_ci95")
+        cells.append(f"{m[f'pass@{k}']:.3f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""))
+    cells += [f"{m['param_hit_precision']:.3f}" if m["param_hit_precision"] is not None else "",
+              f"{m['type_accuracy']:.3f}" if m["type_accuracy"] is not None else ""]
+    return "| " + " | ".join(cells) + " |"
+
+
+def to_markdown(summary: dict[str, Any]) -> str:
+    """Render ``summary.json`` as markdown."""
+    ks = summary["ks"]
+    head = "| group | samples | " + " | ".join(f"Pass@{k} [95% CI]" for k in ks) + " | param hit | type acc |"
+    sep = "|" + "---|" * (4 + len(ks))
+    m = summary["metrics"]
+    lines = [f"# ML-Bench execution report ({summary['mode']} mode, {summary['backend']} backend)", "",
+             f"Generations: `{summary['generations']}`; {summary['n']} outputs per sample; "
+             f"{summary['executions']} executions run, {summary['cached_executions']} reused.", "",
+             head, sep, _row("**all**", m["overall"], ks)]
+    lines += [_row(f"type: {t}", v, ks) for t, v in m["per_type"].items()]
+    lines += [_row(r, v, ks) for r, v in m["per_repo"].items()]
+    ub = ", ".join(f"{k}: {m['overall'][f'unbiased_pass@{k}']}" for k in ks)
+    lines += ["", f"Unbiased pass@k (Chen et al., over all n outputs): {ub}.", "", "## Error classes", "",
+              "| class | meaning | outputs |", "|---|---|---|"]
+    for cls, cnt in sorted(m["overall"]["error_classes"].items()):
+        lines.append(f"| {cls} | {ERROR_CLASSES.get(cls, '')} | {cnt} |")
+    g = summary["gold_ceiling"]
+    lines += ["", "## Gold ceiling (ground truth under the benchmark's parameter and type checks)", "",
+              "| repository | rows | param ok | type ok | both |", "|---|---|---|---|---|"]
+    for repo, c in g.items():
+        lines.append(f"| {repo} | {c['rows']} | {c['param_ok']} | {c['type_ok']} | {c['both']} |")
+    notes = summary["notes"]
+    lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
+    return "\n".join(lines) + "\n"

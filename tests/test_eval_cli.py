@@ -1,0 +1,98 @@
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from mlbench_kit.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "mlbench_kit" / "sample" / "samples.jsonl"
+ENVS = ROOT / "configs" / "eval" / "sample.yaml"
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+
+
+def _gens(tmp_path):
+    rows = [json.loads(x) for x in SAMPLE.open()]
+    lines = []
+    for r in rows:
+        good = r["output"]
+        outs = ["echo hello", good, good, "python train.py --dataset nope", good] if r["type"] == "Bash Script" \
+            else ["raise SystemExit(3)", good, good + "\nprint(", good, good]
+        lines.append({"github_id": r["github_id"], "id": r["id"], "output": outs})
+    path = tmp_path / "gens.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path, len(rows)
+
+
+def _eval(gens, out, *extra):
+    return main(["eval", "--data", str(SAMPLE), "--generations", str(gens), "--envs", str(ENVS), "--out", str(out),
+                 "--no-ci", *extra])
+
+
+def test_scores_resumes_and_rescores(tmp_path, capsys):
+    gens, n_rows = _gens(tmp_path)
+    out = tmp_path / "run"
+    assert _eval(gens, out) == 0
+    s = json.loads((out / "summary.json").read_text())["metrics"]["overall"]
+    assert s["samples"] == n_rows and s["pass@1"] == 0.0 and s["pass@2"] == 1.0 and s["pass@5"] == 1.0
+    assert s["unbiased_pass@1"] == pytest.approx((15 * 3 + 4 * 3) / 5 / 19)
+    assert s["error_classes"]["E1"] >= 15  # "echo hello" is not a script
+    res = [json.loads(x) for x in (out / "results.jsonl").open()]
+    assert len(res) == 5 * n_rows and sum(r["cached"] for r in res) >= 2 * n_rows  # duplicates ran once
+    syntax = [r for r in res if r["type"] == "Python Code" and r["idx"] == 2]
+    assert syntax and all(r["error_class"] == "E4" for r in syntax)
+    # a killed run: drop the tail and leave a torn line; the re-run only does what is missing
+    lines = (out / "results.jsonl").read_text().splitlines(keepends=True)
+    (out / "results.jsonl").write_text("".join(lines[:-7]) + lines[-7][:20])
+    capsys.readouterr()
+    assert _eval(gens, out) == 0
+    assert "0 already done" not in capsys.readouterr().err
+    res2 = [json.loads(x) for x in (out / "results.jsonl").open()]
+    assert sorted((r["id"], r["idx"]) for r in res2) == sorted((r["id"], r["idx"]) for r in res)
+    assert _eval(gens, out) == 0
+    assert "executed 0 (reused 0); 0/0 new" in capsys.readouterr().err
+    assert _eval(gens, out, "--rescore") == 0
+    assert "Pass@2 1.000" in capsys.readouterr().err
+    assert _eval(gens, out, "--mode", "strict") == 2  # other settings: refuse to mix in one folder
+
+
+def test_strict_mode_static_gate(tmp_path):
+    gens, _ = _gens(tmp_path)
+    out = tmp_path / "strict"
+    assert _eval(gens, out, "--mode", "strict", "--static-gate") == 0
+    res = [json.loads(x) for x in (out / "results.jsonl").open()]
+    bad = [r for r in res if r["idx"] == 3 and r["type"] == "Bash Script" and r["path"] == "./"] \
+        if "path" in res[0] else [r for r in res if r["idx"] == 3 and r["cli"] is not None]
+    assert len(bad) >= 10  # rows under ./examples/gnn have no train.py there: nothing to check statically
+    assert all(not r["passed"] and r["cli"]["invalid_choices"] == ["--dataset=nope (choices: cora, citeseer, pubmed)"]
+               for r in bad)
+    assert "strict mode" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"github_id": 101, "id": 1, "output": ["x"]}', "unknown sample github_id=101 id=1"),
+    ('{"github_id": 101, "id": 9001, "output": [1, 2]}', "must be a non-empty list of strings"),
+    ('{"github_id": 101, "id": 9001, "output": ["a"]}\n{"github_id": 101, "id": 9001, "output": ["a"]}',
+     "duplicate line"),
+    ('{"github_id": 101, "id": 9001, "output": ["a"]', "bad JSON"),
+])
+def test_bad_generations_fail_with_file_line(tmp_path, capsys, line, message):
+    gens = tmp_path / "g.jsonl"
+    gens.write_text(line + "\n")
+    assert _eval(gens, tmp_path / "o") == 2
+    err = capsys.readouterr().err
+    assert message in err and f"{gens}:" in err
+    assert not (tmp_path / "o" / "results.jsonl").exists()
+
+
+def test_gold_and_raw_responses(tmp_path):
+    rows = [json.loads(x) for x in SAMPLE.open()]
+    gens = tmp_path / "raw.jsonl"
+    gens.write_text("".join(json.dumps({"github_id": r["github_id"], "id": r["id"],
+                                        "raw": [f"Here you go:\n```bash\n{r['output']}\n```"] * 5}) + "\n"
+                            for r in rows if r["type"] == "Bash Script"))
+    assert _eval(gens, tmp_path / "raw") == 0
+    s = json.loads((tmp_path / "raw" / "summary.json").read_text())
+    assert s["metrics"]["overall"]["pass@1"] == 1.0 and len(s["missing"]) == 4
+    assert main(["eval", "--data", str(SAMPLE), "--gold", "--envs", str(ENVS), "--out", str(tmp_path / "g")]) == 0
