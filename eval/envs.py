@@ -57,14 +57,20 @@ class EnvConfig:
                                        f"allowed: {sorted(_KEYS)}")
                 self.repos[name] = spec or {}
         self.base = base
-        rd = repos_dir if repos_dir is not None else data.get("repos_dir")
-        self.repos_dir = (base / rd).resolve() if rd is not None and not Path(rd).is_absolute() else (
-            Path(rd) if rd else None)
+        # --repos-dir is relative to where mlbench runs; the YAML's repos_dir to the YAML file
         if repos_dir is not None:
-            self.repos_dir = Path(repos_dir).resolve()
+            self.repos_dir: Path | None = Path(repos_dir).resolve()
+        else:
+            self.repos_dir = (base / data["repos_dir"]).resolve() if data.get("repos_dir") else None
+        self._resolved: dict[str, RepoEnv] = {}
 
     def for_repo(self, repo: str) -> RepoEnv:
-        """The environment of ``repo``; a missing checkout is a clear error."""
+        """The environment of ``repo`` (resolved once); a missing checkout is a clear error."""
+        if repo not in self._resolved:
+            self._resolved[repo] = self._resolve(repo)
+        return self._resolved[repo]
+
+    def _resolve(self, repo: str) -> RepoEnv:
         spec = self.repos.get(repo, {})
         if spec.get("checkout"):
             checkout = (self.base / spec["checkout"]).resolve()

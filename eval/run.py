@@ -147,10 +147,10 @@ def _error_class(rec: dict[str, Any], gate: bool, cli_ok: bool) -> str:
 def gold_ceiling(samples: list[Sample]) -> dict[str, dict[str, int]]:
     """How the ground truth itself fares under the benchmark's parameter and type checks, per repository."""
     out: dict[str, dict[str, int]] = {}
-    for s in samples + [None]:  # None closes with the ALL row
-        for repo in ([s.repo, "ALL"] if s else []):
+    for s in samples:
+        ch = check_output(s.output, s.arguments, s.type, "compat")
+        for repo in (s.repo, "ALL"):
             c = out.setdefault(repo, {"rows": 0, "param_ok": 0, "type_ok": 0, "both": 0})
-            ch = check_output(s.output, s.arguments, s.type, "compat")
             c["rows"] += 1
             c["param_ok"] += ch.params_ok
             c["type_ok"] += ch.type_ok
