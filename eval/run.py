@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import re
 import sys
 import tempfile
@@ -22,7 +21,7 @@ from tqdm import tqdm
 
 from mlbench_kit.data_prep.load import Sample, load_samples
 from mlbench_kit.errors import MLBenchError
-from mlbench_kit.io import AppendLog, read_jsonl_tolerant, write_atomic, write_json_atomic
+from mlbench_kit.io import AppendLog, claim_run_folder, read_jsonl_tolerant, write_atomic, write_json_atomic
 
 from .checks import check_output, runs_as_shell
 from .envs import EnvConfig
@@ -170,11 +169,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = _config(args)
     saved = out / "run.json"
     if saved.exists():
-        old = json.loads(saved.read_text())
-        diff = {k: (old.get(k), v) for k, v in cfg.items() if old.get(k) != v}
-        if diff:
-            raise MLBenchError(f"this run folder was made with other settings: {diff}", str(saved),
-                               "use a new --out, or the same settings to resume")
+        claim_run_folder(saved, cfg)  # refuse other settings before any work
     samples = {s.key: s for s in load_samples(args.data, args.split)}
     if args.gold:
         from .generations import Generations
@@ -187,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
         envs = EnvConfig(args.envs, args.repos_dir)
         for repo in sorted({samples[k].repo for k in gens.outputs}):
             envs.for_repo(repo)  # fail before executing anything if a checkout is missing
-        write_json_atomic(saved, cfg)
+        claim_run_folder(saved, cfg)
         done = {(r["github_id"], r["id"], r["idx"]) for r in read_jsonl_tolerant(results_path)}
         todo = [(samples[k], i, o) for k, outs in gens.outputs.items() for i, o in enumerate(outs)
                 if (k[0], k[1], i) not in done]

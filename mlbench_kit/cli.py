@@ -12,8 +12,14 @@ from .errors import MLBenchError
 def _stages() -> dict[str, tuple[str, Callable, Callable]]:
     from mlbench_kit.data_prep import prepare
     from mlbench_kit.eval import run as eval_run
+    from mlbench_kit.infer import run as infer_run
+    from mlbench_kit.train import lora
     return {
         "prep": ("render tasks 1-3 into prompts", prepare.add_arguments, prepare.run),
+        "train": ("LoRA/QLoRA fine-tuning, one process (multi-GPU: accelerate launch train/lora.py)",
+                  lora.add_arguments, lora.run),
+        "infer": ("sample n responses per prompt (vLLM, HF or an OpenAI-compatible endpoint)",
+                  infer_run.add_arguments, infer_run.run),
         "eval": ("execute generations in a sandbox and score them", eval_run.add_arguments, eval_run.run),
     }
 

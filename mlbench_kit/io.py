@@ -106,3 +106,17 @@ class AppendLog:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def claim_run_folder(path: str | Path, settings: dict[str, Any]) -> None:
+    """Record ``settings`` in ``path`` (a run's JSON); refuse if it already holds different ones.
+
+    Resuming needs the same settings; a different run must use another folder, never mix into this one."""
+    path = Path(path)
+    if path.exists():
+        old = json.loads(path.read_text())
+        diff = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
+        if diff:
+            raise MLBenchError(f"this run folder was made with other settings: {diff}", str(path),
+                               "use a new --out, or the same settings to resume")
+    write_json_atomic(path, settings)

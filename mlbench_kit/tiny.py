@@ -33,3 +33,24 @@ def build_tokenizer(texts: Iterable[str], out_dir: str | Path, vocab_size: int =
     out = Path(out_dir)
     fast.save_pretrained(out)
     return out
+
+
+def build_llama(tokenizer_dir: str | Path, out_dir: str | Path, hidden: int = 128, layers: int = 2,
+                heads: int = 2, max_positions: int = 4096, seed: int = 0) -> Path:
+    """Save a random-init Llama (head_dim = hidden/heads, kept >= 32 for vLLM's CPU attention) with the tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    if hidden // heads < 32:
+        raise ValueError("vLLM's CPU attention needs head_dim >= 32")
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=max_positions,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                      tie_word_embeddings=False, torch_dtype="float32")
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg)
+    out = Path(out_dir)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out

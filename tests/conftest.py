@@ -36,3 +36,43 @@ def tiny_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory, full_rows: list
 def tiny_tokenizer(tiny_tokenizer_dir: Path):
     from mlbench_kit.data_prep.truncate import load_tokenizer
     return load_tokenizer(str(tiny_tokenizer_dir))
+
+
+def run_cli(*argv: str, env: dict | None = None, timeout: int = 600):
+    """Run a command from the repository root; returns the CompletedProcess (text)."""
+    import subprocess
+    import sys
+    full_env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})}
+    cmd = [str(a) for a in argv]
+    if cmd[0] in ("mlbench", "accelerate"):
+        cmd[0] = str(Path(sys.executable).with_name(cmd[0]))
+    return subprocess.run(cmd, cwd=REPO_ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer_dir: Path) -> Path:
+    """A random-init Llama (head_dim 64, as vLLM's CPU attention needs) with the tokenizer trained on real rows."""
+    from mlbench_kit.tiny import build_llama
+    return build_llama(tiny_tokenizer_dir, tmp_path_factory.mktemp("model"), hidden=128, layers=2, heads=2)
+
+
+@pytest.fixture(scope="session")
+def real_prep(tmp_path_factory: pytest.TempPathFactory, shared: Path, tiny_tokenizer_dir: Path) -> Path:
+    """Task 3 records of the real rows, split ID/OOD, rendered with llama-inst and cut to 512 tokens."""
+    out = tmp_path_factory.mktemp("prep")
+    r = run_cli("mlbench", "prep", "--data", shared / "full.jsonl", "--splits", "full", "--tasks", "3",
+                "--template", "llama-inst", "--tokenizer", tiny_tokenizer_dir, "--max-tokens", "512", "--no-hf",
+                "--build-splits", "--ood-repos", "vid2vid", "--seed", "0", "--out", out)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+@pytest.fixture(scope="session")
+def trained_adapter(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, real_prep: Path) -> Path:
+    """A LoRA adapter trained by train/lora.py for a few steps on the real ID rows."""
+    out = tmp_path_factory.mktemp("train") / "run"
+    r = run_cli("accelerate", "launch", "--num_processes", "1", "--cpu", "--main_process_port", "0",
+                "train/lora.py", "--config", "configs/train/tiny-cpu.yaml", "--model", tiny_model_dir,
+                "--prep-dir", real_prep, "--output-dir", out, "--max-steps", "6", "--max-seq-len", "1024")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out / "adapter"

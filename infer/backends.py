@@ -1,0 +1,116 @@
+"""Generation backends behind one interface: ``generate(items) -> [[Completion] * n per item]``.
+
+- ``vllm``: `vllm.LLM` on token ids (exactly the ids training saw), `LoRARequest` for adapters, prefix caching.
+- ``hf``: `transformers` generate, for machines without vLLM.
+- ``openai``: any OpenAI-compatible endpoint (see openai_backend.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .prompts import PromptItem
+from .sampling import InferConfig
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    n_tokens: int
+
+
+class Backend(Protocol):
+    def generate(self, items: list[PromptItem]) -> list[list[Completion]]: ...
+
+    def close(self) -> None: ...
+
+
+class VllmBackend:
+    """Batches of prompts through one `vllm.LLM`; each prompt has its own seed so batching never changes samples."""
+
+    def __init__(self, model: str, cfg: InferConfig, max_model_len: int, adapter: str | None = None,
+                 lora_rank: int | None = None, tokenizer: str | None = None) -> None:
+        from vllm import LLM
+        kwargs: dict[str, Any] = dict(model=model, tokenizer=tokenizer or model, max_model_len=max_model_len,
+                                      tensor_parallel_size=cfg.tensor_parallel_size, dtype=cfg.dtype,
+                                      enable_prefix_caching=cfg.enable_prefix_caching, seed=cfg.sampling.seed,
+                                      gpu_memory_utilization=cfg.gpu_memory_utilization)
+        chunked = cfg.enable_chunked_prefill
+        if chunked is None and not _has_cuda():
+            chunked = False
+        if chunked is not None:
+            kwargs["enable_chunked_prefill"] = chunked
+        if adapter:
+            kwargs.update(enable_lora=True, max_lora_rank=lora_rank, max_loras=1)
+        self.llm = LLM(**kwargs)
+        self.cfg = cfg
+        self.lora = None
+        if adapter:
+            from vllm.lora.request import LoRARequest
+            self.lora = LoRARequest("adapter", 1, adapter)
+
+    def generate(self, items: list[PromptItem]) -> list[list[Completion]]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        s = self.cfg.sampling
+        params = [SamplingParams(n=s.n, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k if s.top_k else -1,
+                                 max_tokens=s.max_tokens, seed=s.for_prompt(it.key), stop=list(s.stop) or None)
+                  for it in items]
+        prompts = [TokensPrompt(prompt_token_ids=list(it.token_ids)) for it in items]
+        outs = self.llm.generate(prompts, params, lora_request=self.lora, use_tqdm=False)
+        return [[Completion(o.text, len(o.token_ids)) for o in out.outputs] for out in outs]
+
+    def close(self) -> None:
+        del self.llm
+
+
+def _has_cuda() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
+class HfBackend:
+    """`transformers` generate, one prompt at a time with its own seed (n sequences per call)."""
+
+    def __init__(self, model: str, cfg: InferConfig, adapter: str | None = None, tokenizer: Any = None) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+        dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
+        self.model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
+        if adapter:
+            from peft import PeftModel
+            self.model = PeftModel.from_pretrained(self.model, adapter)
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.model.to(self.device).eval()
+        self.cfg, self.tok = cfg, tokenizer
+
+    def generate(self, items: list[PromptItem]) -> list[list[Completion]]:
+        import torch
+        s = self.cfg.sampling
+        results = []
+        for it in items:
+            torch.manual_seed(s.for_prompt(it.key))
+            ids = torch.tensor([list(it.token_ids)], device=self.device)
+            sample = s.temperature > 0
+            kw: dict[str, Any] = dict(max_new_tokens=s.max_tokens, num_return_sequences=s.n, do_sample=sample,
+                                      pad_token_id=self.tok.pad_token_id or self.tok.eos_token_id,
+                                      eos_token_id=self.tok.eos_token_id)
+            if sample:
+                kw.update(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k or None)
+            if s.stop:
+                kw.update(stop_strings=list(s.stop), tokenizer=self.tok)
+            with torch.no_grad():
+                out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kw)
+            new = out[:, ids.shape[1]:]
+            comps = []
+            for row in new.tolist():
+                if self.tok.eos_token_id in row:
+                    row = row[: row.index(self.tok.eos_token_id)]
+                row = [t for t in row if t != self.tok.pad_token_id]
+                comps.append(Completion(self.tok.decode(row, skip_special_tokens=True), len(row)))
+            results.append(comps)
+        return results
+
+    def close(self) -> None:
+        del self.model

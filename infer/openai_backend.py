@@ -1,0 +1,81 @@
+"""An OpenAI-compatible endpoint (`vllm serve`, or an API model): retries, a request-rate limit, concurrency.
+
+The key comes from the environment variable the config names, never from a file or the command line.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from mlbench_kit.errors import MLBenchError
+
+from .backends import Completion
+from .prompts import PromptItem
+from .sampling import InferConfig
+
+
+class RateLimiter:
+    """At most ``per_minute`` request starts in any minute (0: unlimited), shared by the worker threads."""
+
+    def __init__(self, per_minute: int) -> None:
+        self.gap = 60.0 / per_minute if per_minute else 0.0
+        self.next_at = 0.0
+        self.lock = threading.Lock()
+
+    def wait(self) -> None:
+        if not self.gap:
+            return
+        with self.lock:
+            now = time.monotonic()
+            start = max(now, self.next_at)
+            self.next_at = start + self.gap
+        time.sleep(max(0.0, start - now))
+
+
+class OpenAIBackend:
+    """``api: completions`` sends the rendered prompt (as token ids when a tokenizer is known, so BOS and the
+    chat template are exactly training's); ``api: chat`` sends the user turn for API chat models."""
+
+    def __init__(self, model: str, cfg: InferConfig, send_token_ids: bool) -> None:
+        from openai import OpenAI
+        o = cfg.openai
+        key = os.environ.get(o["api_key_env"], "")
+        if not key and not o["base_url"].startswith(("http://127.", "http://localhost")):
+            raise MLBenchError(f"no API key: the environment variable {o['api_key_env']} is empty", "--backend openai",
+                               f"export {o['api_key_env']}=... (keys are read from the environment only)")
+        self.client = OpenAI(base_url=o["base_url"], api_key=key or "EMPTY", max_retries=o["max_retries"],
+                             timeout=o["timeout_s"])
+        self.model, self.cfg, self.ids = model, cfg, send_token_ids
+        self.limit = RateLimiter(int(o["requests_per_minute"]))
+        self.pool = ThreadPoolExecutor(max_workers=max(1, int(o["concurrency"])))
+
+    def _one(self, it: PromptItem) -> list[Completion]:
+        s, api = self.cfg.sampling, self.cfg.openai["api"]
+        common: dict[str, Any] = dict(model=self.model, n=s.n, temperature=s.temperature, top_p=s.top_p,
+                                      max_tokens=s.max_tokens, seed=s.for_prompt(it.key), stop=list(s.stop) or None)
+        self.limit.wait()
+        if api == "chat":
+            r = self.client.chat.completions.create(messages=it.messages, **common)
+            return [Completion(c.message.content or "", _tokens(r, s.n)) for c in r.choices]
+        if s.top_k:
+            common["extra_body"] = {"top_k": s.top_k}  # vLLM's extension; plain OpenAI has no top_k
+        prompt: Any = list(it.token_ids) if self.ids else it.text
+        r = self.client.completions.create(prompt=prompt, **common)
+        choices = sorted(r.choices, key=lambda c: c.index)
+        return [Completion(c.text, _tokens(r, s.n)) for c in choices]
+
+    def generate(self, items: list[PromptItem]) -> list[list[Completion]]:
+        return list(self.pool.map(self._one, items))
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+
+def _tokens(response: Any, n: int) -> int:
+    """Per-choice completion tokens (the usage block only has the total)."""
+    usage = getattr(response, "usage", None)
+    return int(usage.completion_tokens / n) if usage and usage.completion_tokens else 0

@@ -1,0 +1,92 @@
+"""Read data_prep's records and turn them into token ids exactly as training saw them."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from mlbench_kit.errors import MLBenchError
+from mlbench_kit.io import read_jsonl
+
+REQUIRED = ("task", "github_id", "id", "prompt", "template")
+
+
+@dataclass(frozen=True)
+class PromptItem:
+    """One prompt to sample from: where it came from, its text, and its token ids (BOS included)."""
+
+    task: int
+    github_id: int
+    id: int
+    text: str
+    messages: list[dict[str, str]]
+    template: str
+    where: str  # file:line of the prep record
+    token_ids: tuple[int, ...] = ()
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.github_id, self.id)
+
+    @property
+    def sha(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()[:16]
+
+
+def task_file(prompts: str | Path, split: str, task: int) -> Path:
+    """The prep output file for ``split`` and ``task``; a path to a ``.jsonl`` file is taken as is."""
+    p = Path(prompts)
+    if p.suffix == ".jsonl":
+        return p
+    f = p / split / f"task{task}.jsonl"
+    if not f.is_file():
+        have = sorted(d.name for d in p.iterdir() if d.is_dir() and not d.name.endswith(".hf")) if p.is_dir() else []
+        raise MLBenchError(f"no prep records for split {split!r}, task {task}", str(f),
+                           f"run `mlbench prep` first, or pick --split from {have or 'the prep output'}")
+    return f
+
+
+def load_prompts(path: Path, task: int | None = None) -> list[PromptItem]:
+    """Load prep records; duplicates and missing columns fail with file:line."""
+    items, seen = [], {}
+    for lineno, rec in read_jsonl(path):
+        where = f"{path}:{lineno}"
+        missing = [c for c in REQUIRED if c not in rec]
+        if missing:
+            raise MLBenchError(f"not a prep record: missing {', '.join(missing)}", where,
+                               "pass the output folder of `mlbench prep`")
+        if task is not None and rec["task"] != task:
+            continue
+        key = (rec["github_id"], rec["id"])
+        if key in seen:
+            raise MLBenchError(f"duplicate sample github_id={key[0]} id={key[1]} (first at line {seen[key]})", where)
+        seen[key] = lineno
+        messages = rec.get("messages") or [{"role": "user", "content": rec["prompt"]}]
+        items.append(PromptItem(rec["task"], rec["github_id"], rec["id"], rec["prompt"], messages[:1],
+                                rec["template"], where))
+    return items
+
+
+def encode(items: list[PromptItem], tokenizer: Any) -> list[PromptItem]:
+    """Token ids as training builds them: a chat prompt carries its specials as text, others get BOS."""
+    out = []
+    for it in items:
+        if it.template == "chat":
+            check_chat_template(it, tokenizer)
+        ids = tokenizer(it.text, add_special_tokens=it.template != "chat")["input_ids"]
+        out.append(replace(it, token_ids=tuple(ids)))
+    return out
+
+
+def check_chat_template(item: PromptItem, tokenizer: Any) -> None:
+    """A chat-rendered prompt must be what this model's own chat template produces."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise MLBenchError("the prompts were rendered with a chat template but this model's tokenizer has none",
+                           item.where, "re-run `mlbench prep --template paper` (or llama-inst) for this model, "
+                                       "or pass a tokenizer with a chat template")
+    again = tokenizer.apply_chat_template(item.messages, tokenize=False, add_generation_prompt=True)
+    if again != item.text:
+        raise MLBenchError("the prompt differs from this model's chat template rendering", item.where,
+                           "re-run `mlbench prep --template chat --tokenizer <this model>`")

@@ -1,0 +1,154 @@
+"""`mlbench infer`: prep records -> n sampled responses per prompt -> the generations file eval/ scores.
+
+Output per task, ``OUT/task{t}.jsonl``, one line per prompt, appended as each batch finishes (a killed run
+resumes with the prompts not yet written):
+``{"github_id", "id", "task", "output": [n code strings], "raw": [n responses], "n_tokens", "prompt_sha",
+"model", "adapter", "backend", "sampling"}``. ``OUT/infer.json`` holds the settings; a different run
+cannot be resumed into the same folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from mlbench_kit.errors import MLBenchError
+from mlbench_kit.eval.parse import PARSERS, parse_response
+from mlbench_kit.io import AppendLog, claim_run_folder, read_jsonl_tolerant
+
+from .adapters import adapter_config, adapter_identity, check_base, engine_lora_rank, model_identity
+from .backends import Backend
+from .prompts import PromptItem, encode, load_prompts, task_file
+from .sampling import InferConfig, load_config
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="base model: local folder or hub id (for openai: the served name)")
+    p.add_argument("--adapter", help="PEFT LoRA adapter folder (from train/)")
+    p.add_argument("--tokenizer", help="tokenizer folder or id (default: the model's)")
+    p.add_argument("--prompts", required=True, help="`mlbench prep` output folder, or one task .jsonl file")
+    p.add_argument("--split", default="test", help="split folder inside --prompts (default: test)")
+    p.add_argument("--task", type=int, nargs="+", default=[1, 2, 3], choices=[1, 2, 3])
+    p.add_argument("--config", default=None, help="configs/infer/*.yaml (default: the benchmark's settings)")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--backend", choices=["vllm", "hf", "openai"])
+    for name, typ in (("n", int), ("temperature", float), ("top-p", float), ("top-k", int), ("max-tokens", int),
+                      ("seed", int), ("batch-size", int), ("max-model-len", int), ("tensor-parallel-size", int),
+                      ("max-lora-rank", int)):
+        p.add_argument(f"--{name}", type=typ, help="override the config's value")
+    p.add_argument("--stop", action="append", help="stop string (repeatable; overrides the config's list)")
+    p.add_argument("--parser", choices=PARSERS, help="code extraction (default compat: the benchmark's)")
+    p.add_argument("--limit", type=int, help="only the first N prompts per task (smoke runs)")
+    p.add_argument("--allow-base-mismatch", action="store_true", help="skip the adapter/base model check")
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    keys = ("backend", "n", "temperature", "top_p", "top_k", "max_tokens", "seed", "batch_size", "max_model_len",
+            "tensor_parallel_size", "max_lora_rank", "stop", "parser")
+    return {k: getattr(args, k) for k in keys}
+
+
+def _load_tokenizer(name: str, backend: str) -> Any:
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except Exception as exc:
+        if backend == "openai":
+            return None  # an API model: prompts go as text
+        raise MLBenchError(f"could not load the tokenizer ({exc.__class__.__name__})", name,
+                           "pass a local model folder or --tokenizer, or run with network access to the hub")
+
+
+def check_lengths(items: list[PromptItem], cfg: InferConfig, max_model_len: int) -> None:
+    """A prompt that leaves no room for the answer is an error, named by its prep record."""
+    room = max_model_len - cfg.sampling.max_tokens
+    long = [it for it in items if len(it.token_ids) > room]
+    if long:
+        it = max(long, key=lambda x: len(x.token_ids))
+        raise MLBenchError(f"{len(long)} prompts are longer than max_model_len {max_model_len} - max_tokens "
+                           f"{cfg.sampling.max_tokens} (longest: {len(it.token_ids)} tokens)", it.where,
+                           "re-run `mlbench prep --max-tokens` with this model's tokenizer, or raise --max-model-len")
+
+
+def make_backend(args: argparse.Namespace, cfg: InferConfig, tokenizer: Any, max_model_len: int) -> Backend:
+    if cfg.backend == "vllm":
+        from .backends import VllmBackend
+        rank = None
+        if args.adapter:
+            rank = engine_lora_rank(int(adapter_config(args.adapter)["r"]), cfg.max_lora_rank, args.adapter)
+        return VllmBackend(args.model, cfg, max_model_len, args.adapter, rank, args.tokenizer)
+    if cfg.backend == "hf":
+        from .backends import HfBackend
+        return HfBackend(args.model, cfg, args.adapter, tokenizer)
+    from .openai_backend import OpenAIBackend
+    if args.adapter:
+        raise MLBenchError("the openai backend cannot load an adapter itself", "--adapter",
+                           "serve it (`vllm serve BASE --enable-lora --lora-modules NAME=DIR`) and pass --model NAME")
+    return OpenAIBackend(args.model, cfg, send_token_ids=tokenizer is not None)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the infer stage; returns the exit status."""
+    cfg = load_config(args.config, _overrides(args))
+    out = Path(args.out)
+    if args.adapter:
+        adapter_config(args.adapter)
+        check_base(args.model, args.adapter, args.allow_base_mismatch)
+    tokenizer = _load_tokenizer(args.tokenizer or args.model, cfg.backend)
+    tasks: dict[int, list[PromptItem]] = {}
+    for t in args.task:
+        items = load_prompts(task_file(args.prompts, args.split, t), t)[: args.limit]
+        tasks[t] = encode(items, tokenizer) if tokenizer is not None else items
+    longest = max((len(it.token_ids) for items in tasks.values() for it in items), default=0)
+    max_model_len = cfg.max_model_len or longest + cfg.sampling.max_tokens
+    if tokenizer is not None:
+        for items in tasks.values():
+            check_lengths(items, cfg, max_model_len)
+    ident = {"model": model_identity(args.model), "adapter": adapter_identity(args.adapter) if args.adapter else None,
+             "backend": cfg.backend, "sampling": cfg.to_dict()["sampling"], "parser": cfg.parser}
+    claim_run_folder(out / "infer.json", {**ident, "prompts": str(Path(args.prompts).resolve()),
+                                          "split": args.split})
+    todo = {}
+    for t, items in tasks.items():
+        done = {(r["github_id"], r["id"]) for r in read_jsonl_tolerant(out / f"task{t}.jsonl")}
+        todo[t] = [it for it in items if it.key not in done]
+        print(f"infer: task {t}: {len(items)} prompts, {len(items) - len(todo[t])} already written",
+              file=sys.stderr)
+    if not any(todo.values()):
+        print(f"infer: nothing to do; generations in {out}/task*.jsonl", file=sys.stderr)
+        return 0
+    backend = make_backend(args, cfg, tokenizer, max_model_len)
+    try:
+        for t, items in todo.items():
+            generate_task(backend, items, cfg, ident, out / f"task{t}.jsonl", f"task {t}")
+    finally:
+        backend.close()
+    print(f"infer: generations in {out}/task*.jsonl (score with `mlbench eval --generations`)", file=sys.stderr)
+    return 0
+
+
+def generate_task(backend: Backend, items: list[PromptItem], cfg: InferConfig, ident: dict[str, Any],
+                  path: Path, desc: str) -> None:
+    """Generate in batches and append each finished prompt's line; the bar shows output tokens/s."""
+    n_tok, t0 = 0, time.perf_counter()
+    bar = tqdm(total=len(items), desc=desc, unit="prompt", file=sys.stderr, disable=not items)
+    with AppendLog(path) as log:
+        for start in range(0, len(items), cfg.batch_size):
+            batch = items[start: start + cfg.batch_size]
+            for it, comps in zip(batch, backend.generate(batch)):
+                raw = [c.text for c in comps]
+                log.append({"github_id": it.github_id, "id": it.id, "task": it.task,
+                            "output": [parse_response(r, cfg.parser) for r in raw], "raw": raw,
+                            "n_tokens": [c.n_tokens for c in comps], "prompt_sha": it.sha,
+                            "model": ident["model"]["name"],
+                            "adapter": ident["adapter"]["name"] if ident["adapter"] else None,
+                            "backend": ident["backend"], "sampling": ident["sampling"]})
+                n_tok += sum(c.n_tokens for c in comps)
+            bar.update(len(batch))
+            bar.set_postfix_str(f"{n_tok / max(time.perf_counter() - t0, 1e-9):.0f} tok/s")
+    bar.close()

@@ -1,0 +1,227 @@
+"""train/: the LoRA recipe on a tiny Llama and real ML-Bench rows, through accelerate, killed and resumed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from conftest import REPO_ROOT, run_cli
+from mlbench_kit.train.config import load_train_config
+from mlbench_kit.train.data import IGNORE, collate, epoch_batches, load_examples, pack, token_losses
+
+
+def _launch(model: Path, prep: Path, out: Path, *extra: str, config: str = "configs/accelerate/single.yaml",
+            nproc: int = 1) -> list[str]:
+    acc = ["--config_file", config] if nproc > 1 else ["--num_processes", "1", "--cpu", "--mixed_precision", "no"]
+    return [str(Path(sys.executable).with_name("accelerate")), "launch", *acc, "--main_process_port", "0",
+            "train/lora.py", "--config", "configs/train/tiny-cpu.yaml", "--model", str(model), "--prep-dir", str(prep),
+            "--output-dir", str(out), "--max-seq-len", "1024", *extra]
+
+
+def _steps(out: Path) -> list[dict]:
+    p = out / "metrics.jsonl"
+    if not p.exists():
+        return []
+    return [json.loads(x) for x in p.read_text().splitlines() if x.strip().endswith("}") and '"loss"' in x]
+
+
+def _interrupt(cmd: list[str], out: Path, at_step: int, sig: int) -> int:
+    """Start training, send ``sig`` once ``at_step`` steps are logged, return the exit status."""
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if len(_steps(out)) >= at_step:
+            os.killpg(proc.pid, sig)  # like Slurm: every process of the step gets the signal
+            break
+        time.sleep(0.05)
+    proc.wait(timeout=300)
+    return proc.returncode
+
+
+def _adapter(out: Path) -> dict[str, torch.Tensor]:
+    return load_file(out / "adapter" / "adapter_model.safetensors")
+
+
+def _assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys() and a
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=1e-5, msg=k)
+
+
+@pytest.fixture(scope="module")
+def examples(real_prep: Path, tiny_tokenizer):
+    ex, _ = load_examples(real_prep / "id_train" / "task3.jsonl", tiny_tokenizer, "llama-inst", 1024)
+    return ex
+
+
+def test_labels_mask_the_prompt_and_train_answer_and_eos(examples, tiny_tokenizer, real_prep):
+    rec = json.loads((real_prep / "id_train" / "task3.jsonl").read_text().splitlines()[0])
+    ex = examples[0]
+    n_prompt = len(tiny_tokenizer(rec["prompt"])["input_ids"])
+    assert ex.input_ids[0] == tiny_tokenizer.bos_token_id and ex.input_ids[-1] == tiny_tokenizer.eos_token_id
+    assert ex.labels[:n_prompt] == [IGNORE] * n_prompt
+    assert ex.labels[n_prompt:] == ex.input_ids[n_prompt:]
+    assert tiny_tokenizer.decode(ex.labels[n_prompt:-1]).strip() == rec["answer"].strip()
+
+
+def test_packed_batch_gives_each_sample_its_own_loss(examples, tiny_model_dir, tiny_tokenizer):
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="sdpa").eval()
+    idx = [0, 1, 2]
+    packed = collate(examples, [idx, [3]], tiny_tokenizer.pad_token_id)  # second row is padded
+    assert "attention_mask" not in packed
+    with torch.no_grad():
+        per_tok = token_losses(model(**packed, use_cache=False).logits, packed["labels"])
+        offset = 0
+        for i in idx:
+            alone = collate(examples, [[i]], tiny_tokenizer.pad_token_id)
+            ref = token_losses(model(**alone, use_cache=False).logits, alone["labels"])
+            n = len(examples[i])
+            got = per_tok[0, offset: offset + n - 1]
+            torch.testing.assert_close(got, ref[0], atol=1e-4, rtol=1e-4)
+            offset += n
+        # naive concatenation with one causal mask (what packing must not be) changes the later samples' loss
+        naive = {k: v for k, v in packed.items() if k != "position_ids"}
+        leak = token_losses(model(**naive, use_cache=False).logits, naive["labels"])
+        assert not torch.allclose(leak[0, len(examples[0]):offset - 1], per_tok[0, len(examples[0]):offset - 1])
+
+
+def test_packing_fills_sequences_and_epochs_are_reproducible(examples):
+    lengths = [len(e) for e in examples]
+    bins = pack(lengths, 1024)
+    assert sorted(i for b in bins for i in b) == list(range(len(examples)))
+    assert all(sum(lengths[i] for i in b) <= 1024 for b in bins)
+    assert sum(lengths) / (len(bins) * 1024) > 0.9
+    a = epoch_batches(examples, "packing", 1, 1024, seed=3, epoch=1)
+    assert a == epoch_batches(examples, "packing", 1, 1024, seed=3, epoch=1)
+    assert a != epoch_batches(examples, "packing", 1, 1024, seed=3, epoch=2)
+
+
+def test_overfitting_a_handful_of_prompts_drives_the_loss_down(tmp_path, tiny_model_dir, real_prep):
+    few = tmp_path / "few.jsonl"
+    few.write_text("".join((real_prep / "id_train" / "task3.jsonl").read_text().splitlines(True)[:4]))
+    out = tmp_path / "run"
+    r = subprocess.run(_launch(tiny_model_dir, real_prep, out, "--set", f"data.path={few}", "--set",
+                               "data.eval_fraction=0", "--epochs", "30", "--lr", "1e-2"),
+                       cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    losses = [s["loss"] for s in _steps(out)]
+    assert len(losses) >= 30, losses
+    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    assert last < 0.8 * first, (first, last)  # LoRA on a random-init base: a clear fall, not a collapse to 0
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["optim"]["lr"] == 1e-2 and saved["data"]["path"] == str(few)
+
+
+def test_sigkill_between_checkpoints_then_resume_equals_uninterrupted(tmp_path, tiny_model_dir, real_prep):
+    args = ("--max-steps", "16", "--set", "checkpoint.every_steps=4", "--set", "lora.dropout=0.1")
+    ref = tmp_path / "ref"
+    assert subprocess.run(_launch(tiny_model_dir, real_prep, ref, *args), cwd=REPO_ROOT,
+                          capture_output=True, timeout=600).returncode == 0
+    run = tmp_path / "run"
+    assert _interrupt(_launch(tiny_model_dir, real_prep, run, *args), run, 10, signal.SIGKILL) == -signal.SIGKILL
+    assert not (run / "adapter").exists()
+    # a half-written checkpoint (no COMPLETE, or still .tmp) must be ignored
+    (run / "checkpoints" / "step-0000015.tmp").mkdir()
+    (run / "checkpoints" / "step-0000014").mkdir(exist_ok=True)
+    r = subprocess.run(_launch(tiny_model_dir, real_prep, run, *args), cwd=REPO_ROOT, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resumed from" in r.stderr and "step-0000008" in r.stderr
+    _assert_same(_adapter(ref), _adapter(run))
+
+
+def test_fsdp_two_processes_sigterm_saves_every_shard_and_resumes_exactly(tmp_path, tiny_model_dir, real_prep):
+    """FSDP2 over gloo through the shipped accelerate config; SIGTERM -> agreed save -> exit 75 -> resume."""
+    cfg = "configs/accelerate/fsdp2-cpu.yaml"
+    args = ("--max-steps", "12", "--set", "checkpoint.every_steps=100")
+    ref = tmp_path / "ref"
+    r = subprocess.run(_launch(tiny_model_dir, real_prep, ref, *args, config=cfg, nproc=2), cwd=REPO_ROOT,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    start = json.loads((ref / "metrics.jsonl").read_text().splitlines()[0])
+    assert start["world_size"] == 2 and start["distributed"] == "FSDP2"
+    run = tmp_path / "run"
+    _interrupt(_launch(tiny_model_dir, real_prep, run, *args, config=cfg, nproc=2), run, 5, signal.SIGTERM)
+    assert (run / "PREEMPTED").is_file() and not (run / "adapter").exists()
+    assert any('"event": "preempted"' in x for x in (run / "metrics.jsonl").read_text().splitlines())
+    ckpts = sorted((run / "checkpoints").iterdir())
+    assert len(ckpts) == 1 and (ckpts[0] / "COMPLETE").is_file()
+    saved = load_file(ckpts[0] / "adapter" / "adapter_model.safetensors")
+    base = load_file(tiny_model_dir / "model.safetensors")
+    for name, t in saved.items():  # full shapes, and every row of every LoRA B trained away from its zero init
+        out_f, in_f = base[name.replace("base_model.model.", "").rsplit(".lora_", 1)[0] + ".weight"].shape
+        assert tuple(t.shape) == ((8, in_f) if "lora_A" in name else (out_f, 8)), (name, t.shape)
+        if "lora_B" in name:
+            assert (t.abs().sum(dim=1) > 0).all(), name
+    r = subprocess.run(_launch(tiny_model_dir, real_prep, run, *args, config=cfg, nproc=2), cwd=REPO_ROOT,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert not (run / "PREEMPTED").exists()
+    _assert_same(_adapter(ref), _adapter(run))
+
+
+def test_qlora_nf4_takes_real_steps_on_cpu(tmp_path, tiny_model_dir, real_prep):
+    out = tmp_path / "q"
+    r = subprocess.run(_launch(tiny_model_dir, real_prep, out, "--max-steps", "3", "--set", "quantization=nf4"),
+                       cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    start = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert start["linear_4bit_modules"] == 2 * 7  # 2 layers x 7 projections quantized to NF4
+    steps = _steps(out)
+    assert len(steps) == 3 and all(s["loss"] == s["loss"] and s["grad_norm"] > 0 for s in steps)
+
+
+def test_adapter_loads_in_transformers_and_changes_logits(trained_adapter, tiny_model_dir):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    x = torch.tensor([[1, 50, 60, 70, 80]])
+    with torch.no_grad():
+        before = base(x).logits
+        tuned = PeftModel.from_pretrained(base, trained_adapter).eval()
+        after = tuned(x).logits
+    assert not torch.allclose(before, after, atol=1e-4)
+    meta = json.loads((trained_adapter / "mlbench_train.json").read_text())
+    assert meta["base_fingerprint"]["hidden_size"] == 128 and meta["task"] == 3
+
+
+@pytest.mark.parametrize("path", sorted((REPO_ROOT / "configs" / "train").glob("*.yaml")), ids=lambda p: p.stem)
+def test_shipped_train_configs_resolve(path, tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = load_train_config(path, {"model": "dummy" if path.stem == "tiny-cpu" else None, "split": "ood"})
+    assert cfg["family"] and cfg["template"] in ("paper", "llama-inst", "chat")
+    assert cfg["output_dir"].endswith(f"task3-ood-s{cfg['seed']}")
+    with torch.device("meta"):
+        model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                             num_attention_heads=2, vocab_size=100))
+    present = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
+    assert set(cfg["lora"]["target_modules"]) <= present
+
+
+@pytest.mark.parametrize("path", sorted((REPO_ROOT / "configs" / "accelerate").glob("*.yaml")), ids=lambda p: p.stem)
+def test_shipped_accelerate_configs_parse(path):
+    cfg = yaml.safe_load(path.read_text())
+    assert cfg["distributed_type"] in ("NO", "FSDP", "DEEPSPEED") and cfg["num_processes"] >= 1
+    if cfg["distributed_type"] == "FSDP":
+        assert cfg["fsdp_config"]["fsdp_version"] == 2
+
+
+def test_bad_config_and_mismatched_template_fail_clearly(tmp_path, tiny_model_dir, real_prep):
+    r = run_cli("mlbench", "train", "--config", "configs/train/tiny-cpu.yaml", "--model", tiny_model_dir,
+                "--set", "optim.lr_typo=1")
+    assert r.returncode == 2 and "unknown config key 'optim.lr_typo'" in r.stderr
+    r = run_cli("mlbench", "train", "--config", "configs/train/tiny-cpu.yaml", "--model", tiny_model_dir,
+                "--prep-dir", real_prep, "--set", "template=chat", "--output-dir", tmp_path / "x")
+    assert r.returncode == 2 and "task3.jsonl:1" in r.stderr and "template" in r.stderr

@@ -1,0 +1,161 @@
+"""Prep records -> token ids with prompt-masked labels -> micro-batches (packing, length-grouped or padded).
+
+Packing puts several samples in one sequence with position ids restarting at 0 for each sample and no
+attention mask: transformers then builds a block-diagonal causal mask (sdpa/eager) or runs variable-length
+flash attention, so no token attends across samples. The order of an epoch is a pure function of
+(seed, epoch), which is what makes a resumed run see exactly the batches an uninterrupted run would.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mlbench_kit.errors import MLBenchError
+from mlbench_kit.io import read_jsonl
+
+IGNORE = -100
+
+
+@dataclass(frozen=True)
+class Example:
+    key: tuple[int, int]
+    input_ids: list[int]
+    labels: list[int]  # IGNORE on prompt tokens; the answer and EOS are trained
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def tokenize_record(rec: dict[str, Any], tok: Any) -> Example:
+    """BOS + prompt (masked), answer + EOS (trained); a chat prompt carries its specials as text."""
+    prompt = tok(rec["prompt"], add_special_tokens=rec["template"] != "chat")["input_ids"]
+    answer = tok(rec["answer"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    return Example((rec["github_id"], rec["id"]), prompt + answer, [IGNORE] * len(prompt) + answer)
+
+
+def load_examples(path: Path, tok: Any, template: str, max_seq_len: int) -> tuple[list[Example], list[str]]:
+    """Tokenize a prep file. Records longer than ``max_seq_len`` are dropped (and reported), never cut."""
+    examples, notes, dropped = [], [], []
+    for lineno, rec in read_jsonl(path):
+        for col in ("prompt", "answer", "template", "github_id", "id"):
+            if col not in rec:
+                raise MLBenchError(f"not a prep record: no {col!r}", f"{path}:{lineno}",
+                                   "pass the output of `mlbench prep`")
+        if rec["template"] != template:
+            raise MLBenchError(f"record rendered with template {rec['template']!r}, the config says {template!r}",
+                               f"{path}:{lineno}", f"re-run `mlbench prep --template {template}` or change template:")
+        ex = tokenize_record(rec, tok)
+        (examples if len(ex) <= max_seq_len else dropped).append(ex)
+    if dropped:
+        notes.append(f"{len(dropped)} records longer than max_seq_len {max_seq_len} were left out "
+                     f"(re-run prep with --max-tokens {max_seq_len} and this tokenizer to cut their README instead)")
+    if not examples:
+        raise MLBenchError("no training records fit", str(path), "check the prep output and data.max_seq_len")
+    return examples, notes
+
+
+def split_eval(examples: list[Example], fraction: float, seed: int) -> tuple[list[Example], list[Example]]:
+    """Hold out a stable ``fraction`` (by a hash of the sample key, so it never moves between runs)."""
+    if fraction <= 0:
+        return examples, []
+
+    def bucket(e: Example) -> float:
+        h = hashlib.sha256(f"{seed}:{e.key}".encode()).digest()
+        return int.from_bytes(h[:8], "big") / 2**64
+
+    held = [e for e in examples if bucket(e) < fraction]
+    if not held or len(held) == len(examples):
+        held = examples[-1:] if len(examples) > 1 else []
+    keys = {e.key for e in held}
+    return [e for e in examples if e.key not in keys], held
+
+
+def pack(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Best-fit decreasing: indices grouped into bins whose total length fits ``capacity``."""
+    bins: list[list[int]] = []
+    free: list[tuple[int, int]] = []  # (room left, bin index), kept sorted: best fit = first with enough room
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        j = bisect.bisect_left(free, (lengths[i], -1))
+        if j == len(free):
+            bins.append([i])
+            room, b = capacity - lengths[i], len(bins) - 1
+        else:
+            room, b = free.pop(j)
+            bins[b].append(i)
+            room -= lengths[i]
+        bisect.insort(free, (room, b))
+    return bins
+
+
+def epoch_batches(examples: list[Example], mode: str, micro_batch: int, max_seq_len: int, seed: int,
+                  epoch: int) -> list[list[list[int]]]:
+    """The micro-batches of one epoch: each a list of rows, each row a list of example indices."""
+    rng = random.Random(seed * 100_003 + epoch)
+    order = list(range(len(examples)))
+    rng.shuffle(order)
+    if mode == "packing":
+        rows = [[order[j] for j in b] for b in pack([len(examples[i]) for i in order], max_seq_len)]
+        rng.shuffle(rows)
+    elif mode == "grouped":
+        # sort within chunks of 64 micro-batches, so batches hold similar lengths but the epoch stays shuffled
+        chunk = 64 * micro_batch
+        rows = []
+        for s in range(0, len(order), chunk):
+            rows += [[i] for i in sorted(order[s: s + chunk], key=lambda i: len(examples[i]))]
+    else:
+        rows = [[i] for i in order]
+    batches = [rows[s: s + micro_batch] for s in range(0, len(rows), micro_batch)]
+    if mode == "grouped":
+        rng.shuffle(batches)
+    return batches
+
+
+def collate(examples: list[Example], rows: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Tensors for one micro-batch. Packed rows get per-sample position ids and no attention mask;
+    single-sample rows are right-padded with an attention mask. Padding is never a target."""
+    packed = any(len(r) > 1 for r in rows)
+    seqs, labels, pos = [], [], []
+    for r in rows:
+        ids, lab, p = [], [], []
+        for i in r:
+            ids += examples[i].input_ids
+            lab += examples[i].labels
+            p += list(range(len(examples[i])))
+        seqs.append(ids), labels.append(lab), pos.append(p)
+    width = max(len(s) for s in seqs)
+    batch = {"input_ids": torch.full((len(rows), width), pad_id, dtype=torch.long),
+             "labels": torch.full((len(rows), width), IGNORE, dtype=torch.long),
+             "position_ids": torch.zeros((len(rows), width), dtype=torch.long)}
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for b, (ids, lab, p) in enumerate(zip(seqs, labels, pos)):
+        n = len(ids)
+        batch["input_ids"][b, :n] = torch.tensor(ids)
+        batch["labels"][b, :n] = torch.tensor(lab)
+        # padding at the end of a packed row is its own "sample" (positions from 0), so real tokens never see it
+        batch["position_ids"][b] = torch.tensor(p + list(range(width - n)))
+        mask[b, :n] = 1
+    if not packed:
+        batch["attention_mask"] = mask
+    return batch
+
+
+def non_pad_share(rows_lengths: list[list[int]]) -> float:
+    """Real tokens / (rows x longest row) for one micro-batch given each row's sample lengths."""
+    widths = [sum(r) for r in rows_lengths]
+    return sum(widths) / (len(widths) * max(widths)) if widths else 1.0
+
+
+def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per-token next-token loss (0 where the label is IGNORE), shape [batch, seq-1]."""
+    shift_logits = logits[:, :-1].float()
+    shift_labels = labels[:, 1:]
+    loss = torch.nn.functional.cross_entropy(shift_logits.reshape(-1, shift_logits.size(-1)),
+                                             shift_labels.reshape(-1), ignore_index=IGNORE, reduction="none")
+    return loss.view(shift_labels.shape)
