@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -26,8 +27,6 @@ if __package__ in (None, "") and sys.path and Path(sys.path[0]).resolve() == Pat
 
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.io import AppendLog, claim_run_folder, write_json_atomic
-from mlbench_kit.train.checkpoint import (PREEMPTED_EXIT, Preemption, latest_checkpoint, load_checkpoint,
-                                          save_adapter, save_checkpoint)
 from mlbench_kit.train.config import SHORTCUTS, data_file, load_train_config, save_resolved
 from mlbench_kit.train.distributed import enable_fsdp_on_cpu
 
@@ -52,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
 
     from mlbench_kit.data_prep.truncate import load_tokenizer
     from mlbench_kit.infer.adapters import fingerprint
+    from mlbench_kit.train.checkpoint import (PREEMPTED_EXIT, Preemption, latest_checkpoint, load_checkpoint,
+                                              save_checkpoint)
     from mlbench_kit.train.data import collate, epoch_batches, load_examples, split_eval, token_losses
     from mlbench_kit.train.model import add_lora, load_base
 
@@ -126,8 +127,8 @@ def run(args: argparse.Namespace) -> int:
     t0, tokens0 = time.perf_counter(), state["tokens"]
 
     def save() -> Path:
-        return save_checkpoint(accelerator, model, optimizer, scheduler, ckpt_dir, state["step"], state, tok, meta,
-                               cfg["checkpoint"]["keep"])
+        return save_checkpoint(accelerator, model, optimizer, scheduler, ckpt_dir, state["step"], state, tok,
+                               {**meta, "steps": state["step"]}, cfg["checkpoint"]["keep"])
 
     while state["step"] < total:
         mine = my_batches(state["epoch"])
@@ -188,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
             if state["step"] % cfg["checkpoint"]["every_steps"] == 0 and state["step"] < total:
                 save()
         if state["micro"] >= len(mine):
-            ev = evaluate(accelerator, model, eval_set, tok.pad_token_id, collate, token_losses)
+            ev = evaluate(accelerator, model, eval_set, tok.pad_token_id)
             if main and ev is not None:
                 log.append({"event": "eval", "epoch": state["epoch"], "step": state["step"], "eval_loss": ev})
                 if trackers:
@@ -196,9 +197,14 @@ def run(args: argparse.Namespace) -> int:
             state["epoch"] += 1
             state["micro"] = 0
     bar.close()
-    save()
-    save_adapter(accelerator, model, final_adapter, tok, {**meta, "steps": state["step"]})
+    last = save()
     if main:
+        # the final checkpoint's adapter is the result: publish a copy rather than gather the shards again
+        tmp = final_adapter.with_name(final_adapter.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(last / "adapter", tmp)
+        shutil.rmtree(final_adapter, ignore_errors=True)
+        tmp.rename(final_adapter)
         summary = {"steps": state["step"], "tokens": state["tokens"], "target_tokens": state["target_tokens"],
                    "seconds_this_process": time.perf_counter() - t0, "adapter": str(final_adapter),
                    "trainable_params": n_trainable, "world_size": world}
@@ -212,10 +218,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def evaluate(accelerator: Any, model: Any, examples: list, pad_id: int, collate: Any, token_losses: Any
-             ) -> float | None:
+def evaluate(accelerator: Any, model: Any, examples: list, pad_id: int) -> float | None:
     """Mean answer-token loss on the held-out examples (sharded over ranks)."""
     import torch
+
+    from mlbench_kit.train.data import collate, token_losses
     if not examples:
         return None
     model.eval()
