@@ -33,11 +33,11 @@ if [ -z "$MODEL" ]; then
   MODEL=$RUN/model; TRAIN_CFG=configs/train/tiny-cpu.yaml; INFER_CFG=configs/infer/tiny-cpu.yaml
   PREP_SRC=(--data $DATA --splits full --readmes $SAMPLE/repos --build-splits --id-test-fraction 0.3)
   MAXTOK=1024; TRAIN_EXTRA=(--epochs 30 --set lora.r=16 --set lora.alpha=32 --set data.eval_fraction=0)
-  INFER_EXTRA=(--temperature 0.2); EVAL_DATA=$DATA; EVAL_SPLIT=(); ENVS=configs/eval/sample.yaml
+  INFER_EXTRA=(--temperature 0.2); EVAL_SPLIT=(); ENVS=configs/eval/sample.yaml
 else
   TRAIN_CFG=configs/train/codellama-7b-instruct.yaml; INFER_CFG=configs/infer/paper.yaml
   PREP_SRC=(--data "$DATA" --splits full id_train ood_train --repos-dir repos --checkout ../shared/mlbench/repos.json)
-  MAXTOK=8192; TRAIN_EXTRA=(); INFER_EXTRA=(); EVAL_DATA=$DATA; EVAL_SPLIT=(--split full); ENVS=configs/eval/mlbench.yaml
+  MAXTOK=8192; TRAIN_EXTRA=(); INFER_EXTRA=(); EVAL_SPLIT=(--split full); ENVS=configs/eval/mlbench.yaml
 fi
 # 2. prompts for tasks 1-3, cut to the model's budget with its own tokenizer
 "$BIN/mlbench" prep "${PREP_SRC[@]}" --splitter $SPLITTER --tasks 1 2 3 --template llama-inst \
@@ -53,13 +53,13 @@ TEST=test; [ -d "$RUN/prep/test" ] || TEST=full
   --config $INFER_CFG "${INFER_EXTRA[@]}" --out "$RUN/infer-lora"
 # 5. execute every generation in the sandbox (the paper's compat checks), then 6. the side-by-side report
 for v in base lora; do
-  "$BIN/mlbench" eval --data "$EVAL_DATA" "${EVAL_SPLIT[@]}" --generations "$RUN/infer-$v/task3.jsonl" --envs $ENVS \
+  "$BIN/mlbench" eval --data "$DATA" "${EVAL_SPLIT[@]}" --generations "$RUN/infer-$v/task3.jsonl" --envs $ENVS \
     --out "$RUN/eval-$v"
 done
 "$BIN/mlbench" report base="$RUN/eval-base" lora="$RUN/eval-lora" --out "$RUN/report"
 echo
 echo "demo done: $RUN"
-cat "$RUN/report/report.md" | sed -n '3,6p'
+sed -n '3,6p' "$RUN/report/report.md"
 echo
 echo "  $RUN/prep/        prompts for tasks 1-3 (stats: $RUN/prep/stats.md); test = the held-out ID samples"
 echo "  $RUN/train/       LoRA adapter (adapter/), metrics.jsonl, checkpoints/, TensorBoard logs (tb/)"
