@@ -1,70 +1,135 @@
-"""`mlbench report RUN...`: eval run folders side by side (markdown, CSV, PNG). Reads each run's summary.json."""
+"""`mlbench report NAME=DIR...`: eval runs side by side — per setting (task 1–3), per repository, per type.
+
+Each DIR is an ``mlbench eval`` folder (its summary.json). Folders given the same NAME are one checkpoint: its
+tasks become the settings, and several folders of the same task (seeds) are averaged, the seed range shown.
+Published rows (``--reference``) are added to the tables, marked as quoted.
+"""
 
 from __future__ import annotations
 
 import argparse
-import csv
-import io
-import json
+import re
 import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlbench_kit.errors import MLBenchError
-from mlbench_kit.io import write_atomic
+import yaml
 
-COLUMNS = ("pass@1", "pass@2", "pass@5", "type_accuracy", "param_hit_precision", "param_all_hit_rate")
+from mlbench_kit.errors import MLBenchError
+
+from .compare_render import write_csv, write_markdown, write_plots
+
+
+@dataclass
+class Setting:
+    """One checkpoint on one task: the eval summaries of its seeds."""
+
+    run: str
+    task: int | None
+    summaries: list[dict[str, Any]] = field(default_factory=list)
+    dirs: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return self.run if self.task is None else f"{self.run} · task {self.task}"
+
+    def metric(self, name: str, group: tuple[str, str] | None = None) -> tuple[float | None, tuple | None]:
+        """Mean over seeds, and a range: the bootstrap 95% CI for one seed, min–max over several."""
+        vals = []
+        for s in self.summaries:
+            m = s["metrics"]["overall"] if group is None else s["metrics"][group[0]].get(group[1])
+            if m is not None and m.get(name) is not None:
+                vals.append((m[name], m.get(f"{name}_ci95")))
+        if not vals:
+            return None, None
+        mean = sum(v for v, _ in vals) / len(vals)
+        if len(vals) == 1:
+            return mean, tuple(vals[0][1]) if vals[0][1] else None
+        return mean, (min(v for v, _ in vals), max(v for v, _ in vals))
+
+
+@dataclass
+class Reference:
+    """A published row, quoted from a paper: never recomputed."""
+
+    name: str
+    task: int | None
+    source: str
+    values: dict[str, float]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("runs", nargs="+", help="eval output folders (each with summary.json); NAME=DIR to label one")
-    p.add_argument("--out", required=True, help="folder for report.md, report.csv, report.png")
+    p.add_argument("runs", nargs="+", help="eval output folders (summary.json); NAME=DIR to label them, the same "
+                                           "NAME for a checkpoint's tasks and seeds")
+    p.add_argument("--out", required=True, help="folder for report.md, report.csv and the PNG plots")
+    p.add_argument("--reference", help="YAML of published rows to quote beside yours (configs/report/*.yaml)")
+    p.add_argument("--skip-missing", action="store_true", help="leave out folders without summary.json (sweeps)")
 
 
-def _load(spec: str) -> tuple[str, dict[str, Any]]:
-    name, _, path = spec.rpartition("=") if "=" in spec else (Path(spec).name, "", spec)
-    f = Path(path) / "summary.json"
-    if not f.is_file():
-        raise MLBenchError("no summary.json in this run folder", str(f), "pass folders written by `mlbench eval`")
-    return name, json.loads(f.read_text())
+def _task_of(summary: dict[str, Any]) -> int | None:
+    if summary.get("task") in (1, 2, 3):
+        return summary["task"]
+    m = re.search(r"task([123])\.jsonl$", str(summary.get("generations", "")))
+    return int(m.group(1)) if m else None
+
+
+def load_settings(specs: list[str], skip_missing: bool = False) -> list[Setting]:
+    """Group eval folders into (run name, task) settings, in the order first given."""
+    import json
+    settings: dict[tuple[str, int | None], Setting] = {}
+    for spec in specs:
+        name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
+        f = Path(path) / "summary.json"
+        if not f.is_file():
+            if skip_missing:
+                print(f"report: skipped {path} (no summary.json)", file=sys.stderr)
+                continue
+            raise MLBenchError("no summary.json in this run folder", str(f), "pass folders written by `mlbench eval`")
+        summary = json.loads(f.read_text())
+        key = (name or Path(path).name, _task_of(summary))
+        s = settings.setdefault(key, Setting(*key))
+        s.summaries.append(summary)
+        s.dirs.append(path)
+    if not settings:
+        raise MLBenchError("no eval results to report", " ".join(specs[:3]), "run `mlbench eval` first")
+    return list(settings.values())
+
+
+def load_reference(path: str) -> list[Reference]:
+    """Rows from a reference YAML: ``source`` and ``rows: [{name, task, pass@1, ...}]``."""
+    p = Path(path)
+    if not p.is_file():
+        raise MLBenchError("reference file not found", path, "see configs/report/paper-rows.yaml for the format")
+    doc = yaml.safe_load(p.read_text()) or {}
+    source = doc.get("source")
+    if not source:
+        raise MLBenchError("a reference file needs `source:` (where the numbers are quoted from)", path)
+    refs = []
+    for i, row in enumerate(doc.get("rows") or []):
+        if not isinstance(row, dict) or "name" not in row:
+            raise MLBenchError(f"rows[{i}] needs `name`", path)
+        values = {k: float(v) for k, v in row.items() if k not in ("name", "task", "table") and v is not None}
+        bad = [k for k, v in values.items() if not 0 <= v <= 1]
+        if bad:
+            raise MLBenchError(f"rows[{i}] ({row['name']}): {bad} outside [0, 1]", path,
+                               "write rates as fractions (0.3382), not percentages")
+        table = f", table {row['table']}" if row.get("table") else ""
+        refs.append(Reference(row["name"], row.get("task"), f"{source}{table}", values))
+    return refs
 
 
 def run(args: argparse.Namespace) -> int:
-    runs = [_load(s) for s in args.runs]
-    rows = [{"run": name, "samples": s["metrics"]["overall"]["samples"], "mode": s["mode"],
-             **{c: s["metrics"]["overall"].get(c) for c in COLUMNS}} for name, s in runs]
+    settings = load_settings(args.runs, args.skip_missing)
+    refs = load_reference(args.reference) if args.reference else []
     out = Path(args.out)
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(rows[0]))
-    w.writeheader()
-    w.writerows(rows)
-    write_atomic(out / "report.csv", buf.getvalue())
-    fmt = lambda v: "–" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))  # noqa: E731
-    lines = ["# ML-Bench runs side by side", "", "| " + " | ".join(rows[0]) + " |",
-             "|" + "---|" * len(rows[0])]
-    lines += ["| " + " | ".join(fmt(v) for v in r.values()) + " |" for r in rows]
-    lines += ["", "Pass@k: the paper's (a sample passes if any of its first k outputs passes). type_accuracy: "
-              "share of outputs of the right kind (bash vs Python). param_hit_precision: share of the expected "
-              "arguments found in an output. Each run's own report.md has per-repository rows, CIs and error classes.",
-              "", "![runs](report.png)", ""]
-    write_atomic(out / "report.md", "\n".join(lines))
-    _plot(rows, out / "report.png")
-    print(f"report: {out / 'report.md'}", file=sys.stderr)
+    ks = sorted({k for s in settings for summ in s.summaries for k in summ["ks"]})
+    write_csv(settings, refs, ks, out / "report.csv")
+    plots = write_plots(settings, ks, out)
+    write_markdown(settings, refs, ks, plots, out / "report.md")
+    runs = defaultdict(list)
+    for s in settings:
+        runs[s.run].append(s.task)
+    print(f"report: {len(runs)} run(s), {len(settings)} setting(s): {out / 'report.md'}", file=sys.stderr)
     return 0
-
-
-def _plot(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(1.6 * len(COLUMNS) + 2, 3.6))
-    width = 0.8 / len(rows)
-    for i, r in enumerate(rows):
-        ax.bar([j + i * width for j in range(len(COLUMNS))], [r[c] or 0 for c in COLUMNS], width, label=r["run"])
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(COLUMNS))], COLUMNS, rotation=15)
-    ax.set_ylim(0, 1)
-    ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)

@@ -23,6 +23,7 @@ class Generations:
     n: int
     reference_would_drop: list[dict] = field(default_factory=list)
     missing: list[tuple[int, int]] = field(default_factory=list)
+    tasks: set[int] = field(default_factory=set)  # the `task` field of infer's records, when present
 
 
 def load_generations(path: str | Path, samples: dict[tuple[int, int], Sample], parser: str = "compat",
@@ -30,6 +31,7 @@ def load_generations(path: str | Path, samples: dict[tuple[int, int], Sample], p
     """Validate every line; ``raw`` responses (when ``output`` is absent) are parsed into code."""
     outputs: dict[tuple[int, int], list[str]] = {}
     lines: dict[tuple[int, int], int] = {}
+    tasks: set[int] = set()
     for ln, row in read_jsonl(path):
         where = f"{path}:{ln}"
         try:
@@ -52,10 +54,12 @@ def load_generations(path: str | Path, samples: dict[tuple[int, int], Sample], p
         if not isinstance(outs, list) or not outs or not all(isinstance(x, str) for x in outs):
             raise MLBenchError("`output` must be a non-empty list of strings", where)
         outputs[key], lines[key] = outs, ln
+        if isinstance(row.get("task"), int):
+            tasks.add(row["task"])
     if not outputs:
         raise MLBenchError("no generations", str(path))
     n_expected = n or Counter(len(v) for v in outputs.values()).most_common(1)[0][0]
     drop = [{"github_id": k[0], "id": k[1], "line": lines[k], "outputs": len(v)}
             for k, v in outputs.items() if len(v) != REFERENCE_N]
     missing = sorted(set(samples) - set(outputs))
-    return Generations(outputs, n_expected, drop, missing)
+    return Generations(outputs, n_expected, drop, missing, tasks)

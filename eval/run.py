@@ -214,7 +214,8 @@ def run(args: argparse.Namespace) -> int:
              if gens.reference_would_drop and not args.gold else "no rows the benchmark's checker would drop",
              f"{sum(bool(s.prefix_code.strip()) for s in scored)} rows carry prefix_code (environment preparation): "
              "it is not run per generation, as in the benchmark; it belongs to building the repository's env"]
-    summary = {"generations": "gold" if args.gold else str(args.generations), "mode": args.mode,
+    task = next(iter(gens.tasks)) if len(gens.tasks) == 1 else None
+    summary = {"generations": "gold" if args.gold else str(args.generations), "task": task, "mode": args.mode,
                "backend": args.backend, "n": gens.n, "ks": ks,
                "executions": sum(r["executed"] and not r["cached"] for r in results),
                "cached_executions": sum(r["cached"] for r in results),

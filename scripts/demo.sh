@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job on the embedded sample, with no network, GPU or downloaded data (a few minutes on 2 CPU cores):
-#   tiny base model -> prep (tasks 1-3, ID split) -> LoRA training -> vLLM inference, base and fine-tuned
-#   -> sandboxed execution check -> side-by-side report.
+#   tiny base model -> prep (tasks 1-3; test, ID-train and OOD-train splits) -> LoRA on the ID and on the OOD
+#   split -> vLLM inference (base, ID-tuned, OOD-tuned) -> sandboxed execution check -> side-by-side report.
 # The real thing on a GPU machine with network (see README):
 #   bash scripts/demo.sh --data super-dainiu/ml-bench --model codellama/CodeLlama-7b-Instruct-hf
 set -euo pipefail
@@ -31,7 +31,9 @@ if [ -z "$MODEL" ]; then
   # 1. a tiny Llama: tokenizer trained on the sample, weights pretrained briefly on its READMEs (never answers)
   [ -f "$RUN/model/config.json" ] || "$BIN/python" -m mlbench_kit.tiny --sample $DATA --repos $SAMPLE/repos --out "$RUN/model"
   MODEL=$RUN/model; TRAIN_CFG=configs/train/tiny-cpu.yaml; INFER_CFG=configs/infer/tiny-cpu.yaml
-  PREP_SRC=(--data $DATA --splits full --readmes $SAMPLE/repos --build-splits --id-test-fraction 0.3)
+  # toyvision is the out-of-distribution repository: its rows train the OOD adapter, none is in the test split
+  PREP_SRC=(--data $DATA --splits full --readmes $SAMPLE/repos --build-splits --ood-repos toyvision
+            --id-test-fraction 0.3)
   MAXTOK=1024; TRAIN_EXTRA=(--epochs 30 --set lora.r=16 --set lora.alpha=32 --set data.eval_fraction=0)
   INFER_EXTRA=(--temperature 0.2); EVAL_SPLIT=(); ENVS=configs/eval/sample.yaml
 else
@@ -43,29 +45,37 @@ fi
 "$BIN/mlbench" prep "${PREP_SRC[@]}" --splitter $SPLITTER --tasks 1 2 3 --template llama-inst \
   --tokenizer "$MODEL" --max-tokens $MAXTOK --no-hf --out "$RUN/prep"
 TEST=test; [ -d "$RUN/prep/test" ] || TEST=full
-# 3. LoRA on the ID training split, task 3 (resumes if interrupted)
-"$BIN/accelerate" launch --num_processes 1 --mixed_precision no --main_process_port 0 train/lora.py \
-  --config $TRAIN_CFG --model "$MODEL" --prep-dir "$RUN/prep" --task 3 --split id --output-dir "$RUN/train" "${TRAIN_EXTRA[@]}"
-# 4. generations (n=5) from the base model and from the fine-tuned adapter, with vLLM
+# 3. LoRA on the ID and on the OOD training split, task 3 (each resumes if interrupted)
+for split in id ood; do
+  "$BIN/accelerate" launch --num_processes 1 --mixed_precision no --main_process_port 0 train/lora.py \
+    --config $TRAIN_CFG --model "$MODEL" --prep-dir "$RUN/prep" --task 3 --split $split --output-dir "$RUN/train-$split" \
+    "${TRAIN_EXTRA[@]}"
+done
+# 4. generations (n=5) from the base model and from both adapters, with vLLM
 "$BIN/mlbench" infer --model "$MODEL" --prompts "$RUN/prep" --split $TEST --task 3 --config $INFER_CFG \
   "${INFER_EXTRA[@]}" --out "$RUN/infer-base"
-"$BIN/mlbench" infer --model "$MODEL" --adapter "$RUN/train/adapter" --prompts "$RUN/prep" --split $TEST --task 3 \
-  --config $INFER_CFG "${INFER_EXTRA[@]}" --out "$RUN/infer-lora"
+for split in id ood; do
+  "$BIN/mlbench" infer --model "$MODEL" --adapter "$RUN/train-$split/adapter" --prompts "$RUN/prep" --split $TEST \
+    --task 3 --config $INFER_CFG "${INFER_EXTRA[@]}" --out "$RUN/infer-$split"
+done
 # 5. execute every generation in the sandbox (the paper's compat checks), then 6. the side-by-side report
-for v in base lora; do
+for v in base id ood; do
   "$BIN/mlbench" eval --data "$DATA" "${EVAL_SPLIT[@]}" --generations "$RUN/infer-$v/task3.jsonl" --envs $ENVS \
     --out "$RUN/eval-$v"
 done
-"$BIN/mlbench" report base="$RUN/eval-base" lora="$RUN/eval-lora" --out "$RUN/report"
+"$BIN/mlbench" report base="$RUN/eval-base" id-tuned="$RUN/eval-id" ood-tuned="$RUN/eval-ood" --out "$RUN/report"
 echo
 echo "demo done: $RUN"
-sed -n '3,6p' "$RUN/report/report.md"
+sed -n '7,12p' "$RUN/report/report.md"
 echo
-echo "  $RUN/prep/        prompts for tasks 1-3 (stats: $RUN/prep/stats.md); test = the held-out ID samples"
-echo "  $RUN/train/       LoRA adapter (adapter/), metrics.jsonl, checkpoints/, TensorBoard logs (tb/)"
-echo "  $RUN/infer-*/     5 generations per test prompt (raw responses and parsed code), base and fine-tuned"
+sed -n '/^| setting | param hit/,/^$/p' "$RUN/report/report.md"
+echo
+echo "  $RUN/prep/        prompts for tasks 1-3 (stats: $RUN/prep/stats.md); test = held-out samples of the ID repository"
+echo "  $RUN/train-id/    LoRA adapter trained on the ID split (adapter/), metrics.jsonl, checkpoints/, TensorBoard (tb/)"
+echo "  $RUN/train-ood/   the same on the OOD split (another repository only)"
+echo "  $RUN/infer-*/     5 generations per test prompt (raw responses and parsed code): base, ID-tuned, OOD-tuned"
 echo "  $RUN/eval-*/      every generation executed in the bwrap sandbox: results.jsonl, report.md"
-echo "  $RUN/report/      report.md, report.csv, report.png: base vs fine-tuned"
+echo "  $RUN/report/      report.md, report.csv, report.png, report_repos.png: the three side by side"
 echo "Pass@k counts a test sample solved when one of its first k outputs passes the parameter check, the type"
-echo "check and runs cleanly; type_accuracy and param_hit_precision show what fine-tuning changed even when"
-echo "a tiny model does not get every argument right."
+echo "check and runs cleanly; type accuracy and parameter hit precision show what fine-tuning changed even when"
+echo "a tiny model does not get every argument right. OOD-tuned saw only another repository, as in the paper."

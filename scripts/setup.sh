@@ -2,9 +2,14 @@
 # Create .venv and install mlbench-kit (editable) with CPU inference/training and test dependencies. Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v bwrap >/dev/null; then
-  # bubblewrap is the sandbox eval/ uses; git is needed for repository checkouts
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap git) >/dev/null
+# System packages, as root where apt exists: bubblewrap is eval's sandbox, git clones repositories, slurm-wlm and
+# munge run the one-node Slurm cluster of the sweep tests (slurm/cluster.sh)
+missing=()
+for pair in bwrap:bubblewrap git:git slurmctld:slurm-wlm munged:munge; do
+  command -v "${pair%%:*}" >/dev/null || missing+=("${pair##*:}")
+done
+if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") >/dev/null
 fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv

@@ -1,0 +1,160 @@
+"""From a sweep to job arrays: the units of each stage, their commands, their sbatch scripts.
+
+A job array per stage and kind of chain. Fine-tuned cells run prep → train → infer → eval; base-model cells
+(split ``none``) run prep → infer-base → eval-base. Within a chain, array task *i* of a stage waits for task
+*i* of the stage before it (``aftercorr``, Slurm's per-task ``afterok``), so one failed cell stops only its
+own chain. The report runs after everything else has ended, whatever the outcome.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from .spec import Cell, Sweep
+
+
+@dataclass
+class Unit:
+    """One array task: an index, a key naming its done-marker, its output folder and command."""
+
+    index: int
+    key: str
+    out: str
+    argv: list[str]
+
+
+@dataclass
+class Job:
+    """One job array: a stage's units and the arrays it depends on (``(kind, job name)``)."""
+
+    name: str
+    stage: str
+    units: list[Unit]
+    deps: list[tuple[str, str]] = field(default_factory=list)
+
+
+def options(opts: dict[str, Any]) -> list[str]:
+    """``{max_tokens: 8192, no_hf: true, set: [a=1, b=2]}`` → ``--max-tokens 8192 --no-hf --set a=1 --set b=2``."""
+    argv: list[str] = []
+    for k, v in opts.items():
+        flag = "--" + k.replace("_", "-")
+        if v is None or v is False:
+            continue
+        if v is True:
+            argv.append(flag)
+        elif k == "set":
+            for item in v if isinstance(v, list) else [v]:
+                argv += [flag, str(item)]
+        elif isinstance(v, list):
+            argv += [flag, *map(str, v)]
+        else:
+            argv += [flag, str(v)]
+    return argv
+
+
+def cell_dir(sweep: Sweep, cell: Cell) -> Path:
+    return sweep.run_dir / cell.rel_dir
+
+
+def prep_dir(sweep: Sweep, model: str) -> Path:
+    return sweep.run_dir / "prep" / model
+
+
+def _cli(stage: str) -> list[str]:
+    return ["$PY", "-m", "mlbench_kit.cli", stage]
+
+
+def prep_cmd(sweep: Sweep, model: str) -> list[str]:
+    m = sweep.models[model]
+    base = {"data": sweep.cfg["data"], "tasks": sweep.cfg["tasks"], "tokenizer": m.get("tokenizer") or m["path"],
+            "out": str(prep_dir(sweep, model))}
+    return _cli("prep") + options({**base, **sweep.options("prep", model)})
+
+
+def train_cmd(sweep: Sweep, cell: Cell) -> list[str]:
+    m = sweep.models[cell.model]
+    base = {"config": m["train_config"], "model": m["path"], "prep_dir": str(prep_dir(sweep, cell.model)),
+            "task": cell.task, "split": cell.split, "seed": cell.seed, "output_dir": str(cell_dir(sweep, cell) / "train")}
+    return ["train/lora.py"] + options({**base, **sweep.options("train", cell.model)})
+
+
+def infer_cmd(sweep: Sweep, cell: Cell) -> list[str]:
+    m = sweep.models[cell.model]
+    adapter = None if cell.split == "none" else str(cell_dir(sweep, cell) / "train" / "adapter")
+    base = {"model": m["path"], "adapter": adapter, "prompts": str(prep_dir(sweep, cell.model)), "task": cell.task,
+            "seed": cell.seed, "out": str(cell_dir(sweep, cell) / "infer")}
+    return _cli("infer") + options({**base, **sweep.options("infer", cell.model)})
+
+
+def eval_cmd(sweep: Sweep, cell: Cell) -> list[str]:
+    d = cell_dir(sweep, cell)
+    base = {"data": sweep.cfg["data"], "generations": str(d / "infer" / f"task{cell.task}.jsonl"),
+            "out": str(d / "eval")}
+    return _cli("eval") + options({**base, **sweep.options("eval", cell.model)})
+
+
+def report_cmd(sweep: Sweep) -> list[str]:
+    runs = [f"{c.model}/{c.split}={cell_dir(sweep, c) / 'eval'}" for c in sweep.cells()]
+    return (_cli("report") + ["--skip-missing", *runs, "--out", str(sweep.run_dir / "report")]
+            + options(sweep.cfg["report"]))
+
+
+def jobs(sweep: Sweep) -> list[Job]:
+    """Every job array of the sweep, in submission order, with all units (done or not)."""
+    cells = list(enumerate(sweep.cells()))
+    tuned = [(i, c) for i, c in cells if c.split != "none"]
+    base = [(i, c) for i, c in cells if c.split == "none"]
+    out = [Job("prep", "prep", [Unit(i, m, str(prep_dir(sweep, m)), prep_cmd(sweep, m))
+                                for i, m in enumerate(sweep.models)])]
+    if tuned:
+        out += [Job("train", "train", [Unit(i, c.key, str(cell_dir(sweep, c) / "train"), train_cmd(sweep, c))
+                                       for i, c in tuned], [("afterok", "prep")]),
+                Job("infer", "infer", [Unit(i, c.key, str(cell_dir(sweep, c) / "infer"), infer_cmd(sweep, c))
+                                       for i, c in tuned], [("afterok", "prep"), ("aftercorr", "train")]),
+                Job("eval", "eval", [Unit(i, c.key, str(cell_dir(sweep, c) / "eval"), eval_cmd(sweep, c))
+                                     for i, c in tuned], [("aftercorr", "infer")])]
+    if base:
+        out += [Job("infer-base", "infer", [Unit(i, c.key, str(cell_dir(sweep, c) / "infer"), infer_cmd(sweep, c))
+                                            for i, c in base], [("afterok", "prep")]),
+                Job("eval-base", "eval", [Unit(i, c.key, str(cell_dir(sweep, c) / "eval"), eval_cmd(sweep, c))
+                                          for i, c in base], [("aftercorr", "infer-base")])]
+    out.append(Job("report", "report", [Unit(0, "report", str(sweep.run_dir / "report"), report_cmd(sweep))],
+                   [("afterany", j.name) for j in out]))
+    return out
+
+
+def done_marker(sweep: Sweep, stage: str, key: str) -> Path:
+    return sweep.run_dir / "state" / stage / f"{key}.done"
+
+
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
+                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    env.filters["q"] = lambda s: shlex.quote(str(s))
+    # "$PY" stays a variable (the job's interpreter); everything else is quoted literally
+    env.filters["join_q"] = lambda argv: " ".join('"$PY"' if a == "$PY" else shlex.quote(a) for a in argv)
+    return env
+
+
+def render(sweep: Sweep, job: Job) -> str:
+    """The sbatch script of one job array (only its ``units``)."""
+    s = sweep.cfg["slurm"]
+    r = sweep.resources(job.stage)
+    train = job.stage == "train"
+    procs = r["processes_per_node"] or max(1, r["gpus_per_node"])
+    acc = r["accelerate_config"] or ("configs/accelerate/fsdp2.yaml" if procs > 1 or r["nodes"] > 1
+                                     else "configs/accelerate/single.yaml")
+    unit = {"prep": "model", "report": "sweep"}.get(job.stage, "(model, split, task, seed) cell")
+    return _env().get_template("stage.sbatch.j2").render(
+        sweep=sweep.name, job=job.name, stage=job.stage, unit=unit, source=sweep.source, run_dir=sweep.run_dir,
+        array=",".join(str(u.index) for u in job.units), logs=sweep.run_dir / "logs", r=r,
+        partition=s["partition"], account=s["account"], requeue=s["requeue"], signal_before_s=s["signal_before_s"],
+        max_requeues=s["max_requeues"], extra=s["extra"], env=s["env"], setup=s["setup"], root=sweep.root,
+        python=sys.executable, units=job.units, done_dir=sweep.run_dir / "state" / job.stage, skip_done=job.stage != "report",
+        train=train, procs_per_node=procs, accelerate_config=acc)

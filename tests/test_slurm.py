@@ -1,0 +1,208 @@
+"""Sweeps on a real one-node Slurm cluster (slurm/cluster.sh): plan, scripts, dependencies, preemption, resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mlbench_kit.errors import MLBenchError
+from mlbench_kit.slurm.render import jobs, render
+from mlbench_kit.slurm.spec import load_sweep
+
+from conftest import REPO_ROOT, run_cli
+
+SAMPLE = REPO_ROOT / "mlbench_kit" / "sample"
+
+
+@pytest.fixture(scope="session")
+def slurm() -> dict[str, str]:
+    """Start (or reuse) the one-node cluster; the environment its clients need."""
+    if os.geteuid() != 0 and not shutil.which("sbatch"):
+        pytest.skip("needs root to start a Slurm cluster (CI runs as root; scripts/setup.sh installs slurm-wlm)")
+    r = subprocess.run(["bash", "slurm/cluster.sh", "start"], cwd=REPO_ROOT, capture_output=True, text=True,
+                       timeout=180)
+    assert r.returncode == 0, r.stderr
+    conf = r.stdout.strip().rpartition("SLURM_CONF=")[2]
+    os.environ["SLURM_CONF"] = conf
+    return {"SLURM_CONF": conf}
+
+
+def _sh(*cmd: str) -> subprocess.CompletedProcess:
+    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=60)
+
+
+def test_sweep_file_errors_name_the_line(tmp_path: Path) -> None:
+    base = yaml.safe_load((REPO_ROOT / "configs/sweeps/tiny-cpu.yaml").read_text())
+    cases = [({"seed": [1]}, ":1", "unknown key 'seed'"),
+             ({"splits": ["none", "idd"]}, "splits", "splits must be a list of"),
+             ({"models": {"m": {"path": "x"}}}, "models", "needs `train_config`"),
+             ({"slurm": {"resources": {"train": {"gpu": 1}}}}, "slurm", "unknown key 'slurm.resources.train.gpu'"),
+             ({"slurm": {"resources": {"eval": {"nodes": 2}}}}, "slurm", "only training spans nodes")]
+    for change, _, message in cases:
+        f = tmp_path / "s.yaml"
+        f.write_text(yaml.safe_dump({**base, **change}, sort_keys=False))
+        with pytest.raises(MLBenchError) as e:
+            load_sweep(f, REPO_ROOT)
+        assert message in str(e.value), (change, str(e.value))
+        assert re.search(r"s\.yaml:\d+", e.value.where), e.value.where  # file:line of the offending key
+
+
+@pytest.mark.parametrize("name,cells,nodes", [("paper", 27, 1), ("paper-multinode", 27, 2)])
+def test_paper_sweeps_plan_and_render_valid_sbatch(name: str, cells: int, nodes: int, tmp_path: Path,
+                                                    slurm: dict) -> None:
+    sweep = load_sweep(REPO_ROOT / f"configs/sweeps/{name}.yaml", REPO_ROOT)
+    assert len(sweep.cells()) == cells == 3 * 3 * 3
+    all_jobs = {j.name: j for j in jobs(sweep)}
+    assert [len(all_jobs[n].units) for n in ("prep", "train", "infer", "eval", "infer-base", "eval-base")] == \
+        [3, 18, 18, 18, 9, 9]
+    assert all_jobs["infer"].deps == [("afterok", "prep"), ("aftercorr", "train")]
+    for job in all_jobs.values():
+        script = tmp_path / f"{job.name}.sbatch"
+        script.write_text(render(sweep, job))
+        assert _sh("bash", "-n", str(script)).returncode == 0
+        text = script.read_text()
+        assert f"#SBATCH --array={','.join(str(u.index) for u in job.units)}" in text
+        if job.stage == "train":
+            assert f"#SBATCH --nodes={nodes}" in text and "#SBATCH --gpus-per-node=" in text
+            assert "#SBATCH --requeue" in text and "#SBATCH --signal=B:USR1@600" in text
+            assert '--machine_rank "$SLURM_NODEID"' in text and '--num_machines "$SLURM_NNODES"' in text
+        # sbatch parses every directive and checks it against a cluster with 8 (paper) GPUs; only the size
+        # of this one 2-core node is overridden on the command line
+        r = _sh("sbatch", "--test-only", "--nodes=1", "--cpus-per-task=1", "--mem=100M", str(script))
+        assert "to start at" in r.stderr, (job.name, r.stderr)
+
+
+def _tiny_models(root: Path) -> dict[str, Path]:
+    out = {}
+    for name, steps in (("tiny-a", 40), ("tiny-b", 0)):
+        out[name] = root / name
+        r = run_cli(sys.executable, "-m", "mlbench_kit.tiny", "--sample", SAMPLE / "samples.jsonl",
+                    "--repos", SAMPLE / "repos", "--out", out[name], "--pretrain-steps", str(steps))
+        assert r.returncode == 0, r.stderr
+    return out
+
+
+def _status(sweep: Path) -> list[dict]:
+    r = run_cli("mlbench", "sweep", "status", sweep, "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def _wait(sweep: Path, until, timeout: float = 900) -> list[dict]:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        rows = _status(sweep)
+        if until(rows):
+            return rows
+        time.sleep(3)
+    raise AssertionError(f"timed out: {[(r['job'], r['key'], r['state'], r['reason']) for r in rows]}")
+
+
+def _log(path: str | Path) -> str:
+    return Path(path).read_text(errors="replace").replace("\r", "\n")
+
+
+@pytest.mark.slow
+def test_two_model_sweep_end_to_end_with_preemption_and_resume(tmp_path: Path, slurm: dict) -> None:
+    models = _tiny_models(tmp_path)
+    spec = yaml.safe_load((REPO_ROOT / "configs/sweeps/tiny-cpu.yaml").read_text())
+    spec.update(name="citest", run_dir=str(tmp_path / "sweep"),
+                models={n: {"path": str(p), "train_config": "configs/train/tiny-cpu.yaml"} for n, p in models.items()})
+    # tiny-a trains long enough to be interrupted: checkpoints every 10 steps
+    spec["models"]["tiny-a"]["train"] = {"max_steps": 240, "set": ["data.eval_fraction=0", "checkpoint.every_steps=10"]}
+    spec["train"] = {"max_steps": 12, "set": ["data.eval_fraction=0"]}
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump(spec, sort_keys=False))
+    run_dir = tmp_path / "sweep"
+
+    r = run_cli("mlbench", "sweep", "submit", sweep)
+    assert r.returncode == 0, r.stderr
+    submitted = re.findall(r"^(\S+)\s+job (\d+): (\d+) task", r.stdout, re.M)
+    assert [(n, int(c)) for n, _, c in submitted] == [("prep", 2), ("train", 2), ("infer", 2), ("eval", 2),
+                                                       ("infer-base", 2), ("eval-base", 2), ("report", 1)]
+    ids = {n: j for n, j, _ in submitted}
+    assert f"after afterok:{ids['prep']},aftercorr:{ids['train']}" in r.stdout  # the chain Slurm enforces
+
+    # a second submit while jobs wait is refused, not doubled
+    again = run_cli("mlbench", "sweep", "submit", sweep)
+    assert again.returncode == 2 and "still queued or running" in again.stderr
+
+    # preempt tiny-a's training once it has a complete checkpoint: USR1 to the batch shell, as Slurm sends it
+    # --signal=B:USR1@N before the time limit
+    train_a = run_dir / "tiny-a" / "id" / "task3" / "s0" / "train"
+    t0 = time.time()
+    while not list(train_a.glob("checkpoints/step-*/COMPLETE")):
+        assert time.time() - t0 < 600, _status(sweep)
+        time.sleep(0.5)
+    task_a = next(r for r in _status(sweep) if r["job"] == "train" and r["key"].startswith("tiny-a"))
+    assert _sh("scancel", "--batch", "--signal=USR1", task_a["slurm_id"]).returncode == 0
+    t0 = time.time()
+    while "Restarts=1" not in _sh("scontrol", "show", "job", task_a["slurm_id"]).stdout:
+        assert time.time() - t0 < 120, _log(run_dir / "logs" / f"train-{task_a['slurm_id']}.out")[-3000:]
+        time.sleep(1)
+    saved = (train_a / "PREEMPTED").read_text().strip()
+    # Slurm holds a requeued job ~2 minutes before it may start again; start it now to keep the test short
+    _sh("scontrol", "update", f"JobId={task_a['slurm_id']}", "StartTime=now")
+
+    # then Slurm's own requeue (what preemption does): SIGTERM to every process, the job requeued by Slurm
+    log_a = run_dir / "logs" / f"train-{task_a['slurm_id']}.out"
+    t0 = time.time()
+    while max(p.parent.name for p in train_a.glob("checkpoints/step-*/COMPLETE")) <= Path(saved).name:
+        assert time.time() - t0 < 300, _log(log_a)[-3000:]  # wait for a checkpoint written after the resume
+        time.sleep(0.5)
+    assert _sh("scontrol", "requeue", task_a["slurm_id"]).returncode == 0
+    t0 = time.time()
+    while not (train_a / "PREEMPTED").exists() or (train_a / "PREEMPTED").read_text().strip() == saved:
+        assert time.time() - t0 < 120, _log(log_a)[-3000:]
+        time.sleep(0.5)
+    saved2 = (train_a / "PREEMPTED").read_text().strip()
+    t0 = time.time()
+    while "JobState=PENDING" not in _sh("scontrol", "show", "job", task_a["slurm_id"]).stdout:
+        assert time.time() - t0 < 120, _log(log_a)[-3000:]
+        time.sleep(1)
+    _sh("scontrol", "update", f"JobId={task_a['slurm_id']}", "StartTime=now")
+
+    rows = _wait(sweep, lambda rows: all(r["state"] in ("done", "completed", "failed", "cancelled") for r in rows))
+    assert all(r["state"] in ("done", "completed") for r in rows), [(r["job"], r["key"], r["state"]) for r in rows]
+
+    log = _log(log_a)
+    assert "requeued; the next run resumes" in log and "restart 1" in log and "restart 2" in log
+    for ckpt in (saved, saved2):
+        step = int(re.search(r"step-(\d+)", ckpt).group(1))
+        assert f"resumed from {ckpt} (step {step})" in log
+    assert saved2 > saved
+    metrics = [json.loads(x) for x in (train_a / "metrics.jsonl").read_text().splitlines()]
+    assert len([m for m in metrics if m.get("event") == "preempted"]) == 2
+    assert max(m.get("step", 0) for m in metrics) == 240  # finished after the resumes
+
+    # Slurm ran each chain in order: a cell's infer began after its train wrote the adapter
+    for model in models:
+        cell = run_dir / model / "id" / "task3" / "s0"
+        started = min(p.stat().st_mtime for p in (cell / "infer").iterdir())
+        assert (cell / "train" / "adapter" / "adapter_config.json").stat().st_mtime < started
+
+    report = (run_dir / "report" / "report.md").read_text()
+    for label in ("tiny-a/none", "tiny-a/id", "tiny-b/none", "tiny-b/id"):  # 12 ID test rows (toyvision is OOD)
+        assert f"| {label} | 3 | 1 | 12 |" in report
+    assert (run_dir / "report" / "report_repos.png").stat().st_size > 1000
+
+    # re-submitting skips finished work: everything done -> nothing submitted; one eval removed -> only it
+    r = run_cli("mlbench", "sweep", "submit", sweep)
+    assert r.returncode == 0 and "everything is done" in r.stdout
+    (run_dir / "state" / "eval" / "tiny-b.id.task3.s0.done").unlink()
+    shutil.rmtree(run_dir / "tiny-b" / "id" / "task3" / "s0" / "eval")
+    r = run_cli("mlbench", "sweep", "submit", sweep)
+    assert r.returncode == 0, r.stderr
+    assert [(n, int(c)) for n, _, c in re.findall(r"^(\S+)\s+job (\d+): (\d+) task", r.stdout, re.M)] == \
+        [("eval", 1), ("report", 1)]
+    _wait(sweep, lambda rows: all(r["state"] in ("done", "completed") for r in rows), timeout=300)
+    assert (run_dir / "tiny-b" / "id" / "task3" / "s0" / "eval" / "summary.json").exists()
