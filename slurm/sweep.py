@@ -108,29 +108,29 @@ def _submissions(sweep: Sweep) -> list[dict[str, Any]]:
 def unit_status(sweep: Sweep) -> list[dict[str, Any]]:
     """One record per (job array, unit): done, pending, running, failed, cancelled or not submitted."""
     subs = _submissions(sweep)
-    latest: dict[tuple[str, int], tuple[str, dict]] = {}
+    latest: dict[tuple[str, int], str] = {}
     for s in subs:
         for name, j in s["jobs"].items():
             for idx in j["units"]:
-                latest[(name, int(idx))] = (f"{j['job_id']}_{idx}", s)
+                latest[(name, int(idx))] = f"{j['job_id']}_{idx}"
     queue = _queue() if latest else {}
-    acct = _accounting([jid for jid, _ in latest.values()])
+    acct = _accounting(list(latest.values()))
     rows = []
     for job in jobs(sweep):
         for u in job.units:
             row = {"job": job.name, "stage": job.stage, "index": u.index, "key": u.key, "out": u.out,
                    "slurm_id": None, "state": "not submitted", "reason": "", "log": None}
-            if job.stage != "report" and done_marker(sweep, job.stage, u.key).exists():
-                row["state"] = "done"
-            if (job.name, u.index) in latest:
-                jid, _ = latest[(job.name, u.index)]
-                log = sweep.run_dir / "logs" / f"{job.name}-{jid}.out"
+            jid = latest.get((job.name, u.index))
+            log = sweep.run_dir / "logs" / f"{job.name}-{jid}.out" if jid else None
+            if jid:
                 row.update(slurm_id=jid, log=str(log) if log.exists() else None)
-                if row["state"] != "done":
-                    state, reason = queue.get(jid, (acct.get(jid, ""), ""))
-                    row["state"], row["reason"] = _classify(state, reason, log.exists())
-                elif job.stage == "report" or queue.get(jid, ("",))[0] in ACTIVE:
-                    row["state"] = queue.get(jid, ("COMPLETED",))[0].lower()
+            state, reason = queue.get(jid, (acct.get(jid, ""), "")) if jid else ("", "")
+            if state in ACTIVE:  # queued or running now, whatever an earlier run left
+                row["state"], row["reason"] = _classify(state, reason, True)
+            elif done_marker(sweep, job.stage, u.key).exists():
+                row["state"] = "done"
+            elif jid:
+                row["state"], row["reason"] = _classify(state, reason, log.exists())
             rows.append(row)
     return rows
 
@@ -141,7 +141,7 @@ def _classify(state: str, reason: str, has_log: bool) -> tuple[str, str]:
     if state in ACTIVE:
         return "running", reason
     if state == "COMPLETED":
-        return "done", ""  # a report, or a unit whose command succeeded before its marker could be written
+        return "done", ""  # its command succeeded (the marker is written right after)
     if state:
         return ("cancelled" if state == "CANCELLED" else "failed"), f"{state} {reason}".strip()
     return ("failed", "ended without finishing (see log)") if has_log else ("cancelled", "never started")

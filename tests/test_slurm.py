@@ -171,8 +171,8 @@ def test_two_model_sweep_end_to_end_with_preemption_and_resume(tmp_path: Path, s
         time.sleep(1)
     _sh("scontrol", "update", f"JobId={task_a['slurm_id']}", "StartTime=now")
 
-    rows = _wait(sweep, lambda rows: all(r["state"] in ("done", "completed", "failed", "cancelled") for r in rows))
-    assert all(r["state"] in ("done", "completed") for r in rows), [(r["job"], r["key"], r["state"]) for r in rows]
+    rows = _wait(sweep, lambda rows: all(r["state"] in ("done", "failed", "cancelled") for r in rows))
+    assert all(r["state"] == "done" for r in rows), [(r["job"], r["key"], r["state"]) for r in rows]
 
     log = _log(log_a)
     assert "requeued; the next run resumes" in log and "restart 1" in log and "restart 2" in log
@@ -204,5 +204,5 @@ def test_two_model_sweep_end_to_end_with_preemption_and_resume(tmp_path: Path, s
     assert r.returncode == 0, r.stderr
     assert [(n, int(c)) for n, _, c in re.findall(r"^(\S+)\s+job (\d+): (\d+) task", r.stdout, re.M)] == \
         [("eval", 1), ("report", 1)]
-    _wait(sweep, lambda rows: all(r["state"] in ("done", "completed") for r in rows), timeout=300)
+    _wait(sweep, lambda rows: all(r["state"] == "done" for r in rows), timeout=300)
     assert (run_dir / "tiny-b" / "id" / "task3" / "s0" / "eval" / "summary.json").exists()
