@@ -8,6 +8,7 @@ Published rows (``--reference``) are added to the tables, marked as quoted.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from collections import defaultdict
@@ -61,6 +62,7 @@ class Reference:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``mlbench report``."""
     p.add_argument("runs", nargs="+", help="eval output folders (summary.json); NAME=DIR to label them, the same "
                                            "NAME for a checkpoint's tasks and seeds")
     p.add_argument("--out", required=True, help="folder for report.md, report.csv and the PNG plots")
@@ -77,7 +79,6 @@ def _task_of(summary: dict[str, Any]) -> int | None:
 
 def load_settings(specs: list[str], skip_missing: bool = False) -> list[Setting]:
     """Group eval folders into (run name, task) settings, in the order first given."""
-    import json
     settings: dict[tuple[str, int | None], Setting] = {}
     for spec in specs:
         name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
@@ -121,6 +122,7 @@ def load_reference(path: str) -> list[Reference]:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Write report.csv, the plots and report.md; returns the exit status."""
     settings = load_settings(args.runs, args.skip_missing)
     refs = load_reference(args.reference) if args.reference else []
     out = Path(args.out)
