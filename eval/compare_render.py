@@ -10,17 +10,12 @@ from typing import TYPE_CHECKING, Any
 from mlbench_kit.io import write_atomic
 
 from .metrics import ERROR_CLASSES
+from .report import fmt_rate
 
 if TYPE_CHECKING:
     from .compare import Reference, Setting
 
 EXTRA = ("param_hit_precision", "param_all_hit_rate", "type_accuracy")
-
-
-def _fmt(v: float | None, rng: tuple | None = None) -> str:
-    if v is None:
-        return "–"
-    return f"{v:.3f}" + (f" [{rng[0]:.2f}, {rng[1]:.2f}]" if rng else "")
 
 
 def _groups(settings: list[Setting], kind: str) -> list[str]:
@@ -56,14 +51,13 @@ def _table(head: list[str], rows: list[list[str]]) -> list[str]:
 def write_markdown(settings: list[Setting], refs: list[Reference], ks: list[int], plots: list[str],
                    path: Path) -> None:
     """The report: settings, quality of outputs, repositories, types, error classes, gold ceiling, sources."""
-    seeds = max(len(s.summaries) for s in settings)
-    rng_note = "95% bootstrap CI over samples" if seeds == 1 else "min–max over seeds (mean shown)"
     lines = ["# ML-Bench runs side by side", "",
-             f"Pass@k as the paper defines it (a sample passes if one of its first k outputs passes the parameter "
-             f"check, the type check and runs cleanly); brackets: {rng_note}.", "", "## Pass@k by setting", ""]
+             "Pass@k as the paper defines it (a sample passes if one of its first k outputs passes the parameter "
+             "check, the type check and runs cleanly); brackets: the 95% bootstrap CI over samples for one seed, "
+             "min–max over seeds for several (their mean shown).", "", "## Pass@k by setting", ""]
     rows = [[s.run, str(s.task or "–"), str(len(s.summaries)), str(s.summaries[0]["metrics"]["overall"]["samples"])]
-            + [_fmt(*s.metric(f"pass@{k}")) for k in ks] for s in settings]
-    rows += [[f"{r.name} *(quoted)*", str(r.task or "–"), "", ""] + [_fmt(r.values.get(f"pass@{k}")) for k in ks]
+            + [fmt_rate(*s.metric(f"pass@{k}")) for k in ks] for s in settings]
+    rows += [[f"{r.name} *(quoted)*", str(r.task or "–"), "", ""] + [fmt_rate(r.values.get(f"pass@{k}")) for k in ks]
              for r in refs]
     lines += _table(["run", "task", "seeds", "samples"] + [f"Pass@{k}" for k in ks], rows)
     if refs:
@@ -73,13 +67,13 @@ def write_markdown(settings: list[Setting], refs: list[Reference], ks: list[int]
               "param hit: share of the instruction's arguments found in an output; all params: outputs with every "
               "argument; type acc: outputs of the right kind (bash vs Python).", ""]
     lines += _table(["setting", "param hit", "all params", "type acc"],
-                    [[s.label] + [_fmt(s.metric(m)[0]) for m in EXTRA] for s in settings])
-    k1 = f"pass@{ks[0]}"
+                    [[s.label] + [fmt_rate(s.metric(m)[0]) for m in EXTRA] for s in settings])
+    first, last = f"pass@{ks[0]}", f"pass@{ks[-1]}"
     for kind, title in (("per_repo", "repository"), ("per_type", "type")):
         groups = _groups(settings, kind)
         lines += ["", f"## Pass@{ks[0]} / Pass@{ks[-1]} per {title}", ""]
         lines += _table([title] + [s.label for s in settings],
-                        [[g] + [f"{_fmt(s.metric(k1, (kind, g))[0])} / {_fmt(s.metric(f'pass@{ks[-1]}', (kind, g))[0])}"
+                        [[g] + [f"{fmt_rate(s.metric(first, (kind, g))[0])} / {fmt_rate(s.metric(last, (kind, g))[0])}"
                                 for s in settings] for g in groups])
     classes = sorted({c for s in settings for summ in s.summaries for c in summ["metrics"]["overall"]["error_classes"]})
     lines += ["", "## Error classes (outputs, summed over seeds)", ""]

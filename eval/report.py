@@ -7,11 +7,17 @@ from typing import Any
 from .metrics import ERROR_CLASSES
 
 
+def fmt_rate(v: float | None, rng: tuple | list | None = None) -> str:
+    """A rate to 3 places, with its interval in brackets when given; ``–`` when there is none."""
+    if v is None:
+        return "–"
+    return f"{v:.3f}" + (f" [{rng[0]:.2f}, {rng[1]:.2f}]" if rng else "")
+
+
 def _row(name: str, m: dict[str, Any], ks: list[int]) -> str:
     cells = [name, str(m["samples"])]
     for k in ks:
-        ci = m.get(f"pass@{k}_ci95")
-        cells.append(f"{m[f'pass@{k}']:.3f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""))
+        cells.append(fmt_rate(m[f"pass@{k}"], m.get(f"pass@{k}_ci95")))
     cells += [f"{m['param_hit_precision']:.3f}" if m["param_hit_precision"] is not None else "",
               f"{m['type_accuracy']:.3f}" if m["type_accuracy"] is not None else ""]
     return "| " + " | ".join(cells) + " |"

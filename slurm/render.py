@@ -80,7 +80,8 @@ def prep_cmd(sweep: Sweep, model: str) -> list[str]:
 def train_cmd(sweep: Sweep, cell: Cell) -> list[str]:
     m = sweep.models[cell.model]
     base = {"config": m["train_config"], "model": m["path"], "prep_dir": str(prep_dir(sweep, cell.model)),
-            "task": cell.task, "split": cell.split, "seed": cell.seed, "output_dir": str(cell_dir(sweep, cell) / "train")}
+            "task": cell.task, "split": cell.split, "seed": cell.seed,
+            "output_dir": str(cell_dir(sweep, cell) / "train")}
     return ["train/lora.py"] + options({**base, **sweep.options("train", cell.model)})
 
 
@@ -105,6 +106,14 @@ def report_cmd(sweep: Sweep) -> list[str]:
             + options(sweep.cfg["report"]))
 
 
+_CELL_CMDS = {"train": train_cmd, "infer": infer_cmd, "eval": eval_cmd}
+
+
+def _cell_job(sweep: Sweep, name: str, stage: str, cells: list[tuple[int, Cell]], deps: list[tuple[str, str]]) -> Job:
+    cmd = _CELL_CMDS[stage]
+    return Job(name, stage, [Unit(i, c.key, str(cell_dir(sweep, c) / stage), cmd(sweep, c)) for i, c in cells], deps)
+
+
 def jobs(sweep: Sweep) -> list[Job]:
     """Every job array of the sweep, in submission order, with all units (done or not)."""
     cells = list(enumerate(sweep.cells()))
@@ -113,24 +122,24 @@ def jobs(sweep: Sweep) -> list[Job]:
     out = [Job("prep", "prep", [Unit(i, m, str(prep_dir(sweep, m)), prep_cmd(sweep, m))
                                 for i, m in enumerate(sweep.models)])]
     if tuned:
-        out += [Job("train", "train", [Unit(i, c.key, str(cell_dir(sweep, c) / "train"), train_cmd(sweep, c))
-                                       for i, c in tuned], [("afterok", "prep")]),
-                Job("infer", "infer", [Unit(i, c.key, str(cell_dir(sweep, c) / "infer"), infer_cmd(sweep, c))
-                                       for i, c in tuned], [("afterok", "prep"), ("aftercorr", "train")]),
-                Job("eval", "eval", [Unit(i, c.key, str(cell_dir(sweep, c) / "eval"), eval_cmd(sweep, c))
-                                     for i, c in tuned], [("aftercorr", "infer")])]
+        out += [_cell_job(sweep, "train", "train", tuned, [("afterok", "prep")]),
+                _cell_job(sweep, "infer", "infer", tuned, [("afterok", "prep"), ("aftercorr", "train")]),
+                _cell_job(sweep, "eval", "eval", tuned, [("aftercorr", "infer")])]
     if base:
-        out += [Job("infer-base", "infer", [Unit(i, c.key, str(cell_dir(sweep, c) / "infer"), infer_cmd(sweep, c))
-                                            for i, c in base], [("afterok", "prep")]),
-                Job("eval-base", "eval", [Unit(i, c.key, str(cell_dir(sweep, c) / "eval"), eval_cmd(sweep, c))
-                                          for i, c in base], [("aftercorr", "infer-base")])]
+        out += [_cell_job(sweep, "infer-base", "infer", base, [("afterok", "prep")]),
+                _cell_job(sweep, "eval-base", "eval", base, [("aftercorr", "infer-base")])]
     out.append(Job("report", "report", [Unit(0, "report", str(sweep.run_dir / "report"), report_cmd(sweep))],
                    [("afterany", j.name) for j in out]))
     return out
 
 
+def state_dir(sweep: Sweep, stage: str) -> Path:
+    """Where a stage's jobs leave ``<unit key>.done`` when their command succeeded."""
+    return sweep.run_dir / "state" / stage
+
+
 def done_marker(sweep: Sweep, stage: str, key: str) -> Path:
-    return sweep.run_dir / "state" / stage / f"{key}.done"
+    return state_dir(sweep, stage) / f"{key}.done"
 
 
 def _env() -> jinja2.Environment:
@@ -156,5 +165,6 @@ def render(sweep: Sweep, job: Job) -> str:
         array=",".join(str(u.index) for u in job.units), logs=sweep.run_dir / "logs", r=r,
         partition=s["partition"], account=s["account"], requeue=s["requeue"], signal_before_s=s["signal_before_s"],
         max_requeues=s["max_requeues"], extra=s["extra"], env=s["env"], setup=s["setup"], root=sweep.root,
-        python=sys.executable, units=job.units, done_dir=sweep.run_dir / "state" / job.stage, skip_done=job.stage != "report",
+        python=sys.executable, units=job.units, done_dir=state_dir(sweep, job.stage),
+        skip_done=job.stage != "report",
         train=train, procs_per_node=procs, accelerate_config=acc)
