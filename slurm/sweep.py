@@ -12,7 +12,6 @@ import datetime as dt
 import json
 import shutil
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -182,33 +181,38 @@ def submit(args: argparse.Namespace) -> int:
     folder = sweep.run_dir / "submissions" / str(n)
     (sweep.run_dir / "logs").mkdir(parents=True, exist_ok=True)
     write_atomic(sweep.run_dir / "sweep.yaml", yaml.safe_dump(sweep.cfg, sort_keys=False))
-    todo = {j.name: _pending_units(sweep, j) for j in jobs(sweep)}
+    all_jobs = jobs(sweep)
+    todo = {j.name: _pending_units(sweep, j) for j in all_jobs}
     if not any(todo[name] for name in todo if name != "report") and (sweep.run_dir / "report" / "report.md").exists():
         print(f"sweep {sweep.name}: everything is done; report: {sweep.run_dir / 'report' / 'report.md'}")
         return 0
     submitted: dict[str, dict[str, Any]] = {}
-    for job in jobs(sweep):
-        units = todo[job.name]
-        if not units:
-            continue
-        job.units = units
-        script = folder / f"{job.name}.sbatch"
-        write_atomic(script, render(sweep, job))
-        deps = [f"{kind}:{submitted[name]['job_id']}" for kind, name in job.deps if name in submitted]
-        cmd = ["sbatch", "--parsable", "--kill-on-invalid-dep=yes"]
-        cmd += [f"--dependency={','.join(deps)}"] if deps else []
-        r = _run(cmd + [str(script)])
-        if r.returncode != 0:
-            raise MLBenchError(f"sbatch refused {job.name}: {r.stderr.strip()}", str(script),
-                               "fix the sweep's slurm section (partition, account, resources); jobs submitted "
-                               f"so far: {[j['job_id'] for j in submitted.values()]}")
-        job_id = r.stdout.strip().split(";")[0]
-        submitted[job.name] = {"job_id": job_id, "stage": job.stage, "script": str(script),
-                               "dependency": ",".join(deps), "units": {str(u.index): u.key for u in units}}
-        print(f"{job.name:<11} job {job_id}: {len(units)} task(s)" + (f", after {','.join(deps)}" if deps else ""))
-    with AppendLog(sweep.run_dir / "submissions.jsonl") as log:
-        log.append({"n": n, "time": dt.datetime.now().isoformat(timespec="seconds"), "sweep": sweep.source,
-                    "jobs": submitted})
+    try:
+        for job in all_jobs:
+            units = todo[job.name]
+            if not units:
+                continue
+            job.units = units
+            script = folder / f"{job.name}.sbatch"
+            write_atomic(script, render(sweep, job))
+            deps = [f"{kind}:{submitted[name]['job_id']}" for kind, name in job.deps if name in submitted]
+            cmd = ["sbatch", "--parsable", "--kill-on-invalid-dep=yes"]
+            cmd += [f"--dependency={','.join(deps)}"] if deps else []
+            r = _run(cmd + [str(script)])
+            if r.returncode != 0:
+                raise MLBenchError(f"sbatch refused {job.name}: {r.stderr.strip()}", str(script),
+                                   "fix the sweep's slurm section (partition, account, resources); jobs submitted "
+                                   f"so far: {[j['job_id'] for j in submitted.values()]}")
+            job_id = r.stdout.strip().split(";")[0]
+            submitted[job.name] = {"job_id": job_id, "stage": job.stage, "script": str(script),
+                                   "dependency": ",".join(deps), "units": {str(u.index): u.key for u in units}}
+            print(f"{job.name:<11} job {job_id}: {len(units)} task(s)" + (f", after {','.join(deps)}" if deps else ""))
+    finally:
+        # record what reached Slurm even when a later sbatch failed: `status` and the next `submit` must see it
+        if submitted:
+            with AppendLog(sweep.run_dir / "submissions.jsonl") as log:
+                log.append({"n": n, "time": dt.datetime.now().isoformat(timespec="seconds"), "sweep": sweep.source,
+                            "jobs": submitted})
     print(f"scripts: {folder}; logs: {sweep.run_dir / 'logs'}; follow with: mlbench sweep status {args.sweep}")
     return 0
 
@@ -217,8 +221,3 @@ def run(args: argparse.Namespace) -> int:
     """Entry point of ``mlbench sweep``."""
     return {"plan": plan, "submit": submit, "status": status}[args.action](args)
 
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="mlbench sweep", description=__doc__)
-    add_arguments(parser)
-    sys.exit(run(parser.parse_args()))
