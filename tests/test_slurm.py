@@ -206,3 +206,21 @@ def test_two_model_sweep_end_to_end_with_preemption_and_resume(tmp_path: Path, s
         [("eval", 1), ("report", 1)]
     _wait(sweep, lambda rows: all(r["state"] == "done" for r in rows), timeout=300)
     assert (run_dir / "tiny-b" / "id" / "task3" / "s0" / "eval" / "summary.json").exists()
+
+
+def test_a_refused_array_leaves_the_submitted_ones_on_record(tmp_path: Path, slurm: dict) -> None:
+    spec = yaml.safe_load((REPO_ROOT / "configs/sweeps/tiny-cpu.yaml").read_text())
+    spec.update(name="refused", run_dir=str(tmp_path / "sweep"))
+    spec["slurm"]["resources"]["report"]["mem"] = "100000G"  # more than any node: sbatch refuses the last array
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump(spec, sort_keys=False))
+    r = run_cli("mlbench", "sweep", "submit", sweep)
+    try:
+        assert r.returncode == 2 and "sbatch refused report" in r.stderr
+        record = json.loads((tmp_path / "sweep" / "submissions.jsonl").read_text())
+        assert list(record["jobs"]) == ["prep", "train", "infer", "eval", "infer-base", "eval-base"]
+        again = run_cli("mlbench", "sweep", "submit", sweep)
+        assert again.returncode == 2 and "still queued or running" in again.stderr  # not submitted twice
+    finally:
+        for line in (tmp_path / "sweep" / "submissions.jsonl").read_text().splitlines():
+            _sh("scancel", *[j["job_id"] for j in json.loads(line)["jobs"].values()])
