@@ -15,6 +15,11 @@ ERROR_CLASSES = {
     "E5": "runtime error (non-zero exit)",
     "TIMEOUT": "still running at the time limit (strict mode)",
     "BACKGROUND": "left processes running after exit (strict mode)",
+    "LIMIT_MEMORY": "killed for exceeding the execution's memory limit",
+    "LIMIT_PIDS": "ran into the execution's process limit",
+    "LIMIT_DISK": "filled the execution's writable space",
+    "LIMIT_FSIZE": "wrote a file over the per-file size limit",
+    "LIMIT_CPU": "used up its CPU-time limit",
 }
 
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import re
 import sys
-import tempfile
 import threading
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -21,14 +21,15 @@ from tqdm import tqdm
 
 from mlbench_kit.data_prep.load import Sample, load_samples
 from mlbench_kit.errors import MLBenchError
-from mlbench_kit.io import AppendLog, claim_run_folder, read_jsonl_tolerant, write_atomic, write_json_atomic
+from mlbench_kit.io import (AppendLog, claim_run_folder, read_jsonl_tolerant, write_atomic, write_json_atomic,
+                            write_jsonl_atomic)
 
 from .checks import check_output, runs_as_shell
 from .envs import EnvConfig
 from .generations import load_generations
 from .metrics import summarize
 from .report import to_markdown
-from .sandbox import BACKENDS, ExecResult, Job, Limits, check_backend, execute
+from .sandbox import BACKENDS, ExecResult, Job, Limits, Sandbox, check_backend
 from .static_cli import check_command
 
 MODES = ("compat", "strict")
@@ -57,7 +58,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout-pass", action="store_true", help="strict mode: count a timeout as a pass")
     p.add_argument("--static-gate", action="store_true",
                    help="strict mode: fail outputs whose CLI check finds unknown options or invalid choices")
-    p.add_argument("--mem-mb", type=int, default=8192)
+    p.add_argument("--mem-mb", type=int, default=8192, help="memory of one execution, its whole process tree")
+    p.add_argument("--pids", type=int, default=512, help="processes of one execution at once")
+    p.add_argument("--cpus", type=float, help="CPU quota of one execution in cores (default: none)")
+    p.add_argument("--disk-mb", type=int, default=2048, help="what one execution may write into the repository "
+                                                             "and its home")
+    p.add_argument("--sandbox-uid", type=int, help="run as root: the uid untrusted code runs as (default 65534)")
+    p.add_argument("--require-cgroups", action="store_true",
+                   help="refuse to run when memory/process limits could only hold per process")
     p.add_argument("--rescore", action="store_true", help="recompute metrics from results.jsonl only")
     p.add_argument("--no-ci", action="store_true", help="skip bootstrap confidence intervals")
 
@@ -78,8 +86,8 @@ def _sha(*parts: str) -> str:
 class Scorer:
     """Scores one generation at a time; identical (sample, output) executions run once."""
 
-    def __init__(self, args: argparse.Namespace, envs: EnvConfig, scratch: Path) -> None:
-        self.args, self.envs, self.scratch = args, envs, scratch
+    def __init__(self, args: argparse.Namespace, envs: EnvConfig, sandbox: Sandbox) -> None:
+        self.args, self.envs, self.sandbox = args, envs, sandbox
         self._cache: dict[str, ExecResult] = {}
         self._locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
         self.executions = self.cached = 0
@@ -92,21 +100,24 @@ class Scorer:
             if key in self._cache:
                 self.cached += 1
                 return self._cache[key], True
-            wall = self.args.timeout or reference_timeout(s.github_id, as_shell)
-            job = Job(output, as_shell, env.checkout, s.path, env.env_bin, env.conda, env.image, env.ro_paths)
-            res = execute(job, self.args.backend, Limits(wall_s=wall, mem_mb=self.args.mem_mb), self.scratch,
-                          drain=self.args.mode == "strict")
+            a = self.args
+            wall = a.timeout or reference_timeout(s.github_id, as_shell)
+            limits = Limits(wall_s=wall, mem_mb=a.mem_mb, pids=a.pids, cpus=a.cpus, disk_mb=a.disk_mb)
+            res = self.sandbox.run(Job(output, as_shell, env, s.path), limits, drain=a.mode == "strict")
+            if res.fault:
+                return res, False  # not cached: a fixed environment runs it again
             self._cache[key] = res
             self.executions += 1
             return res, False
 
     def score(self, s: Sample, idx: int, output: str) -> dict[str, Any]:
-        """The verdict record of one generation."""
+        """The verdict record of one generation (with ``fault`` set when no verdict could be drawn)."""
         a, strict = self.args, self.args.mode == "strict"
         checks = check_output(output, s.arguments, s.type, a.mode)
+        env = self.envs.for_repo(s.repo)
         cli = None
         if runs_as_shell(output):
-            rep = check_command(output, self.envs.for_repo(s.repo).checkout / s.path)
+            rep = check_command(output, env.checkout / s.path, root=env.checkout)
             cli = None if rep is None else {"script": rep.script, "unknown_options": rep.unknown_options,
                                             "invalid_choices": rep.invalid_choices}
         cli_ok = cli is None or not (cli["unknown_options"] or cli["invalid_choices"])
@@ -115,15 +126,19 @@ class Scorer:
             "github_id": s.github_id, "id": s.id, "idx": idx, "repo": s.repo, "type": s.type,
             "output_sha": _sha(output), "mode": a.mode, "param_hits": checks.param_hits,
             "params_ok": checks.params_ok, "type_ok": checks.type_ok, "cli": cli, "executed": False,
-            "exit_code": None, "timed_out": False, "survivors": 0, "duration": 0.0, "cached": False, "log": "",
+            "exit_code": None, "signal": None, "timed_out": False, "survivors": 0, "limit": None, "duration": 0.0,
+            "cached": False, "env": env.recipe, "log": "",
         }
         exec_ok = False
         if gate:
             res, cached = self._run(s, output)
+            if res.fault:
+                return rec | {"fault": res.fault, "log": res.log[-2000:], "passed": None, "error_class": None}
             exec_ok = (res.exit_code == 0 or res.timed_out) if not strict else (
                 (res.exit_code == 0 or (res.timed_out and a.timeout_pass)) and res.survivors == 0)
-            rec.update(executed=True, exit_code=res.exit_code, timed_out=res.timed_out, survivors=res.survivors,
-                       duration=res.duration, cached=cached, log=res.log[-2000:])
+            rec.update(executed=True, exit_code=res.exit_code, signal=res.signal, timed_out=res.timed_out,
+                       survivors=res.survivors, limit=res.limit, duration=res.duration, cached=cached,
+                       log=res.log[-2000:], **({"usage": res.usage} if res.usage else {}))
         rec["passed"] = bool(gate and exec_ok)
         rec["error_class"] = None if rec["passed"] else _error_class(rec, gate, cli_ok)
         return rec
@@ -134,6 +149,8 @@ def _error_class(rec: dict[str, Any], gate: bool, cli_ok: bool) -> str:
         return "E1"
     if not rec["params_ok"] or not gate:
         return "E2"
+    if rec["limit"]:
+        return f"LIMIT_{rec['limit'].upper()}"
     if _SYNTAX.search(rec["log"]):
         return "E4"
     if rec["timed_out"]:
@@ -159,40 +176,48 @@ def gold_ceiling(samples: list[Sample]) -> dict[str, dict[str, int]]:
 
 def _config(args: argparse.Namespace) -> dict[str, Any]:
     keys = ("data", "split", "generations", "gold", "mode", "backend", "parser", "timeout", "timeout_pass",
-            "static_gate", "mem_mb")
+            "static_gate", "mem_mb", "pids", "cpus", "disk_mb")
     return {k: getattr(args, k) for k in keys}
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the eval stage; returns the exit status."""
-    out = Path(args.out)
-    cfg = _config(args)
-    saved = out / "run.json"
-    if saved.exists():
-        claim_run_folder(saved, cfg)  # refuse other settings before any work
-    samples = {s.key: s for s in load_samples(args.data, args.split)}
-    if args.gold:
-        from .generations import Generations
-        gens = Generations({k: [s.output] for k, s in samples.items()}, 1)
-    else:
-        gens = load_generations(args.generations, samples, args.parser, args.n)
-    results_path = out / "results.jsonl"
-    if not args.rescore:
-        check_backend(args.backend, args.unsafe_local)
-        envs = EnvConfig(args.envs, args.repos_dir)
-        for repo in sorted({samples[k].repo for k in gens.outputs}):
-            envs.for_repo(repo)  # fail before executing anything if a checkout is missing
-        claim_run_folder(saved, cfg)
-        done = {(r["github_id"], r["id"], r["idx"]) for r in read_jsonl_tolerant(results_path)}
-        todo = [(samples[k], i, o) for k, outs in gens.outputs.items() for i, o in enumerate(outs)
-                if (k[0], k[1], i) not in done]
-        with tempfile.TemporaryDirectory(prefix="mlbench-eval-") as tmp, AppendLog(results_path) as log:
-            scorer = Scorer(args, envs, Path(tmp))
-            lock = threading.Lock()
+MAX_FAULTS = 10  # environment/sandbox faults before a run gives up: something is broken, not the model
 
+
+def _execute(args: argparse.Namespace, samples: dict, gens: Any, out: Path) -> int:
+    """Preflight every environment the run uses, then score what is not done yet; returns the fault count."""
+    check_backend(args.backend, args.unsafe_local)
+    envs = EnvConfig(args.envs, args.repos_dir)
+    repos = sorted({samples[k].repo for k in gens.outputs})
+    for repo in repos:
+        envs.for_repo(repo)  # fail before executing anything if a checkout is missing
+    results_path = out / "results.jsonl"
+    done = {(r["github_id"], r["id"], r["idx"]) for r in read_jsonl_tolerant(results_path)}
+    todo = [(samples[k], i, o) for k, outs in gens.outputs.items() for i, o in enumerate(outs)
+            if (k[0], k[1], i) not in done]
+    with Sandbox(args.backend, uid=args.sandbox_uid, strict_limits=args.require_cgroups) as sandbox:
+        if todo:
+            for repo in repos:
+                workdirs = sorted({s.path for s, _, _ in todo if s.repo == repo})
+                if workdirs:
+                    probe = sandbox.preflight(envs.for_repo(repo), workdirs)
+                    print(f"eval: environment {repo}: python {probe['version']} ({probe['python']}) ok in the "
+                          f"{args.backend} sandbox; limits: {sandbox.limits_mode}", file=sys.stderr)
+        claim_run_folder(out / "run.json", _config(args))
+        faults: list[dict[str, Any]] = []
+        stop = threading.Event()
+        scorer = Scorer(args, envs, sandbox)
+        lock = threading.Lock()
+        with AppendLog(results_path) as log:
             def work(item: tuple[Sample, int, str]) -> bool:
+                if stop.is_set():
+                    return False
                 rec = scorer.score(*item)
                 with lock:
+                    if rec.get("fault"):
+                        faults.append(rec)
+                        if len(faults) >= MAX_FAULTS:
+                            stop.set()
+                        return False
                     log.append(rec)
                 return rec["passed"]
 
@@ -200,10 +225,34 @@ def run(args: argparse.Namespace) -> int:
                 bar = tqdm(pool.map(work, todo), total=len(todo), desc="eval", unit="gen",
                            disable=not todo, file=sys.stderr)
                 passed = sum(bar)
-        print(f"eval: executed {scorer.executions} (reused {scorer.cached}); {passed}/{len(todo)} new generations "
-              f"passed; {len(done)} already done", file=sys.stderr)
+        staged = f"; staged checkouts in {sandbox.staged_s:.1f} s" if sandbox.staged_s else ""
+    print(f"eval: executed {scorer.executions} (reused {scorer.cached}); {passed}/{len(todo)} new generations "
+          f"passed; {len(done)} done before{staged}", file=sys.stderr)
+    if faults:
+        write_jsonl_atomic(out / "faults.jsonl", faults)
+    else:
+        (out / "faults.jsonl").unlink(missing_ok=True)
+    return len(faults)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the eval stage; returns the exit status (3 when environment faults left generations unscored)."""
+    out = Path(args.out)
+    saved = out / "run.json"
+    if saved.exists():
+        claim_run_folder(saved, _config(args))  # refuse other settings before any work
+    samples = {s.key: s for s in load_samples(args.data, args.split)}
+    if args.gold:
+        from .generations import Generations
+        gens = Generations({k: [s.output] for k, s in samples.items()}, 1)
+    else:
+        gens = load_generations(args.generations, samples, args.parser, args.n)
+    results_path = out / "results.jsonl"
+    n_faults = 0 if args.rescore else _execute(args, samples, gens, out)
     results = read_jsonl_tolerant(results_path)
     if not results:
+        if n_faults:
+            return _fault_exit(out, n_faults)
         raise MLBenchError("no results to score", str(results_path), "run without --rescore first")
     ks = sorted(k for k in args.k if k <= gens.n) or [1]
     scored = [samples[k] for k in gens.outputs]
@@ -221,9 +270,23 @@ def run(args: argparse.Namespace) -> int:
                "cached_executions": sum(r["cached"] for r in results),
                "metrics": summarize(results, ks, ci=not args.no_ci), "gold_ceiling": gold_ceiling(scored),
                "reference_would_drop": gens.reference_would_drop, "missing": gens.missing, "notes": notes}
+    if n_faults:
+        notes.insert(0, f"INCOMPLETE: {n_faults} generations hit environment or sandbox faults and are not scored "
+                        f"(faults.jsonl); fix the environment and re-run the same command to score them")
+    summary["faults"] = n_faults
     write_json_atomic(out / "summary.json", summary)
     write_atomic(out / "report.md", to_markdown(summary))
     o = summary["metrics"]["overall"]
     print(f"eval: {o['samples']} samples, " + ", ".join(f"Pass@{k} {o[f'pass@{k}']:.3f}" for k in ks)
           + f"; report: {out / 'report.md'}", file=sys.stderr)
-    return 0
+    return _fault_exit(out, n_faults) if n_faults else 0
+
+
+def _fault_exit(out: Path, n_faults: int) -> int:
+    first = json.loads((out / "faults.jsonl").read_text().splitlines()[0])
+    stopped = f" (stopped after {MAX_FAULTS})" if n_faults >= MAX_FAULTS else ""
+    print(f"error: {n_faults} generations were not scored{stopped}: the environment or the sandbox failed, not the "
+          f"model (first: github_id={first['github_id']} id={first['id']}: {first['fault']})\n"
+          f"  fix: see {out / 'faults.jsonl'}; after fixing, re-run the same command (only those run again)",
+          file=sys.stderr)
+    return 3

@@ -1,149 +1,103 @@
-"""Run untrusted generations in isolation: bubblewrap, docker/podman, apptainer, or (explicitly) unsafe local.
+"""Run untrusted generations in isolation and return verdicts the generation cannot forge.
 
-Every backend runs the same generated wrapper script, ``/sandbox/run.sh``, over a per-execution scratch folder
-holding a private writable copy of the repository (``/sandbox/work``), a scratch home and the command.
-The original checkout is never visible to the generation. Network is off, the environment is scrubbed,
-ulimits cap CPU time, memory, file size and processes, output is captured to a capped log, and the whole
-process tree is killed at the end.
+One :class:`Sandbox` per eval run. Each execution:
+
+1. gets its own cgroup (memory, processes, CPU for the whole tree; :mod:`.cgroups`) where this host allows;
+2. runs a stage script in a private mount namespace that mounts a size-capped tmpfs, an overlay of the
+   pristine checkout on it (copy-on-write: ~ms whatever the repository's size) and read-only binds of the
+   environment, then drops to an unprivileged uid (:mod:`.engines`);
+3. starts the engine (bwrap or a container) whose PID 1 is the trusted runner (``sandbox_runner.py``);
+4. takes exit status and survivors from the runner's report pipe alone, the limit that was hit from the
+   cgroup, and never reads a file the generation could have written.
+
+Environment and sandbox faults (an interpreter missing, a mount that failed, a missing report) are returned
+as ``fault``: they are never verdicts about the model.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlbench_kit.errors import MLBenchError
 
-BACKENDS = ("bwrap", "docker", "podman", "apptainer", "local")
-SANDBOX = "/sandbox"
+from . import cgroups
+from .engines import (NONCE_ENV, SANDBOX, Identity, Mounts, apptainer_argv, bwrap_argv, container_argv,
+                      seccomp_profile, stage_script, unshare_argv)
+
+BACKENDS = ("bwrap", "podman", "docker", "apptainer", "local")
 PIPE_BUF = 65536
+RUNNER = Path(__file__).with_name("sandbox_runner.py")
+REPORT_CAP = 16384
+SIG_LIMITS = {signal.SIGXFSZ: "fsize", signal.SIGXCPU: "cpu"}
+DEFAULT_UID = 65534  # as root, untrusted code runs as nobody:nogroup (never as host root)
+_PODMAN_SECCOMP = Path("/usr/share/containers/seccomp.json")
 
 
 @dataclass(frozen=True)
 class Limits:
-    """Per-execution limits."""
+    """Per-execution limits. Memory, processes and CPU hold for the whole process tree (a cgroup), the tmpfs
+    sizes for everything written; ``cpu_s`` and ``fsize_mb`` are per process (rlimits)."""
 
     wall_s: float = 10.0
-    cpu_s: int = 120
     mem_mb: int = 8192
-    nproc: int = 512
+    pids: int = 512
+    cpus: float | None = None  # CPU quota in cores; None: no quota
+    disk_mb: int = 2048  # the repository's writable layer plus home
+    tmp_mb: int = 1024  # /tmp and /dev/shm, each
+    cpu_s: int = 300
     fsize_mb: int = 1024
+    nofile: int = 1024
     log_bytes: int = 65536
 
 
 @dataclass(frozen=True)
+class Env:
+    """Where a repository's code runs: its pristine checkout and its environment."""
+
+    name: str
+    checkout: Path
+    prefix: str | None = None  # a venv / conda env / interpreter prefix: its bin/ leads PATH
+    image: str | None = None  # container backends
+    ro_paths: tuple[str, ...] = ()  # more host folders the environment needs, read-only at their own path
+    recipe: str | None = None  # the recipe hash the environment was built from (mlbench env build)
+    where: str = ""  # where it was configured (file:line), for errors
+
+
+@dataclass(frozen=True)
 class Job:
-    """One execution: ``code`` run as a shell command or as a Python file, in ``workdir`` of ``repo``."""
+    """One execution: ``code`` as a shell command (``bash cmd.sh``) or as ``python temp.py``, in ``workdir``."""
 
     code: str
     as_shell: bool
-    repo: Path
+    env: Env
     workdir: str  # path inside the repository, e.g. "./examples/gnn"
-    env_bin: str | None = None  # a folder put first on PATH (a venv's bin)
-    conda: str | None = None
-    image: str | None = None
-    ro_paths: tuple[str, ...] = ()
 
 
 @dataclass
 class ExecResult:
-    """What happened."""
+    """What happened, as the runner and the cgroup saw it."""
 
     exit_code: int | None
     timed_out: bool
     duration: float
-    survivors: int  # processes still alive when the command itself had exited (background jobs, daemons)
-    log: str  # captured stdout + stderr, capped (head and tail kept)
-
-
-def _wrapper(job: Job, limits: Limits, scan_proc: bool) -> str:
-    workdir = job.workdir.strip("./") if job.workdir not in (".", "./") else ""
-    act = f'export PATH="{job.env_bin}:$PATH"\n' if job.env_bin else ""
-    if job.conda:
-        act += f"source activate {job.conda} || exit 96\n"
-    run = "bash /sandbox/cmd.sh" if job.as_shell else "python temp.py"
-    scan = ('n=0; for p in /proc/[0-9]*; do q=${p#/proc/}; case $q in 1|$$) ;; *) [ -e "$p/stat" ] && '
-            'n=$((n+1));; esac; done\n') if scan_proc else "n=-1\n"
-    return (f"ulimit -t {limits.cpu_s} 2>/dev/null; ulimit -v {limits.mem_mb * 1024} 2>/dev/null\n"
-            f"ulimit -f {limits.fsize_mb * 1024} 2>/dev/null; ulimit -u {limits.nproc} 2>/dev/null\n"
-            f"{act}cd \"/sandbox/work/{workdir}\" || exit 97\n{run}\nrc=$?\n{scan}"
-            f'echo "$rc $n" > /sandbox/status\nexit $rc\n')
-
-
-def prepare_scratch(job: Job, limits: Limits, scratch: Path, scan_proc: bool, mount: str = SANDBOX) -> Path:
-    """Lay out the scratch folder: a private copy of the repository, home, the command and the wrapper."""
-    scratch.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(job.repo, scratch / "work", symlinks=True)
-    (scratch / "home").mkdir()
-    (scratch / "cmd.sh").write_text(job.code + "\n")
-    if not job.as_shell:
-        target = scratch / "work" / job.workdir / "temp.py"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(job.code)
-    text = _wrapper(job, limits, scan_proc)
-    (scratch / "run.sh").write_text(text.replace(SANDBOX, mount) if mount != SANDBOX else text)
-    return scratch
-
-
-def _base_env() -> dict[str, str]:
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": f"{SANDBOX}/home", "LANG": "C.UTF-8",
-            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
-
-
-def _python_ro_paths() -> list[str]:
-    """Folders the interpreter needs: its base install and, when run from a venv, the venv."""
-    paths = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)}
-    return sorted(p for p in paths if not p.startswith(("/usr", "/bin", "/lib")))
-
-
-def bwrap_argv(job: Job, scratch: Path) -> list[str]:
-    """The bubblewrap command line: system folders read-only, only the scratch folder writable, no network."""
-    argv = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv"]
-    for p in ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/etc"):
-        if os.path.exists(p):
-            argv += ["--ro-bind", p, p]
-    env_dirs = [os.path.dirname(job.env_bin)] if job.env_bin else []
-    for p in _python_ro_paths() + env_dirs + list(job.ro_paths):
-        if os.path.exists(p):
-            argv += ["--ro-bind", p, p]
-    argv += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--bind", str(scratch), SANDBOX]
-    env = _base_env()
-    if not job.env_bin:  # default: the interpreter running mlbench, so `python` resolves like outside
-        env["PATH"] = f"{os.path.dirname(sys.executable)}:{env['PATH']}"
-    for k, v in env.items():
-        argv += ["--setenv", k, v]
-    return argv + ["--chdir", f"{SANDBOX}/work", "bash", f"{SANDBOX}/run.sh"]
-
-
-def container_argv(engine: str, job: Job, scratch: Path, limits: Limits, name: str) -> list[str]:
-    """docker/podman: network off, memory/pids limits, only the scratch folder mounted."""
-    if not job.image:
-        raise MLBenchError(f"backend {engine} needs an image for this repository", "envs config",
-                           "set `image:` for the repository in the eval environments YAML")
-    argv = [engine, "run", "--rm", "--name", name, "--network", "none", "--memory", f"{limits.mem_mb}m",
-            "--pids-limit", str(limits.nproc), "--security-opt", "no-new-privileges",
-            "-v", f"{scratch}:{SANDBOX}", "-w", f"{SANDBOX}/work"]
-    for k, v in _base_env().items():
-        if k != "PATH":
-            argv += ["-e", f"{k}={v}"]
-    return argv + [job.image, "bash", f"{SANDBOX}/run.sh"]
-
-
-def apptainer_argv(job: Job, scratch: Path) -> list[str]:
-    """apptainer (Slurm clusters): contained, no home, no network, scratch bound at /sandbox."""
-    if not job.image:
-        raise MLBenchError("backend apptainer needs an image (.sif) for this repository", "envs config",
-                           "set `image:` for the repository in the eval environments YAML")
-    return ["apptainer", "exec", "--containall", "--cleanenv", "--no-home", "--net", "--network", "none",
-            "--bind", f"{scratch}:{SANDBOX}", "--pwd", f"{SANDBOX}/work", job.image, "bash", f"{SANDBOX}/run.sh"]
+    survivors: int
+    log: str  # captured stdout + stderr (strict) or stderr (compat), capped: head and tail kept
+    signal: int | None = None
+    limit: str | None = None  # memory | pids | disk | fsize | cpu: a limit the execution ran into
+    fault: str | None = None  # an environment or sandbox fault: no verdict may be drawn from this execution
+    usage: dict[str, float] = field(default_factory=dict)
 
 
 class _Capture:
@@ -176,56 +130,366 @@ def check_backend(backend: str, unsafe_local: bool) -> None:
     """Fail early, clearly, when a backend cannot run here or is unsafe without consent."""
     if backend not in BACKENDS:
         raise MLBenchError(f"unknown backend {backend!r}", "--backend", f"use one of {BACKENDS}")
-    if backend == "local" and not unsafe_local:
-        raise MLBenchError("the local backend runs untrusted generations without isolation", "--backend local",
-                           "pass --unsafe-local to accept that, or use --backend bwrap")
-    exe = {"bwrap": "bwrap", "docker": "docker", "podman": "podman", "apptainer": "apptainer"}.get(backend)
-    if exe and shutil.which(exe) is None:
-        raise MLBenchError(f"{exe} is not installed", f"--backend {backend}",
-                           "install it (Debian: apt-get install bubblewrap), or choose another --backend")
+    if backend == "local":
+        if not unsafe_local:
+            raise MLBenchError("the local backend runs untrusted generations without isolation", "--backend local",
+                               "pass --unsafe-local to accept that, or use --backend bwrap")
+        return
+    need = {"bwrap": ["bwrap", "unshare"], "podman": ["podman", "unshare"], "docker": ["docker"],
+            "apptainer": ["apptainer"]}[backend]
+    if os.geteuid() == 0 and backend in ("bwrap", "podman"):
+        need.append("setpriv")
+    for exe in need:
+        if shutil.which(exe) is None:
+            pkg = {"bwrap": "bubblewrap", "unshare": "util-linux", "setpriv": "util-linux"}.get(exe, exe)
+            raise MLBenchError(f"{exe} is not installed", f"--backend {backend}",
+                               f"install it (Debian: apt-get install {pkg}), or choose another --backend")
 
 
-def execute(job: Job, backend: str, limits: Limits, scratch_root: Path, drain: bool = True,
-            keep_scratch: bool = False) -> ExecResult:
-    """Run ``job`` in a fresh scratch folder under ``scratch_root`` with ``backend``.
+def _interpreter_dirs() -> list[str]:
+    """Folders the interpreter running mlbench needs (the default environment): its install and its venv."""
+    paths = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)}
+    return sorted(p for p in paths if not p.startswith(("/usr", "/bin", "/lib")))
 
-    ``drain=False`` reproduces the benchmark's checker: stdout goes to a pipe nobody reads while the command
-    runs, so a command printing more than the pipe holds blocks (and, in compat mode, "passes" by timing out).
-    """
-    scratch = scratch_root / uuid.uuid4().hex[:12]
-    name = f"mlbench-{scratch.name}"
-    prepare_scratch(job, limits, scratch, scan_proc=backend == "bwrap")
-    if backend == "bwrap":
-        argv, env, cwd = bwrap_argv(job, scratch), {}, None
-    elif backend in ("docker", "podman"):
-        argv, env, cwd = container_argv(backend, job, scratch, limits, name), dict(os.environ), None
-    elif backend == "apptainer":
-        argv, env, cwd = apptainer_argv(job, scratch), dict(os.environ), None
-    else:  # local, unsafe: same wrapper, scratch mounted nowhere, so rewrite the paths
-        (scratch / "run.sh").write_text((scratch / "run.sh").read_text().replace(SANDBOX, str(scratch)))
-        env = _base_env() | {"HOME": str(scratch / "home")}
-        env["PATH"] = f"{os.path.dirname(sys.executable)}:{env['PATH']}" if not job.env_bin else env["PATH"]
-        argv, cwd = ["bash", str(scratch / "run.sh")], str(scratch / "work")
-    t0 = time.monotonic()
-    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT if drain else subprocess.PIPE, start_new_session=True)
-    out_cap = _Capture(proc.stdout, limits.log_bytes) if drain else None
-    err_cap = None if drain else _Capture(proc.stderr, limits.log_bytes)
-    timed_out = False
+
+def _owned_by(root: Path, uid: int) -> bool:
+    """Every entry of ``root`` belongs to ``uid`` (so the overlay's writable copy behaves like the checkout)."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [*dirnames, *filenames, ""]:
+            try:
+                if os.lstat(os.path.join(dirpath, name)).st_uid != uid:
+                    return False
+            except FileNotFoundError:
+                continue
+    return True
+
+
+class Sandbox:
+    """Executions of one eval run: a scratch folder, staged checkouts, and the backend's settings."""
+
+    def __init__(self, backend: str, scratch_root: Path | None = None, uid: int | None = None,
+                 strict_limits: bool = False) -> None:
+        self.backend = backend
+        self._own_tmp = scratch_root is None
+        self.root = Path(tempfile.mkdtemp(prefix="mlbench-sandbox-")) if scratch_root is None else Path(scratch_root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o711)  # the sandbox uid must traverse to the staged checkouts, never list them
+        is_root = os.geteuid() == 0
+        uid = (DEFAULT_UID if is_root else os.getuid()) if uid is None else uid
+        self.who = Identity(uid, uid if is_root else os.getgid(), is_root)
+        self.cgroups = cgroups.available() if is_root or os.environ.get("MLBENCH_CGROUPS") else None
+        if strict_limits and self.cgroups is None and backend in ("bwrap", "local"):
+            raise MLBenchError("per-execution cgroups are unavailable here, so memory and process limits would "
+                               "hold per process only", "--require-cgroups",
+                               "run as root, or on a host with a delegated cgroup v2 subtree, or drop the flag")
+        self._lower: dict[Path, Path] = {}
+        self._lock = threading.Lock()
+        self.staged_s = 0.0
+        self._runner_python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else os.path.realpath(
+            sys.executable)
+        self._seccomp: Path | None = None
+        if backend == "podman" and _PODMAN_SECCOMP.is_file():
+            self._seccomp = self.root / "seccomp.json"
+            self._seccomp.write_text(json.dumps(seccomp_profile(_PODMAN_SECCOMP)))
+            self._seccomp.chmod(0o644)
+
+    @property
+    def limits_mode(self) -> str:
+        """How memory/process limits hold: 'cgroup-v1'/'cgroup-v2' (whole tree), 'container' or 'rlimit'."""
+        if self.backend in ("podman", "docker", "apptainer"):
+            return "container"
+        return f"cgroup-{self.cgroups[0]}" if self.cgroups else "rlimit (per process)"
+
+    def close(self) -> None:
+        """Remove the scratch folder (staged checkouts included)."""
+        if self._own_tmp:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- workspaces --------------------------------------------------------------------------------------------
+
+    def lower(self, env: Env) -> Path:
+        """The overlay's lower layer for ``env``: the checkout itself when the sandbox uid owns it, else a
+        copy made once per run (its files then belong to the sandbox uid, like a checkout of one's own)."""
+        src = env.checkout.resolve()
+        with self._lock:
+            if src in self._lower:
+                return self._lower[src]
+            if _owned_by(src, self.who.uid):
+                self._lower[src] = src
+                return src
+            t0 = time.monotonic()
+            dst = self.root / "pristine" / f"{env.name}-{uuid.uuid4().hex[:6]}"
+            dst.parent.mkdir(exist_ok=True)
+            os.chmod(dst.parent, 0o711)
+            shutil.copytree(src, dst, symlinks=True)
+            if self.who.root:
+                for dirpath, dirnames, filenames in os.walk(dst):
+                    for name in [*dirnames, *filenames]:
+                        os.lchown(os.path.join(dirpath, name), self.who.uid, self.who.gid)
+                os.lchown(dst, self.who.uid, self.who.gid)
+            self.staged_s += time.monotonic() - t0
+            self._lower[src] = dst
+            return dst
+
+    # -- one execution -----------------------------------------------------------------------------------------
+
+    def _env_vars(self, env: Env) -> dict[str, str]:
+        prefix = env.prefix or (sys.prefix if self.backend in ("bwrap", "local") else None)
+        path = "/usr/local/bin:/usr/bin:/bin"
+        out = {"HOME": f"{SANDBOX}/home", "USER": "sandbox", "LOGNAME": "sandbox", "LANG": "C.UTF-8",
+               "TMPDIR": "/tmp", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
+        if prefix:
+            path = f"{prefix}/bin:{path}"
+            if (Path(prefix) / "pyvenv.cfg").exists():
+                out["VIRTUAL_ENV"] = prefix
+            elif (Path(prefix) / "conda-meta").is_dir():
+                out["CONDA_PREFIX"] = prefix
+        out["PATH"] = path
+        return out
+
+    def _ro_binds(self, env: Env) -> tuple[str, ...]:
+        paths = set(env.ro_paths)
+        if env.prefix:
+            paths.add(os.path.realpath(env.prefix))
+            real_py = Path(env.prefix, "bin", "python")
+            if real_py.exists():  # a venv's interpreter lives in its base install
+                paths.add(str(Path(os.path.realpath(real_py)).parent.parent))
+        else:
+            paths.update(_interpreter_dirs())
+        paths.update(p for p in _interpreter_dirs() if not self._runner_python.startswith("/usr"))
+        out = []
+        for p in sorted(paths):
+            rp = os.path.realpath(p)
+            if os.path.isdir(rp) and not rp.startswith(("/usr/", "/etc/")) and rp != "/usr":
+                out.append(rp)
+        # a folder inside another bound folder is already visible
+        return tuple(p for p in out if not any(p != q and p.startswith(q + "/") for q in out))
+
+    def _write_job(self, job: Job, limits: Limits, jobdir: Path, copy: bool) -> None:
+        jobdir.mkdir(mode=0o700)
+        workdir = os.path.normpath(os.path.join(f"{SANDBOX}/work", job.workdir))
+        if not workdir.startswith(f"{SANDBOX}/work"):
+            workdir = f"{SANDBOX}/work/.."  # a path escaping the repository: the runner reports it missing
+        env = self._env_vars(job.env)
+        spec = {"argv": ["bash", f"{SANDBOX}/job/cmd.sh"] if job.as_shell else ["python", "temp.py"],
+                "workdir": workdir, "env": env, "interpreter": "python",
+                "temp_py": None if job.as_shell else f"{SANDBOX}/job/temp.py",
+                "writable": [f"{SANDBOX}/work", f"{SANDBOX}/home", "/tmp", "/dev/shm"],
+                "rlimits": {"RLIMIT_CPU": limits.cpu_s, "RLIMIT_FSIZE": limits.fsize_mb * 2**20,
+                            "RLIMIT_CORE": 0, "RLIMIT_NOFILE": limits.nofile}}
+        if self.cgroups is None and self.backend in ("bwrap", "local"):  # no cgroup: per-process fallbacks
+            spec["rlimits"] |= {"RLIMIT_AS": limits.mem_mb * 2**20, "RLIMIT_NPROC": limits.pids}
+        if copy:
+            spec |= {"copy_from": f"{SANDBOX}/src", "copy_to": f"{SANDBOX}/work"}
+        (jobdir / "spec.json").write_text(json.dumps(spec))
+        (jobdir / "cmd.sh" if job.as_shell else jobdir / "temp.py").write_text(job.code + ("\n" if job.as_shell else ""))
+        shutil.copyfile(RUNNER, jobdir / "runner.py")
+        (jobdir / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\nsandbox:x:1000:1000:sandbox:/sandbox/home:"
+                                       "/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n")
+        (jobdir / "group").write_text("root:x:0:\nsandbox:x:1000:\nnogroup:x:65534:\n")
+        for f in jobdir.iterdir():
+            f.chmod(0o444)
+        if copy:
+            jobdir.chmod(0o755)
+
+    def run(self, job: Job, limits: Limits, drain: bool = True) -> ExecResult:
+        """Execute ``job``. ``drain=False`` reproduces the benchmark's checker: stdout goes to a pipe nobody
+        reads while the command runs, so a command printing more than the pipe holds blocks (and, in compat
+        mode, "passes" by still running at the limit)."""
+        if self.backend == "local":
+            return _run_local(job, limits, self.root, drain, self._env_vars(job.env))
+        xid = uuid.uuid4().hex[:12]
+        scratch, jobdir = self.root / xid, self.root / f"{xid}.job"
+        staged = self.backend in ("bwrap",) or (self.backend == "podman" and self.who.root)
+        lower = self.lower(job.env) if staged else None
+        self._write_job(job, limits, jobdir, copy=not staged)
+        scratch.mkdir(mode=0o700)
+        cg = None
+        if self.cgroups and self.backend in ("bwrap", "podman"):
+            try:
+                cg = cgroups.ExecCgroup.create(limits.mem_mb, limits.pids, limits.cpus)
+            except OSError as exc:
+                return ExecResult(None, False, 0.0, 0, "", fault=f"SANDBOX: cannot create a cgroup ({exc})")
+        binds = self._ro_binds(job.env) if self.backend == "bwrap" else ()
+        m = Mounts(scratch, jobdir, lower, limits.disk_mb, binds)
+        name = f"mlbench-{xid}"
+        report_r, report_w = os.pipe()
+        nonce = secrets.token_hex(16)
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", NONCE_ENV: nonce,
+               f"APPTAINERENV_{NONCE_ENV}": nonce}
+        if self.backend == "bwrap":
+            engine = bwrap_argv(m, limits.tmp_mb, self._runner_python)
+        elif self.backend in ("podman", "docker"):
+            engine = container_argv(self.backend, _need_image(job.env, self.backend), name, m, limits.mem_mb,
+                                    limits.pids, limits.cpus, limits.tmp_mb, self.who.uid,
+                                    cg.parent_for_podman() if cg else None, self._seccomp,
+                                    src=None if staged else str(job.env.checkout.resolve()))
+        else:
+            engine = apptainer_argv(_need_image(job.env, "apptainer"), jobdir, str(job.env.checkout.resolve()))
+        if staged:
+            script = jobdir / "stage.sh"
+            # bwrap's whole tree joins the cgroup; podman's CLI stays out of it (the container goes in via
+            # --cgroup-parent), so the engine's own memory is not charged to the generation
+            procs = cg.procs_files if cg and self.backend == "bwrap" else []
+            script.write_text(stage_script(m, self.who, procs, report_w, engine, drop=self.backend == "bwrap"))
+            argv = unshare_argv(self.who, script)
+        else:
+            argv = engine
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT if drain else subprocess.PIPE, pass_fds=(report_w,),
+                                    start_new_session=True)
+        except OSError as exc:
+            os.close(report_r)
+            os.close(report_w)
+            self._cleanup(scratch, jobdir, cg)
+            return ExecResult(None, False, 0.0, 0, "", fault=f"SANDBOX: cannot start {argv[0]} ({exc})")
+        os.close(report_w)
+        out_cap = _Capture(proc.stdout, limits.log_bytes) if drain else None
+        err_cap = None if drain else _Capture(proc.stderr, limits.log_bytes)
+        timed_out = False
+        try:
+            proc.wait(timeout=limits.wall_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        duration = time.monotonic() - t0
+        self._kill(proc, cg, name)
+        log = out_cap.text() if out_cap else _read_undrained(proc) + err_cap.text()
+        raw = _read_report(report_r)
+        if not staged:  # engines without a pipe: the report is the stderr line carrying our nonce
+            raw, log = _report_from_log(log, nonce)
+        res = _result(raw, timed_out, duration, log, proc.returncode)
+        if cg is not None:
+            hit = cg.hit()
+            res.usage = cg.usage()
+            if hit and res.limit is None and not res.fault:
+                res.limit = hit[0]
+        self._cleanup(scratch, jobdir, cg)
+        return res
+
+    def _kill(self, proc: subprocess.Popen, cg: cgroups.ExecCgroup | None, name: str) -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # bwrap: its PID 1 dies with it, and the namespace with that
+        except ProcessLookupError:
+            pass
+        if self.backend in ("podman", "docker") and proc.poll() is None:
+            subprocess.run([self.backend, "rm", "-f", "-t", "0", name], capture_output=True)
+        proc.wait()
+        if cg is not None:
+            cg.kill_all()
+
+    def _cleanup(self, scratch: Path, jobdir: Path, cg: cgroups.ExecCgroup | None) -> None:
+        if cg is not None:
+            cg.remove()
+        shutil.rmtree(jobdir, ignore_errors=True)
+        try:
+            scratch.rmdir()  # the tmpfs lived in the stage's mount namespace: the host folder is empty
+        except OSError:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    # -- preflight ---------------------------------------------------------------------------------------------
+
+    def preflight(self, env: Env, workdirs: list[str]) -> dict[str, str]:
+        """Probe ``env`` once inside the sandbox: its interpreter starts and the repository is at
+        ``/sandbox/work`` with every sample folder the run needs. A failure is one clear error naming the
+        environment; nothing is scored."""
+        missing = sorted({w for w in workdirs if not (env.checkout / w).is_dir()})
+        if missing:
+            raise MLBenchError(f"environment {env.name!r}: {len(missing)} sample folder(s) missing from the checkout "
+                               f"{env.checkout}: {missing[:5]}", env.where or str(env.checkout),
+                               "check the checkout is at the benchmark's pinned commit (mlbench env build)")
+        expect = len(os.listdir(env.checkout))
+        code = ("python -c 'import os, sys; print(\"MLBENCH-PROBE\", sys.executable, sys.version.split()[0], "
+                "len(os.listdir(\"/sandbox/work\")))'")
+        res = self.run(Job(code, True, env, "."), Limits(wall_s=120, pids=64, disk_mb=64, tmp_mb=64))
+        probe = next((ln.split() for ln in res.log.splitlines() if ln.startswith("MLBENCH-PROBE ")), None)
+        problem = None
+        if res.fault:
+            problem = res.fault
+        elif res.timed_out:
+            problem = "the probe did not finish in 120 s"
+        elif res.exit_code != 0 or probe is None or len(probe) != 4:
+            problem = f"the interpreter did not start (exit {res.exit_code})"
+        elif int(probe[3]) != expect:
+            problem = (f"/sandbox/work has {probe[3]} entries, the checkout {expect}: a mount hides or lacks "
+                       f"the repository")
+        if problem:
+            tail = "\n    ".join(res.log.strip().splitlines()[-8:])
+            raise MLBenchError(f"environment {env.name!r} failed its probe in the {self.backend} sandbox: {problem}"
+                               + (f"\n  log:\n    {tail}" if tail else ""), env.where or str(env.checkout),
+                               "build or fix the environment (mlbench env check), then re-run; no verdict was "
+                               "written")
+        return {"python": probe[1], "version": probe[2]}
+
+
+def _need_image(env: Env, backend: str) -> str:
+    if not env.image:
+        raise MLBenchError(f"backend {backend} needs an image for repository {env.name!r}", env.where or "envs config",
+                           "set `image:` for the repository, or build one: mlbench env build --image")
+    return env.image
+
+
+def _read_report(fd: int) -> bytes:
+    """Read the runner's report: bounded, non-blocking (every writer is dead by now)."""
+    os.set_blocking(fd, False)
+    data = b""
     try:
-        proc.wait(timeout=limits.wall_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-    duration = time.monotonic() - t0
-    survivors = _kill_tree(proc, backend, name)
-    log = out_cap.text() if out_cap else _read_undrained(proc) + err_cap.text()
-    status = (scratch / "status").read_text().split() if (scratch / "status").exists() else []
-    if backend == "bwrap" and len(status) == 2 and not timed_out:
-        survivors = int(status[1])
-    exit_code = None if timed_out else (int(status[0]) if status and backend != "local" else proc.returncode)
-    if not keep_scratch:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return ExecResult(exit_code, timed_out, round(duration, 3), max(survivors, 0), log)
+        while len(data) <= REPORT_CAP:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            data += chunk
+    except BlockingIOError:
+        pass
+    finally:
+        os.close(fd)
+    return data
+
+
+def _report_from_log(log: str, nonce: str) -> tuple[bytes, str]:
+    marker = f"MLBENCH-REPORT {nonce} "
+    i = log.rfind(marker)
+    if i < 0:
+        return b"", log
+    line = log[i + len(marker):].split("\n", 1)[0]
+    return line.encode(), log[:i].rstrip("\n")
+
+
+def _result(raw: bytes, timed_out: bool, duration: float, log: str, returncode: int | None) -> ExecResult:
+    """Turn the runner's report into a result; anything unexpected is a sandbox fault, never a verdict."""
+    base = dict(timed_out=timed_out, duration=round(duration, 3), log=log)
+    if timed_out:
+        return ExecResult(None, survivors=0, **base)
+    try:
+        rep = json.loads(raw.decode("utf-8")) if raw and len(raw) <= REPORT_CAP else None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        rep = None
+    if not isinstance(rep, dict) or rep.get("v") != 1:
+        why = "no report from the runner" if not raw else "an unreadable report from the runner"
+        return ExecResult(None, survivors=0, fault=f"SANDBOX: {why} (engine exit {returncode})", **base)
+    fault = rep.get("fault")
+    if fault:
+        kind = fault.get("kind") if isinstance(fault, dict) else "?"
+        detail = str(fault.get("detail", ""))[:300] if isinstance(fault, dict) else str(fault)[:300]
+        cls = "ENV" if kind in ("workdir", "exec", "interpreter") else "SANDBOX"
+        return ExecResult(None, survivors=0, fault=f"{cls}: {kind}: {detail}", **base)
+    code, sig, surv = rep.get("exit"), rep.get("signal"), rep.get("survivors")
+    if not (isinstance(code, int) or isinstance(sig, int)) or not isinstance(surv, int):
+        return ExecResult(None, survivors=0, fault="SANDBOX: an incomplete report from the runner", **base)
+    limit = SIG_LIMITS.get(sig) if isinstance(sig, int) else None
+    if limit is None and isinstance(code, int) and code - 128 in SIG_LIMITS:
+        limit = SIG_LIMITS[code - 128]
+    if limit is None and rep.get("full"):
+        limit = "disk"
+    exit_code = code if isinstance(code, int) else 128 + sig
+    return ExecResult(exit_code, survivors=surv, signal=sig if isinstance(sig, int) else None, limit=limit, **base)
 
 
 def _read_undrained(proc: subprocess.Popen) -> str:
@@ -237,24 +501,50 @@ def _read_undrained(proc: subprocess.Popen) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def _kill_tree(proc: subprocess.Popen, backend: str, name: str) -> int:
-    """Kill everything the execution started; return how many processes were still alive (local backend)."""
+def _run_local(job: Job, limits: Limits, root: Path, drain: bool, env: dict[str, str]) -> ExecResult:
+    """``--backend local --unsafe-local``: no isolation at all, a private copy of the checkout, a scrubbed
+    environment; processes left behind are found by session id (a ``setsid`` daemon escapes this count)."""
     import psutil
-    survivors = 0
-    if backend == "local":
-        # processes that outlived the command keep its session id (unless they called setsid themselves)
-        for p in psutil.process_iter(["pid"]):
-            try:
-                if p.pid != proc.pid and os.getsid(p.pid) == proc.pid:
-                    survivors += 1
-                    p.kill()
-            except (psutil.Error, ProcessLookupError, PermissionError):
-                continue
-    if backend in ("docker", "podman"):
-        subprocess.run([backend, "kill", name], capture_output=True)
+    scratch = root / uuid.uuid4().hex[:12]
+    work = scratch / "work"
+    shutil.copytree(job.env.checkout, work, symlinks=True)
+    (scratch / "home").mkdir()
+    cwd = work / job.workdir
+    if not cwd.is_dir():
+        shutil.rmtree(scratch, ignore_errors=True)
+        return ExecResult(None, False, 0.0, 0, "", fault=f"ENV: workdir: {job.workdir} is not in the checkout")
+    if job.as_shell:
+        (scratch / "cmd.sh").write_text(job.code + "\n")
+        argv = ["bash", str(scratch / "cmd.sh")]
+    else:
+        (cwd / "temp.py").write_text(job.code)
+        argv = ["python", "temp.py"]
+    env = env | {"HOME": str(scratch / "home")}
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT if drain else subprocess.PIPE, start_new_session=True)
+    out_cap = _Capture(proc.stdout, limits.log_bytes) if drain else None
+    err_cap = None if drain else _Capture(proc.stderr, limits.log_bytes)
+    timed_out = False
     try:
-        os.killpg(proc.pid, signal.SIGKILL)  # bwrap: killing it tears down the whole PID namespace
+        proc.wait(timeout=limits.wall_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    duration = time.monotonic() - t0
+    survivors = 0
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.pid != proc.pid and os.getsid(p.pid) == proc.pid:
+                survivors += 1
+                p.kill()
+        except (psutil.Error, ProcessLookupError, PermissionError):
+            continue
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
     proc.wait()
-    return survivors
+    log = out_cap.text() if out_cap else _read_undrained(proc) + err_cap.text()
+    shutil.rmtree(scratch, ignore_errors=True)
+    code = None if timed_out else proc.returncode
+    return ExecResult(code, timed_out, round(duration, 3), 0 if timed_out else survivors, log)

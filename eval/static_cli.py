@@ -60,9 +60,12 @@ class CliReport:
         return not self.unknown_options and not self.invalid_choices
 
 
-def check_command(command: str, workdir: Path) -> CliReport | None:
+def check_command(command: str, workdir: Path, root: Path | None = None) -> CliReport | None:
     """Check every ``python X.py ...`` in ``command`` (run from ``workdir``); ``None`` if there is nothing
-    to check (no python script, script not found, or options not statically visible)."""
+    to check (no python script, script not found, or options not statically visible). Only scripts inside
+    ``root`` (the checkout; default ``workdir``) are read: ``python ../../x.py`` or a symlink out of the
+    repository is never followed to a host file."""
+    root = (root or workdir).resolve()
     try:
         tokens = shlex.split(command, comments=True)
     except ValueError:
@@ -71,6 +74,8 @@ def check_command(command: str, workdir: Path) -> CliReport | None:
         if not tok.endswith(".py") or i == 0 or not Path(tokens[i - 1]).name.startswith("python"):
             continue
         script = (workdir / tok).resolve()
+        if not script.is_relative_to(root):
+            return None
         so = script_options(str(script)) if script.is_file() else None
         if so is None or so.dynamic:
             return None

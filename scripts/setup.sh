@@ -2,10 +2,11 @@
 # Create .venv and install mlbench-kit (editable) with CPU inference/training and test dependencies. Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# System packages, as root where apt exists: bubblewrap is eval's sandbox, git clones repositories, slurm-wlm and
-# munge run the one-node Slurm cluster of the sweep tests (slurm/cluster.sh)
+# System packages, as root where apt exists: bubblewrap is eval's sandbox, podman + runc its container backend
+# (mmdebstrap makes base images without a registry), git clones repositories, slurm-wlm and munge run the
+# one-node Slurm cluster of the sweep tests (slurm/cluster.sh)
 missing=()
-for pair in bwrap:bubblewrap git:git slurmctld:slurm-wlm munged:munge; do
+for pair in bwrap:bubblewrap git:git slurmctld:slurm-wlm munged:munge podman:podman runc:runc mmdebstrap:mmdebstrap; do
   command -v "${pair%%:*}" >/dev/null || missing+=("${pair##*:}")
 done
 if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

@@ -76,3 +76,18 @@ def trained_adapter(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Pa
                 "--prep-dir", real_prep, "--output-dir", out, "--max-steps", "6", "--max-seq-len", "1024")
     assert r.returncode == 0, r.stderr[-3000:]
     return out / "adapter"
+
+
+@pytest.fixture(scope="session")
+def base_image() -> str | None:
+    """The podman base image (Debian + Python, built without a registry), or None where podman cannot run.
+
+    CI sets MLBENCH_REQUIRE_PODMAN=1: there a missing podman fails instead of skipping."""
+    import shutil
+    usable = os.geteuid() == 0 and shutil.which("podman") and shutil.which("mmdebstrap")
+    if not usable:
+        if os.environ.get("MLBENCH_REQUIRE_PODMAN"):
+            pytest.fail("MLBENCH_REQUIRE_PODMAN is set but podman/mmdebstrap are missing or not root")
+        return None
+    from mlbench_kit.eval.images import build_base_image
+    return build_base_image()

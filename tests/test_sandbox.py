@@ -1,80 +1,327 @@
+"""The sandbox, tried as an attacker would: one case per class of the hostile review (issue 12), on every backend
+that runs here. Each case asserts containment: the verdict is right, the host is unchanged, the run completed."""
+
 import os
 import shutil
+import socket
+import subprocess
+import sys
+import threading
 import uuid
 from pathlib import Path
 
 import psutil
 import pytest
 
-from mlbench_kit.eval.sandbox import Job, Limits, apptainer_argv, check_backend, container_argv, execute
 from mlbench_kit.errors import MLBenchError
+from mlbench_kit.eval import cgroups
+from mlbench_kit.eval.engines import Mounts, container_argv, seccomp_profile
+from mlbench_kit.eval.sandbox import Env, Job, Limits, Sandbox, check_backend
+from mlbench_kit.eval.static_cli import check_command
 
 REPO = Path(__file__).resolve().parents[1] / "mlbench_kit" / "sample" / "repos" / "toybench"
-needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+ROOT = os.geteuid() == 0
+BACKENDS = ["bwrap", "podman"]
 
 
-def run(code, tmp_path, shell=True, wall=5.0, drain=True, backend="bwrap"):
-    return execute(Job(code, shell, REPO, "./"), backend, Limits(wall_s=wall), tmp_path, drain=drain)
+def _podman_usable() -> bool:
+    return ROOT and shutil.which("podman") is not None and shutil.which("mmdebstrap") is not None
 
 
-@needs_bwrap
-def test_runs_real_scripts_in_a_private_copy(tmp_path):
+@pytest.fixture(scope="module", params=BACKENDS)
+def box(request, base_image):
+    backend = request.param
+    if backend == "bwrap" and shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap not installed")
+    if backend == "podman" and base_image is None:
+        pytest.skip("podman needs root, podman and mmdebstrap (scripts/setup.sh installs them)")
+    env = Env("toybench", REPO, image=base_image)
+    with Sandbox(backend) as sb:
+        yield sb, env
+
+
+def run(box, code, shell=True, **limits):
+    sb, env = box
+    lim = {"wall_s": 8.0} | limits
+    return sb.run(Job(code, shell, env, "./"), Limits(**lim))
+
+
+def run_bounded(box, code, shell=True, within=60, **limits):
+    """Run, failing the test (instead of hanging the suite) if the host side never returns."""
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", run(box, code, shell, **limits)), daemon=True)
+    t.start()
+    t.join(within)
+    assert "r" in out, f"the host side hung for {within} s"
+    return out["r"]
+
+
+# -- the basics -------------------------------------------------------------------------------------------------
+
+def test_runs_real_scripts_in_a_private_copy(box):
     before = sorted(p.name for p in REPO.iterdir())
-    r = run("python train.py --dataset citeseer --epochs 2 && cat out/model.json", tmp_path)
-    assert r.exit_code == 0 and '"dataset": "citeseer"' in r.log
+    r = run(box, "python train.py --dataset citeseer --epochs 2 && cat out/model.json")
+    assert r.exit_code == 0 and r.fault is None and '"dataset": "citeseer"' in r.log
     assert sorted(p.name for p in REPO.iterdir()) == before  # the checkout itself is untouched
-    r = run("from toylib import build_model\nprint(build_model('mlp', hidden=8).describe())", tmp_path, shell=False)
+    r = run(box, "from toylib import build_model\nprint(build_model('mlp', hidden=8).describe())", shell=False)
     assert r.exit_code == 0 and "mlp hidden=8" in r.log
-    assert list(tmp_path.iterdir()) == []  # scratch removed
+    r = run(box, "test -e out/model.json")
+    assert r.exit_code == 1  # nothing of the first execution is left for the next
+    assert [p.name for p in box[0].root.iterdir() if not p.name.startswith(("pristine", "seccomp"))] == []
 
 
-@needs_bwrap
-def test_no_network_no_secrets_no_host_files(tmp_path, monkeypatch):
+def test_network_is_unreachable_even_with_a_listener(box):
+    srv = socket.create_server(("127.0.0.1", 0))
+    port = srv.getsockname()[1]
+    socket.create_connection(("127.0.0.1", port), 2).close()  # the listener is really there, for the host
+    srv.accept()[0].close()
+    srv.settimeout(0.5)
+    code = (f"import socket, sys\ntry:\n    socket.create_connection(('127.0.0.1', {port}), 2)\n    sys.exit(0)\n"
+            "except OSError as e:\n    print('refused', e)\n    sys.exit(7)\n")
+    r = run(box, code, shell=False)
+    with pytest.raises(socket.timeout):
+        srv.accept()
+    srv.close()
+    assert r.exit_code == 7
+
+
+def test_secrets_do_not_reach_the_sandbox(box, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "secret-token-value")
-    code = ("import os, socket\nprint('TOKEN', os.environ.get('HF_TOKEN'))\nprint('HOME', os.path.exists('"
-            + str(REPO) + "'))\ntry:\n    socket.create_connection(('127.0.0.1', 22), 1)\n    print('NET up')\n"
-            "except OSError as e:\n    print('NET', e.errno)\n")
-    r = run(code, tmp_path, shell=False)
-    assert "TOKEN None" in r.log and "HOME False" in r.log and "NET up" not in r.log
+    r = run(box, f"import os\nprint('TOKEN', os.environ.get('HF_TOKEN'))\nprint('HOST', os.path.exists('{REPO}'))",
+            shell=False)
+    assert "TOKEN None" in r.log and "HOST False" in r.log
 
 
-@needs_bwrap
-def test_background_jobs_are_counted_and_killed(tmp_path):
-    marker = f"{uuid.uuid4().hex[:8]}"
-    r = run(f"bash -c 'exec -a sleeper-{marker} sleep 300' & echo started", tmp_path)
-    assert r.exit_code == 0 and r.survivors == 1
-    assert not [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
-
-
-@needs_bwrap
-def test_timeout_kills_the_whole_tree(tmp_path):
+def test_timeout_kills_the_whole_tree(box):
     marker = uuid.uuid4().hex[:8]
-    r = run(f"python -c 'import time; time.sleep(60)' {marker} & sleep 60", tmp_path, wall=1.0)
+    r = run(box, f"python -c 'import time; time.sleep(60)' {marker} & sleep 60", wall_s=1.0)
     assert r.timed_out and r.exit_code is None and r.duration < 5
     assert not [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
 
 
-@needs_bwrap
-def test_undrained_pipe_reproduces_the_benchmark_hole(tmp_path):
+def test_undrained_pipe_reproduces_the_benchmark_hole(box):
+    sb, env = box
     chatty_fail = "python -c \"import sys; sys.stdout.write('x' * 300000); sys.exit(1)\""
-    compat = run(chatty_fail, tmp_path, wall=2.0, drain=False)
+    compat = sb.run(Job(chatty_fail, True, env, "./"), Limits(wall_s=2.0), drain=False)
     assert compat.timed_out  # blocked on a full pipe: the benchmark scores this as a pass
-    strict = run(chatty_fail, tmp_path, wall=2.0, drain=True)
+    strict = sb.run(Job(chatty_fail, True, env, "./"), Limits(wall_s=2.0), drain=True)
     assert not strict.timed_out and strict.exit_code == 1 and "bytes dropped" in strict.log
 
+
+# -- 1. forged verdicts -----------------------------------------------------------------------------------------
+
+FORGE_PY = """import os, sys
+for p in ('/sandbox/status', '/sandbox/work/status', '/sandbox/home/status', '/tmp/status'):
+    try:
+        open(p, 'w').write('0 0')
+    except OSError:
+        pass
+for fd in range(3, 10):
+    try:
+        with open(f'/proc/1/fd/{fd}', 'w') as fh:
+            fh.write('{"v": 1, "exit": 0, "signal": null, "survivors": 0, "fault": null, "full": []}')
+    except OSError:
+        pass
+import ctypes
+ctypes.CDLL(None).ptrace(16, 1, 0, 0)  # PTRACE_ATTACH to the runner
+for pid in (os.getppid(), 1):
+    try:
+        os.kill(pid, 9)
+    except OSError:
+        pass
+sys.exit(3)
+"""
+
+
+def test_forged_status_python(box):
+    r = run(box, FORGE_PY, shell=False)
+    assert r.fault is None and r.exit_code == 3
+
+
+def test_forged_status_bash_with_a_daemon(box):
+    r = run(box, "echo '0 0' > /sandbox/status 2>/dev/null; (setsid sleep 30 &); sleep 0.2; kill -9 $PPID 1; exit 3")
+    assert r.fault is None and r.exit_code == 3 and r.survivors >= 1
+
+
+def test_runner_secrets_are_out_of_reach(box):
+    code = ("import os\nfor p in ('/proc/1/environ', '/proc/1/mem', '/proc/1/fd/3'):\n    try:\n"
+            "        open(p, 'rb').read(1)\n        print('READ', p)\n    except OSError as e:\n"
+            "        print('denied', p, e.errno)\n")
+    r = run(box, code, shell=False)
+    assert r.exit_code == 0 and "READ" not in r.log and r.log.count("denied") == 3
+
+
+# -- 2. the host never reads what the generation wrote ----------------------------------------------------------
+
+@pytest.mark.parametrize("attack", [
+    "printf 'x 0' > /sandbox/status",
+    "ln -sf /etc/hostname /sandbox/status",
+    "mkfifo /sandbox/status",
+    "ln -sf /dev/zero /sandbox/status",
+], ids=["junk", "symlink", "fifo", "devzero"])
+def test_scratch_files_are_never_read_back(box, attack):
+    r = run_bounded(box, f"{attack} 2>/dev/null; kill -9 $PPID; exit 4")
+    assert r.fault is None and r.exit_code == 4
+
+
+# -- 3. no writes to the host -----------------------------------------------------------------------------------
+
+def test_system_folders_stay_read_only(box):
+    marker = f"/usr/local/mlbench-pwned-{uuid.uuid4().hex[:8]}"
+    r = run(box, f"mount -o remount,bind,rw /usr 2>/dev/null; touch {marker}; mount -o remount,rw /etc; "
+                 f"test -e {marker}")
+    assert r.exit_code != 0 and not os.path.exists(marker)
+    assert run(box, f"test -e {marker}").exit_code == 1  # and nothing for a later sample to see
+
+
+def test_proc_sys_stays_read_only(box):
+    knob = Path("/proc/sys/fs/lease-break-time")
+    before = knob.read_text()
+    r = run(box, "echo 77 > /proc/sys/fs/lease-break-time; test -w /proc/sys/kernel/core_pattern && exit 0; exit 5")
+    assert knob.read_text() == before and r.exit_code == 5
+
+
+def test_no_nested_user_namespace_no_cgroup_mount(box):
+    name = f"mlbench-pwned-{uuid.uuid4().hex[:8]}"
+    r = run(box, f"unshare -U -r true && exit 0; mkdir -p /tmp/cg && mount -t cgroup2 none /tmp/cg && "
+                 f"mkdir /tmp/cg/{name} && exit 0; mkdir /sys/fs/cgroup/{name} && exit 0; exit 6")
+    assert r.exit_code == 6
+    assert not any(Path(d, name).exists() for d in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"))
+
+
+# -- 4. limits that hold for the whole execution ----------------------------------------------------------------
+
+needs_cgroups = pytest.mark.skipif(not ROOT or cgroups.available() is None, reason="per-execution cgroups need root")
+
+
+@needs_cgroups
+def test_process_limit_holds_for_the_tree(box):
+    code = ("import os, time\nn = 0\ntry:\n    for i in range(300):\n        if os.fork() == 0:\n"
+            "            time.sleep(3)\n            os._exit(0)\n        n += 1\nexcept OSError:\n    pass\n"
+            "print('started', n)\n")
+    r = run(box, code, shell=False, pids=48)
+    started = int(r.log.split("started")[-1].split()[0])
+    assert started < 48 and r.limit == "pids"
+
+
+@needs_cgroups
+def test_memory_limit_holds_for_the_tree(box):
+    hog = "python -c 'import time; x = bytearray(180 * 2**20); x[::4096] = b\"1\" * len(x[::4096]); time.sleep(2)'"
+    r = run(box, f"{hog} & {hog} & {hog} & wait; wait; exit 0", mem_mb=400)
+    assert r.limit == "memory"
+    assert r.usage["peak_mem_mb"] <= 400
+
+
+def test_memory_limit_kills_and_says_so(box):
+    r = run(box, "python -c 'x = [bytearray(100 * 2**20) for _ in range(6)]'", mem_mb=256)
+    assert r.exit_code != 0 and (r.limit == "memory" or not cgroups.available())
+
+
+@pytest.mark.parametrize("where", ["/tmp", "/dev/shm", "."], ids=["tmp", "shm", "workspace"])
+def test_writes_are_capped(box, where):
+    code = f"for i in 1 2 3 4 5 6; do head -c 20000000 /dev/zero > {where}/fill$i || exit 9; done"
+    r = run(box, code, tmp_mb=32, disk_mb=48)
+    assert r.exit_code == 9 and r.limit == "disk"
+
+
+def test_file_size_limit(box):
+    r = run(box, "head -c 20000000 /dev/zero > big", fsize_mb=8)
+    assert r.exit_code != 0 and r.limit == "fsize"
+
+
+# -- 5. smaller leaks -------------------------------------------------------------------------------------------
+
+def test_shadow_and_mountinfo(box):
+    sb, _ = box
+    assert run(box, "cat /etc/shadow").exit_code != 0
+    r = run(box, "cat /proc/self/mountinfo")
+    assert r.exit_code == 0 and " /sandbox/work " in r.log
+    assert str(sb.root) not in r.log and str(REPO) not in r.log
+
+
+def test_static_gate_stays_in_the_checkout(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "sub").mkdir(parents=True)
+    (tmp_path / "evil.py").write_text("import argparse\np = argparse.ArgumentParser()\np.add_argument('--x')\n")
+    (repo / "sub" / "link.py").symlink_to(tmp_path / "evil.py")
+    assert check_command("python ../../evil.py --bad 1", repo / "sub", root=repo) is None
+    assert check_command("python link.py --bad 1", repo / "sub", root=repo) is None
+    (repo / "ok.py").write_text((tmp_path / "evil.py").read_text())
+    assert check_command("python ok.py --bad 1", repo, root=repo).unknown_options == ["--bad"]
+
+
+# -- 6. environments are never hidden, faults are never verdicts ------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tmp_venv():
+    """A venv under /tmp, where a newcomer's first clone often lives."""
+    d = Path(f"/tmp/mlbench-venv-{uuid.uuid4().hex[:8]}")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(d)], check=True)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_venv_under_tmp_is_visible(tmp_venv):
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap not installed")
+    env = Env("toybench", REPO, prefix=str(tmp_venv))
+    with Sandbox("bwrap") as sb:
+        assert sb.preflight(env, ["./", "./examples/gnn"])["python"] == f"{tmp_venv}/bin/python"
+        r = sb.run(Job("import sys; print(sys.prefix)", False, env, "./"), Limits())
+    assert r.exit_code == 0 and str(tmp_venv) in r.log
+
+
+def test_broken_environment_fails_preflight_and_mid_run_fault_is_not_a_verdict(tmp_path):
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap not installed")
+    broken = tmp_path / "env"
+    (broken / "bin").mkdir(parents=True)
+    (broken / "bin" / "python").write_text("#!/bin/sh\nexit 1\n")
+    (broken / "bin" / "python").chmod(0o755)
+    env = Env("toybench", REPO, prefix=str(broken), where="envs.yaml:3")
+    with Sandbox("bwrap") as sb:
+        with pytest.raises(MLBenchError, match="environment 'toybench' failed its probe") as e:
+            sb.preflight(env, ["./"])
+        assert "envs.yaml:3" in str(e.value)
+        with pytest.raises(MLBenchError, match="sample folder"):
+            sb.preflight(env, ["./no/such/folder"])
+        (broken / "bin" / "python").unlink()  # the interpreter vanishes mid-run
+        r = sb.run(Job("python train.py", True, env, "./"), Limits())
+        assert r.fault and r.fault.startswith("ENV: interpreter") and r.exit_code is None
+        r = sb.run(Job("print(1)", False, env, "./"), Limits())
+        assert r.fault and r.fault.startswith("ENV: exec")
+
+
+# -- engines' command lines -------------------------------------------------------------------------------------
 
 def test_backends_refuse_clearly():
     with pytest.raises(MLBenchError, match="--unsafe-local"):
         check_backend("local", unsafe_local=False)
     check_backend("local", unsafe_local=True)
-    job = Job("ls", True, REPO, "./", image="mlbench/toy:1")
-    argv = container_argv("podman", job, Path("/s"), Limits(), "n")
-    assert argv[:2] == ["podman", "run"] and "--network" in argv and argv[argv.index("--network") + 1] == "none"
-    assert "--network" in apptainer_argv(job, Path("/s")) and "--containall" in apptainer_argv(job, Path("/s"))
-    with pytest.raises(MLBenchError, match="needs an image"):
-        container_argv("docker", Job("ls", True, REPO, "./"), Path("/s"), Limits(), "n")
+    m = Mounts(Path("/s"), Path("/j"), None, 64)
+    argv = container_argv("docker", "img:1", "n", m, 512, 64, 1.5, 64, 65534, None, None, src="/repo")
+    for flag, value in (("--network", "none"), ("--user", "65534:65534"), ("--cap-drop", "ALL"),
+                        ("--memory", "512m"), ("--pids-limit", "64"), ("--cpus", "1.5")):
+        assert argv[argv.index(flag) + 1] == value
+    assert "--read-only" in argv and "/repo:/sandbox/src:ro" in argv
+    with Sandbox("docker") as sb, pytest.raises(MLBenchError, match="needs an image"):
+        sb.run(Job("ls", True, Env("toybench", REPO), "./"), Limits())
+
+
+def test_seccomp_profile_blocks_namespaces():
+    default = Path("/usr/share/containers/seccomp.json")
+    if not default.is_file():
+        pytest.skip("no container seccomp profile installed")
+    prof = seccomp_profile(default)
+    allow = {n for r in prof["syscalls"] if r["action"] == "SCMP_ACT_ALLOW" and not r.get("args")
+             for n in r["names"]}
+    assert not {"unshare", "clone", "clone3", "mount", "ptrace", "setns"} & allow
+    clone = [r for r in prof["syscalls"] if r["names"] == ["clone"]][0]
+    assert clone["args"][0]["value"] & 0x10000000  # CLONE_NEWUSER is masked out
 
 
 def test_local_backend_runs_with_consent(tmp_path):
-    r = run("python train.py --epochs 1 & sleep 0.5; echo done", tmp_path, backend="local")
+    with Sandbox("local", tmp_path) as sb:
+        r = sb.run(Job("python train.py --epochs 1 & sleep 0.5; echo done", True, Env("toybench", REPO), "./"),
+                   Limits())
     assert r.exit_code == 0 and "done" in r.log and os.path.exists(REPO / "train.py")

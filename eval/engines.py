@@ -1,0 +1,190 @@
+"""Command lines of the isolation engines, one function each, over one shared execution layout.
+
+Inside every engine the execution sees the same thing::
+
+    /sandbox/work   the repository: a copy-on-write overlay of the pristine checkout (or a private copy)
+    /sandbox/home   a scratch home        /tmp, /dev/shm   size-capped tmpfs
+    /sandbox/job    read-only: runner.py, spec.json (what to run), cmd.sh / temp.py
+
+and the trusted runner (``sandbox_runner.py``) is PID 1. The writable parts live on one size-capped tmpfs that
+a *stage script* mounts in a private mount namespace before anything untrusted starts; the pristine checkout
+is only ever an overlay's lower layer, so no execution can change it or see another's writes. Everything here
+builds argv lists or script text and runs nothing; :mod:`.sandbox` runs them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+SANDBOX = "/sandbox"
+REPORT_FD = 3  # the runner's report pipe (bwrap, podman)
+NONCE_ENV = "MLBENCH_REPORT_NONCE"  # engines that cannot pass a pipe: the report goes to stderr under this nonce
+# clone/unshare flags that create namespaces (CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET)
+_NS_FLAGS = 0x7E020000
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/etc")
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who runs the untrusted code: as root we drop to ``uid``/``gid`` (never host root); otherwise we are it."""
+
+    uid: int
+    gid: int
+    root: bool  # mlbench runs as root: the stage script mounts directly, then drops privileges
+
+
+@dataclass(frozen=True)
+class Mounts:
+    """Host paths the stage script prepares for one execution."""
+
+    scratch: Path  # an empty folder: the per-execution tmpfs is mounted over it
+    job: Path  # host folder with runner.py, spec.json, cmd.sh/temp.py, passwd, group
+    lower: Path | None  # the pristine checkout (None: the engine copies it itself)
+    disk_mb: int
+    ro_binds: tuple[str, ...] = ()  # host folders bound read-only at their own path (environment, interpreter)
+
+
+def stage_script(m: Mounts, who: Identity, cgroup_procs: list[str], report_fd: int, engine_argv: list[str],
+                 drop: bool = True) -> str:
+    """The shell script run in a fresh mount namespace (``unshare --mount``; ``--user`` too when not root).
+
+    It joins the execution's cgroups, mounts the size-capped tmpfs over ``scratch``, binds the read-only
+    folders, mounts the overlay (relative paths, so ``/proc/self/mountinfo`` shows no host path), moves the
+    report pipe to fd 3 and execs the engine, after dropping to the sandbox uid when running as root (``drop``;
+    a rootful container engine switches uid itself, with ``--user``).
+    """
+    q = shlex.quote
+    s = q(str(m.scratch))
+    owner = f",uid={who.uid},gid={who.gid}" if who.root else ""
+    lines = ["set -eu"]
+    lines += [f"echo $$ > {q(p)}" for p in cgroup_procs]
+    lines += [f"mount -t tmpfs -o size={m.disk_mb}m,mode=0700{owner} mlbench {s}",
+              f"cd {s}", "mkdir upper ovw work home job ro lower", f"cp -p {q(str(m.job))}/* job/"]  # files 0444
+    for i, src in enumerate(m.ro_binds):
+        lines += [f"mkdir ro/{i}", f"mount --bind {q(src)} ro/{i}"]  # bwrap binds it on read-only
+    if m.lower is not None:
+        xattr = "" if who.root else ",userxattr"
+        lines += [f"mount --bind {q(str(m.lower))} lower",
+                  f"mount -t overlay mlbench -o lowerdir=lower,upperdir=upper,workdir=ovw{xattr} work"]
+    if who.root:
+        lines.append(f"chown {who.uid}:{who.gid} upper ovw work home")
+    drop = (["setpriv", f"--reuid={who.uid}", f"--regid={who.gid}", "--clear-groups", "--inh-caps=-all",
+             "--bounding-set=-all"] if who.root and drop else [])
+    lines.append("exec " + " ".join(q(a) for a in drop + engine_argv) + f" {REPORT_FD}>&{report_fd}"
+                 + (f" {report_fd}>&-" if report_fd != REPORT_FD else ""))
+    return "\n".join(lines) + "\n"
+
+
+def unshare_argv(who: Identity, script: Path) -> list[str]:
+    """How the host starts the stage script: a private mount namespace (and a user namespace when not root)."""
+    ns = ["--mount"] if who.root else ["--user", "--map-root-user", "--mount"]
+    return ["unshare", *ns, "--propagation", "private", "bash", str(script)]  # bash: fds above 9
+
+
+def _system_binds() -> list[str]:
+    argv: list[str] = []
+    for p in _SYSTEM_DIRS:
+        if os.path.islink(p):
+            argv += ["--symlink", os.readlink(p), p]
+        elif os.path.isdir(p):
+            argv += ["--ro-bind", p, p]
+    return argv
+
+
+def bwrap_argv(m: Mounts, tmp_mb: int, runner_python: str) -> list[str]:
+    """bubblewrap: every namespace new (network too), an unprivileged uid in a user namespace of its own,
+    no capabilities, no nested user namespaces, system folders and the environment read-only, then the runner.
+
+    Mount order matters: ``/tmp`` and ``/dev`` come before the environment's binds, so a virtualenv under
+    ``/tmp`` is not hidden by the sandbox's own ``/tmp``; the root is remounted read-only last.
+    """
+    s = str(m.scratch)
+    argv = ["bwrap", "--unshare-all", "--unshare-user", "--uid", "1000", "--gid", "1000", "--disable-userns",
+            "--cap-drop", "ALL", "--die-with-parent", "--new-session", "--as-pid-1", "--hostname", "sandbox",
+            "--clearenv", *_system_binds(),
+            "--ro-bind", f"{s}/job/passwd", "/etc/passwd", "--ro-bind", f"{s}/job/group", "/etc/group",
+            "--size", str(tmp_mb * 2**20), "--tmpfs", "/tmp", "--dev", "/dev",
+            "--size", str(tmp_mb * 2**20), "--tmpfs", "/dev/shm", "--proc", "/proc"]
+    for i, dest in sorted(enumerate(m.ro_binds), key=lambda x: x[1].count("/")):
+        argv += ["--ro-bind", f"{s}/ro/{i}", dest]
+    argv += ["--bind", f"{s}/work", f"{SANDBOX}/work", "--bind", f"{s}/home", f"{SANDBOX}/home",
+             "--ro-bind", f"{s}/job", f"{SANDBOX}/job", "--remount-ro", "/dev", "--remount-ro", "/",
+             "--chdir", f"{SANDBOX}/work", "--setenv", "PATH", "/usr/bin:/bin"]
+    return argv + runner_argv(runner_python)
+
+
+def runner_argv(python: str = "python3", report: str = str(REPORT_FD)) -> list[str]:
+    """The runner's command line inside any engine; ``report`` is a file descriptor or ``stderr``."""
+    return [python, "-I", "-S", f"{SANDBOX}/job/runner.py", f"{SANDBOX}/job/spec.json", report]
+
+
+def container_argv(engine: str, image: str, name: str, m: Mounts, mem_mb: int, pids: int, cpus: float | None,
+                   tmp_mb: int, uid: int, cgroup_parent: str | None, seccomp: Path | None,
+                   src: str | None = None) -> list[str]:
+    """podman / docker: no network, no capabilities, no new privileges, a read-only image, an unprivileged
+    uid, memory/pids/CPU limits, size-capped tmpfs, the runner as PID 1 (no ``--init``).
+
+    Without ``src`` (podman started by the stage script) ``/sandbox/{work,home,job}`` are the stage script's
+    overlay and tmpfs, and the report pipe is handed over with ``--preserve-fds``. With ``src`` (docker, whose
+    daemon cannot see our mount namespace) the checkout is bound read-only at ``/sandbox/src``, the runner
+    copies it into a size-capped tmpfs, and the report comes back on stderr under a per-execution nonce.
+    """
+    s = str(m.scratch)
+    argv = [engine, "run", "--rm", "--name", name]
+    if engine == "podman":
+        argv += ["--runtime", "runc"]  # crun fails on cgroup-v1 hybrid hosts
+    argv += ["--network", "none", "--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--read-only",
+             "--user", f"{uid}:{uid}", "--hostname", "sandbox", "--ulimit", "nofile=1024:1024",
+             "--ulimit", "nproc=4096:4096", "--tmpfs", f"/tmp:rw,size={tmp_mb}m,mode=1777", "--shm-size", f"{tmp_mb}m"]
+    if cgroup_parent:
+        # our per-execution cgroup holds the limits, so the kernel counts the OOM kill or refused fork there
+        argv += ["--cgroup-parent", cgroup_parent]
+    else:
+        argv += ["--memory", f"{mem_mb}m", "--memory-swap", f"{mem_mb}m", "--pids-limit", str(pids)]
+        argv += ["--cpus", str(cpus)] if cpus else []
+    if seccomp is not None:
+        argv += ["--security-opt", f"seccomp={seccomp}"]
+    if src is None:
+        argv += ["--preserve-fds", "1", "-v", f"{s}/work:{SANDBOX}/work", "-v", f"{s}/home:{SANDBOX}/home",
+                 "-v", f"{s}/job:{SANDBOX}/job:ro"]
+        report = str(REPORT_FD)
+    else:
+        argv += ["-v", f"{src}:{SANDBOX}/src:ro", "-v", f"{m.job}:{SANDBOX}/job:ro",
+                 "--tmpfs", f"{SANDBOX}/work:rw,size={m.disk_mb}m,uid={uid}",
+                 "--tmpfs", f"{SANDBOX}/home:rw,size={tmp_mb}m,uid={uid}", "-e", NONCE_ENV]
+        report = "stderr"
+    return argv + ["-w", f"{SANDBOX}/work", image] + runner_argv("python3", report)
+
+
+def apptainer_argv(image: str, job: Path, src: str) -> list[str]:
+    """Apptainer (HPC clusters): contained, no home, no network, the runner as PID 1 (``--no-init``), the
+    checkout read-only at ``/sandbox/src`` copied by the runner into a writable tmpfs overlay. The report
+    nonce travels as ``APPTAINERENV_MLBENCH_REPORT_NONCE`` (``--cleanenv`` keeps those)."""
+    return ["apptainer", "exec", "--containall", "--cleanenv", "--no-home", "--no-init", "--pid", "--ipc",
+            "--net", "--network", "none", "--no-privs", "--writable-tmpfs", "--bind", f"{src}:{SANDBOX}/src:ro",
+            "--bind", f"{job}:{SANDBOX}/job:ro", "--pwd", "/", image,
+            *runner_argv("python3", "stderr")]
+
+
+def seccomp_profile(default: Path) -> dict:
+    """The container engine's default seccomp profile, tightened: no new namespaces (so no nested user
+    namespace), no ``clone3`` (ENOSYS makes libc fall back to ``clone``, whose flags can be checked), no
+    ``mount``, ``ptrace``, ``setns`` or ``keyctl``."""
+    prof = json.loads(default.read_text())
+    banned = {"clone", "clone3", "unshare", "mount", "umount", "umount2", "ptrace", "setns", "keyctl", "add_key",
+              "request_key", "pivot_root", "fsopen", "fsmount", "open_tree", "move_mount"}
+    rules = []
+    for rule in prof["syscalls"]:
+        names = [n for n in rule.get("names", []) if n not in banned or rule.get("action") != "SCMP_ACT_ALLOW"]
+        if names:
+            rules.append({**rule, "names": names})
+    for name in ("clone", "unshare"):
+        rules.append({"names": [name], "action": "SCMP_ACT_ALLOW",
+                      "args": [{"index": 0, "value": _NS_FLAGS, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}]})
+    rules.append({"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38})
+    prof["syscalls"] = rules
+    return prof

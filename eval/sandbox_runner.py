@@ -1,0 +1,165 @@
+"""The trusted supervisor that runs as PID 1 inside every sandbox (bwrap, podman, docker, apptainer).
+
+Started as ``python3 -I -S sandbox_runner.py SPEC REPORT`` (``REPORT``: a file descriptor, or ``stderr`` for
+engines that cannot pass one; the report line then carries the nonce from ``$MLBENCH_REPORT_NONCE``, which
+only this process knows: its environment is unreadable once it is non-dumpable, and the child never gets
+it). Standard library only, never imports the project. It makes itself non-dumpable (so the generation, running under the same uid, can neither ptrace it
+nor open its ``/proc/1/fd``), forks the generation, waits for it, counts every process still alive in the PID
+namespace, kills them, and writes one JSON report to ``REPORT_FD``: a pipe held only by this process. As PID 1
+of its namespace it receives no signal from inside that it did not ask for, so the generation cannot kill it
+either. The host takes its verdict from this report alone; nothing the generation can write is read back.
+"""
+
+import ctypes
+import json
+import os
+import shutil
+import signal
+import sys
+
+PR_SET_DUMPABLE = 4
+
+
+def _harden() -> None:
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+    # SIG_DFL everywhere: the kernel then drops every signal sent to PID 1 from inside its namespace
+    for sig in range(1, signal.NSIG):
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError, RuntimeError):
+            pass
+
+
+def _copy_workspace(src: str, dst: str) -> None:
+    """The "copy" workspace (engines that cannot mount an overlay for us): a private copy in a tmpfs."""
+    for name in os.listdir(src):
+        s, d = os.path.join(src, name), os.path.join(dst, name)
+        if os.path.isdir(s) and not os.path.islink(s):
+            shutil.copytree(s, d, symlinks=True)
+        else:
+            shutil.copy2(s, d, follow_symlinks=False)
+
+
+def _child(spec: dict, errw: int) -> None:
+    """In the forked child: limits, working folder, then exec. Failures before exec go to ``errw``."""
+    import resource
+    try:
+        os.setsid()
+        for name, value in spec.get("rlimits", {}).items():
+            lim = getattr(resource, name)
+            resource.setrlimit(lim, (value, value))
+        try:
+            os.chdir(spec["workdir"])
+        except OSError as exc:
+            os.write(errw, json.dumps({"kind": "workdir", "detail": f"{spec['workdir']}: {exc.strerror}"}).encode())
+            os._exit(127)
+        if spec.get("temp_py"):
+            shutil.copyfile(spec["temp_py"], "temp.py")
+        env = spec["env"]
+        try:
+            os.execvpe(spec["argv"][0], spec["argv"], env)
+        except OSError as exc:
+            os.write(errw, json.dumps({"kind": "exec", "detail": f"{spec['argv'][0]}: {exc.strerror}"}).encode())
+            os._exit(127)
+    except BaseException as exc:  # noqa: BLE001 - anything here is the sandbox's fault, reported as such
+        os.write(errw, json.dumps({"kind": "setup", "detail": f"{type(exc).__name__}: {exc}"}).encode())
+        os._exit(127)
+
+
+def _alive() -> list[int]:
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or d == "1":
+            continue
+        try:
+            with open(f"/proc/{d}/stat", "rb") as fh:
+                state = fh.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if state not in (b"Z", b"X"):
+            pids.append(int(d))
+    return pids
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _full(paths: list[str]) -> list[str]:
+    """Writable mounts with no room left: the generation hit its disk limit there."""
+    out = []
+    for p in paths:
+        try:
+            st = os.statvfs(p)
+        except OSError:
+            continue
+        if st.f_blocks and st.f_bavail * st.f_frsize < 64 * 1024:
+            out.append(p)
+    return out
+
+
+def main() -> int:
+    spec_path, channel = sys.argv[1], sys.argv[2]
+    nonce = os.environ.pop("MLBENCH_REPORT_NONCE", "")
+    report_fd = 2 if channel == "stderr" else int(channel)
+    report: dict = {"v": 1, "exit": None, "signal": None, "survivors": None, "fault": None, "full": []}
+    try:
+        _harden()
+        with open(spec_path, encoding="utf-8") as fh:
+            spec = json.load(fh)
+        if os.getpid() != 1:
+            raise RuntimeError(f"the runner must be PID 1 of a new PID namespace, is {os.getpid()}")
+        if spec.get("copy_from"):
+            _copy_workspace(spec["copy_from"], spec["copy_to"])
+        errr, errw = os.pipe2(os.O_CLOEXEC)
+        pid = os.fork()
+        if pid == 0:
+            os.close(errr)
+            if report_fd != 2:
+                os.close(report_fd)
+            _child(spec, errw)
+        os.close(errw)
+        status = None
+        while status is None:
+            try:
+                p, st = os.waitpid(-1, 0)
+            except InterruptedError:
+                continue
+            if p == pid:
+                status = st
+        err = os.read(errr, 4096)
+        os.close(errr)
+        _reap()
+        alive = _alive()
+        if err:
+            report["fault"] = json.loads(err)
+        elif os.WIFEXITED(status):
+            report["exit"] = os.WEXITSTATUS(status)
+            if report["exit"] == 127 and shutil.which(spec.get("interpreter", "python"),
+                                                      path=spec["env"].get("PATH")) is None:
+                report["fault"] = {"kind": "interpreter",
+                                   "detail": f"{spec.get('interpreter', 'python')} is not on the sandbox PATH"}
+        else:
+            report["signal"] = os.WTERMSIG(status)
+        report["survivors"] = len(alive)
+        report["full"] = _full(spec.get("writable", []))
+    except BaseException as exc:  # noqa: BLE001 - reported to the host as a sandbox fault
+        report["fault"] = {"kind": "runner", "detail": f"{type(exc).__name__}: {exc}"}
+    try:
+        os.kill(-1, signal.SIGKILL)  # as PID 1: every other process of the namespace
+    except ProcessLookupError:
+        pass
+    data = json.dumps(report).encode()
+    os.write(report_fd, f"\nMLBENCH-REPORT {nonce} ".encode() + data + b"\n" if report_fd == 2 else data)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
