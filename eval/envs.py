@@ -6,8 +6,9 @@
       bert: {conda: bert_DS, checkout: /data/bert}
 
 Relative paths are relative to the YAML file. ``venv`` (or ``prefix``) is any environment with ``bin/python``;
-``conda: NAME`` is looked up under ``conda_root`` (top-level key, or ``$CONDA_ROOT``). A repository that is
-not listed uses ``<repos_dir>/<repo>`` and the interpreter running mlbench.
+``conda: NAME`` is looked up under ``conda_root`` (top-level key, or ``$CONDA_ROOT``); ``env:`` sets variables the
+repository's commands rely on. A repository that is not listed uses ``<repos_dir>/<repo>`` and the interpreter
+running mlbench.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from mlbench_kit.errors import MLBenchError
 
 from .sandbox import Env
 
-_KEYS = {"checkout", "venv", "prefix", "conda", "image", "ro_paths", "recipe"}
+_KEYS = {"checkout", "venv", "prefix", "conda", "image", "ro_paths", "recipe", "env"}
 _TOP = {"repos_dir", "conda_root", "repos"}
 
 
@@ -115,4 +116,8 @@ class EnvConfig:
                                    "build it (mlbench env build) or fix the path")
             if spec.get("conda"):
                 ro += (str(Path(self.conda_root).resolve()),)
-        return Env(repo, checkout, prefix, spec.get("image"), ro, spec.get("recipe"), where)
+        variables = spec.get("env") or {}
+        if not isinstance(variables, dict):
+            raise MLBenchError(f"`env` of repository {repo!r} maps variable names to values", where)
+        return Env(repo, checkout, prefix, spec.get("image"), ro, spec.get("recipe"), where,
+                   tuple(sorted((str(k), str(v)) for k, v in variables.items())))

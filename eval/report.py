@@ -40,6 +40,15 @@ def to_markdown(summary: dict[str, Any]) -> str:
               "| class | meaning | outputs |", "|---|---|---|"]
     for cls, cnt in sorted(m["overall"]["error_classes"].items()):
         lines.append(f"| {cls} | {ERROR_CLASSES.get(cls, '')} | {cnt} |")
+    gv = summary.get("gold_valid")
+    if gv:
+        lines += ["", f"## Gold-valid rows ({gv['rows']} rows whose own answer passes in its environment)", "",
+                  f"From `{gv['source']}`. The table above is the paper's number, over all rows; this one is what a "
+                  "model can actually be credited for.", "", head, sep]
+        if gv["metrics"]:
+            lines.append(_row("**gold-valid**", gv["metrics"], ks))
+        lines += ["", "Excluded rows, by cause:", ""]
+        lines += [f"- {cause}: {len(keys)} rows (first: {keys[:6]})" for cause, keys in sorted(gv["excluded"].items())]
     g = summary["gold_ceiling"]
     lines += ["", "## Gold ceiling (ground truth under the benchmark's parameter and type checks)", "",
               "| repository | rows | param ok | type ok | both |", "|---|---|---|---|---|"]

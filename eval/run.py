@@ -10,6 +10,7 @@ import argparse
 import hashlib
 import json
 import re
+import shlex
 import sys
 import threading
 from collections import defaultdict
@@ -66,8 +67,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sandbox-uid", type=int, help="run as root: the uid untrusted code runs as (default 65534)")
     p.add_argument("--require-cgroups", action="store_true",
                    help="refuse to run when memory/process limits could only hold per process")
+    p.add_argument("--repos", nargs="+", help="score only these repositories' rows")
+    p.add_argument("--validation", help="validation.json of `mlbench env validate`: also report Pass@k on the "
+                                        "gold-valid rows, and which rows are excluded and why")
     p.add_argument("--rescore", action="store_true", help="recompute metrics from results.jsonl only")
     p.add_argument("--no-ci", action="store_true", help="skip bootstrap confidence intervals")
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """``mlbench eval`` options from a list (for stages that run eval in-process, e.g. gold validation)."""
+    p = argparse.ArgumentParser(prog="mlbench eval")
+    add_arguments(p)
+    return p.parse_args(argv)
 
 
 def reference_timeout(github_id: int, as_shell: bool) -> float:
@@ -77,6 +88,27 @@ def reference_timeout(github_id: int, as_shell: bool) -> float:
     if github_id == 11 and not as_shell:
         return 7.0
     return 10.0
+
+
+_EXPORT = re.compile(r"^\s*export\s+([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+
+
+def prefix_exports(prefix_code: str) -> tuple[tuple[str, str], ...]:
+    """The ``export NAME=VALUE`` lines of a sample's prefix_code: environment settings its answer relies on
+    (e.g. bert's ``$BERT_BASE_DIR``). The rest of prefix_code (installs, downloads) belongs to building the
+    environment and is never run while scoring."""
+    out: dict[str, str] = {}
+    for line in prefix_code.splitlines():
+        m = _EXPORT.match(line)
+        if not m:
+            continue
+        try:
+            parts = shlex.split(m.group(2), comments=True)
+        except ValueError:
+            continue
+        value = parts[0] if parts else ""
+        out[m.group(1)] = re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda v: out.get(v.group(1), ""), value)
+    return tuple(out.items())
 
 
 def _sha(*parts: str) -> str:
@@ -95,7 +127,8 @@ class Scorer:
     def _run(self, s: Sample, output: str) -> tuple[ExecResult, bool]:
         env = self.envs.for_repo(s.repo)
         as_shell = runs_as_shell(output)
-        key = _sha(s.repo, s.path, output, str(as_shell))
+        exports = prefix_exports(s.prefix_code)
+        key = _sha(s.repo, s.path, output, str(as_shell), repr(exports))
         with self._locks[key]:
             if key in self._cache:
                 self.cached += 1
@@ -103,7 +136,7 @@ class Scorer:
             a = self.args
             wall = a.timeout or reference_timeout(s.github_id, as_shell)
             limits = Limits(wall_s=wall, mem_mb=a.mem_mb, pids=a.pids, cpus=a.cpus, disk_mb=a.disk_mb)
-            res = self.sandbox.run(Job(output, as_shell, env, s.path), limits, drain=a.mode == "strict")
+            res = self.sandbox.run(Job(output, as_shell, env, s.path, exports), limits, drain=a.mode == "strict")
             if res.fault:
                 return res, False  # not cached: a fixed environment runs it again
             self._cache[key] = res
@@ -247,6 +280,13 @@ def run(args: argparse.Namespace) -> int:
         gens = Generations({k: [s.output] for k, s in samples.items()}, 1)
     else:
         gens = load_generations(args.generations, samples, args.parser, args.n)
+    if args.repos:
+        unknown = sorted(set(args.repos) - {s.repo for s in samples.values()})
+        if unknown:
+            raise MLBenchError(f"no rows of repositories {unknown} in the data", "--repos",
+                               f"repositories here: {sorted({s.repo for s in samples.values()})}")
+        gens.outputs = {k: v for k, v in gens.outputs.items() if samples[k].repo in args.repos}
+        gens.missing = [k for k in gens.missing if samples[k].repo in args.repos]
     results_path = out / "results.jsonl"
     n_faults = 0 if args.rescore else _execute(args, samples, gens, out)
     results = read_jsonl_tolerant(results_path)
@@ -262,7 +302,9 @@ def run(args: argparse.Namespace) -> int:
              f"checker silently drops them; here they are scored (first: {gens.reference_would_drop[:3]})"
              if gens.reference_would_drop and not args.gold else "no rows the benchmark's checker would drop",
              f"{sum(bool(s.prefix_code.strip()) for s in scored)} rows carry prefix_code (environment preparation): "
-             "it is not run per generation, as in the benchmark; it belongs to building the repository's env"]
+             "it is not run per generation (installs and downloads belong to building the repository's env); only "
+             f"its `export NAME=VALUE` lines are applied, to the {sum(bool(prefix_exports(s.prefix_code)) for s in scored)}"
+             " rows that have them"]
     task = next(iter(gens.tasks)) if len(gens.tasks) == 1 else None
     summary = {"generations": "gold" if args.gold else str(args.generations), "task": task, "mode": args.mode,
                "backend": args.backend, "n": gens.n, "ks": ks,
@@ -270,6 +312,8 @@ def run(args: argparse.Namespace) -> int:
                "cached_executions": sum(r["cached"] for r in results),
                "metrics": summarize(results, ks, ci=not args.no_ci), "gold_ceiling": gold_ceiling(scored),
                "reference_would_drop": gens.reference_would_drop, "missing": gens.missing, "notes": notes}
+    if args.validation:
+        summary["gold_valid"] = _gold_valid_metrics(args.validation, results, ks, not args.no_ci)
     if n_faults:
         notes.insert(0, f"INCOMPLETE: {n_faults} generations hit environment or sandbox faults and are not scored "
                         f"(faults.jsonl); fix the environment and re-run the same command to score them")
@@ -280,6 +324,22 @@ def run(args: argparse.Namespace) -> int:
     print(f"eval: {o['samples']} samples, " + ", ".join(f"Pass@{k} {o[f'pass@{k}']:.3f}" for k in ks)
           + f"; report: {out / 'report.md'}", file=sys.stderr)
     return _fault_exit(out, n_faults) if n_faults else 0
+
+
+def _gold_valid_metrics(path: str, results: list[dict[str, Any]], ks: list[int], ci: bool) -> dict[str, Any]:
+    """Pass@k over the rows whose own gold answer passes in its environment, and the excluded rows' causes."""
+    from .validate import gold_valid
+    if not Path(path).is_file():
+        raise MLBenchError("validation file not found", path, "run `mlbench env validate` first")
+    valid = gold_valid(path)
+    keep = [r for r in results if valid.get((r["github_id"], r["id"]), "not validated") is None]
+    excluded: dict[str, list[list[int]]] = {}
+    for key in sorted({(r["github_id"], r["id"]) for r in results}):
+        cause = valid.get(key, "not validated")
+        if cause is not None:
+            excluded.setdefault(cause, []).append(list(key))
+    return {"source": str(path), "rows": len({(r["github_id"], r["id"]) for r in keep}),
+            "metrics": summarize(keep, ks, ci=ci)["overall"] if keep else None, "excluded": excluded}
 
 
 def _fault_exit(out: Path, n_faults: int) -> int:

@@ -43,6 +43,7 @@ REPORT_CAP = 16384
 SIG_LIMITS = {signal.SIGXFSZ: "fsize", signal.SIGXCPU: "cpu"}
 DEFAULT_UID = 65534  # as root, untrusted code runs as nobody:nogroup (never as host root)
 _PODMAN_SECCOMP = Path("/usr/share/containers/seccomp.json")
+CONTAINER_PREFIX = "/opt/venv"
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class Env:
     ro_paths: tuple[str, ...] = ()  # more host folders the environment needs, read-only at their own path
     recipe: str | None = None  # the recipe hash the environment was built from (mlbench env build)
     where: str = ""  # where it was configured (file:line), for errors
+    vars: tuple[tuple[str, str], ...] = ()  # environment variables the repository's commands rely on
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,7 @@ class Job:
     as_shell: bool
     env: Env
     workdir: str  # path inside the repository, e.g. "./examples/gnn"
+    vars: tuple[tuple[str, str], ...] = ()  # variables of this sample (the exports of its prefix_code)
 
 
 @dataclass
@@ -240,17 +243,21 @@ class Sandbox:
     # -- one execution -----------------------------------------------------------------------------------------
 
     def _env_vars(self, env: Env) -> dict[str, str]:
-        prefix = env.prefix or (sys.prefix if self.backend in ("bwrap", "local") else None)
+        if self.backend in ("bwrap", "local"):
+            prefix = env.prefix or sys.prefix
+        else:  # images built by `mlbench env build --image` hold the environment in /opt/venv
+            prefix = CONTAINER_PREFIX
         path = "/usr/local/bin:/usr/bin:/bin"
         out = {"HOME": f"{SANDBOX}/home", "USER": "sandbox", "LOGNAME": "sandbox", "LANG": "C.UTF-8",
                "TMPDIR": "/tmp", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
         if prefix:
             path = f"{prefix}/bin:{path}"
-            if (Path(prefix) / "pyvenv.cfg").exists():
+            if prefix == CONTAINER_PREFIX or (Path(prefix) / "pyvenv.cfg").exists():
                 out["VIRTUAL_ENV"] = prefix
             elif (Path(prefix) / "conda-meta").is_dir():
                 out["CONDA_PREFIX"] = prefix
         out["PATH"] = path
+        out |= {k: v for k, v in env.vars if k not in ("PATH", "HOME")}
         return out
 
     def _ro_binds(self, env: Env) -> tuple[str, ...]:
@@ -276,7 +283,7 @@ class Sandbox:
         workdir = os.path.normpath(os.path.join(f"{SANDBOX}/work", job.workdir))
         if not workdir.startswith(f"{SANDBOX}/work"):
             workdir = f"{SANDBOX}/work/.."  # a path escaping the repository: the runner reports it missing
-        env = self._env_vars(job.env)
+        env = self._env_vars(job.env) | {k: v for k, v in job.vars if k not in ("PATH", "HOME")}
         spec = {"argv": ["bash", f"{SANDBOX}/job/cmd.sh"] if job.as_shell else ["python", "temp.py"],
                 "workdir": workdir, "env": env, "interpreter": "python",
                 "temp_py": None if job.as_shell else f"{SANDBOX}/job/temp.py",
@@ -303,7 +310,8 @@ class Sandbox:
         reads while the command runs, so a command printing more than the pipe holds blocks (and, in compat
         mode, "passes" by still running at the limit)."""
         if self.backend == "local":
-            return _run_local(job, limits, self.root, drain, self._env_vars(job.env))
+            env = self._env_vars(job.env) | {k: v for k, v in job.vars if k not in ("PATH", "HOME")}
+            return _run_local(job, limits, self.root, drain, env)
         xid = uuid.uuid4().hex[:12]
         scratch, jobdir = self.root / xid, self.root / f"{xid}.job"
         staged = self.backend in ("bwrap",) or (self.backend == "podman" and self.who.root)

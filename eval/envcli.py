@@ -1,0 +1,204 @@
+"""`mlbench env build|list|check|validate|base-image`: the repositories' execution environments.
+
+    mlbench env build --tarballs ../shared/mlbench/repos                 # every recipe, as venvs
+    mlbench env build External-Attention-pytorch --image                 # and its podman image
+    mlbench env list                                                     # recipes, builds, validation
+    mlbench env check                                                    # each build probed in the sandbox
+    mlbench env validate --data ../shared/mlbench/full.jsonl --out runs/validation
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from argparse import Namespace
+from pathlib import Path
+
+from mlbench_kit.errors import MLBenchError
+from mlbench_kit.io import write_atomic, write_json_atomic
+
+from .envbuild import Builder, default_cache, env_dir, stale_builds, write_envs_yaml
+from .recipes import load_recipes
+
+RECIPES = Path(__file__).resolve().parents[1] / "configs" / "eval" / "envs"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``mlbench env``."""
+    sub = p.add_subparsers(dest="env_cmd", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("repos", nargs="*", help="repositories (default: every recipe)")
+    common.add_argument("--recipes", default=str(RECIPES), help="folder of recipe YAML files")
+    common.add_argument("--cache", default=None, help="where builds live (default $MLBENCH_CACHE or ~/.cache/mlbench)")
+    b = sub.add_parser("build", parents=[common], help="build environments from recipes (idempotent, resumable)")
+    b.add_argument("--tarballs", help="folder of <repo>.tar.gz checkouts (offline); default: git clone")
+    b.add_argument("--fetch-assets", action="store_true", help="download declared assets (needs network)")
+    b.add_argument("--image", action="store_true", help="also build each podman image")
+    b.add_argument("--installer", choices=["uv", "pip"], help="default: uv when installed")
+    b.add_argument("--keep-going", action="store_true", help="build the others when one fails (exit 1 at the end)")
+    sub.add_parser("list", parents=[common], help="recipes, their builds and validation")
+    sub.add_parser("prune", parents=[common], help="remove builds of older recipe versions and unfinished ones")
+    c = sub.add_parser("check", parents=[common], help="probe each built environment in the sandbox")
+    c.add_argument("--backend", default="bwrap", choices=["bwrap", "podman"])
+    v = sub.add_parser("validate", parents=[common], help="run every gold answer in its environment, say why "
+                                                          "failures fail")
+    v.add_argument("--data", required=True, help="ML-Bench rows (file or hub id)")
+    v.add_argument("--split", default="full")
+    v.add_argument("--out", required=True, help="folder: validation.json, validation.md, eval runs per mode")
+    v.add_argument("--modes", nargs="+", default=["compat", "strict"], choices=["compat", "strict"])
+    v.add_argument("--workers", type=int, default=2)
+    v.add_argument("--backend", default="bwrap", choices=["bwrap", "podman"])
+    bi = sub.add_parser("base-image", help="the podman base image from a Debian root filesystem (no registry)")
+    bi.add_argument("--mirror", default="http://deb.debian.org/debian")
+    bi.add_argument("--force", action="store_true")
+
+
+def _cache(args: Namespace) -> Path:
+    return Path(args.cache) if args.cache else default_cache()
+
+
+def run(args: Namespace) -> int:
+    """Dispatch ``mlbench env``."""
+    return {"build": _build, "list": _list, "prune": _prune, "check": _check, "validate": _validate,
+            "base-image": _base_image}[args.env_cmd](args)
+
+
+def _prune(args: Namespace) -> int:
+    import shutil
+    cache = _cache(args)
+    for d in stale_builds(cache, load_recipes(args.recipes, args.repos or None)):
+        shutil.rmtree(d)
+        _log(f"env: removed {d}")
+    return 0
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr)
+
+
+def _build(args: Namespace) -> int:
+    cache = _cache(args)
+    recipes = load_recipes(args.recipes, args.repos or None)
+    builder = Builder(cache, Path(args.tarballs) if args.tarballs else None, args.fetch_assets, args.installer, _log)
+    failed, images = {}, {}
+    for r in recipes:
+        try:
+            folder = builder.build(r)
+            if args.image:
+                images[r.repo] = builder.build_image(r, folder)
+        except MLBenchError as exc:
+            _record_failures(cache, {r.repo: exc.render()})
+            if not args.keep_going:
+                write_envs_yaml(cache, recipes, images)
+                raise
+            failed[r.repo] = exc.render()
+            _log(f"env {r.repo}: FAILED: {exc.what.splitlines()[0]}")
+    _record_failures(cache, {r.repo: None for r in recipes if r.repo not in failed})
+    path = write_envs_yaml(cache, recipes, images)
+    _log(f"env: {len(recipes) - len(failed)}/{len(recipes)} built; eval with --envs {path}")
+    stale = stale_builds(cache, recipes)
+    if stale:
+        _log(f"env: {len(stale)} build folder(s) of older recipe versions or unfinished builds; "
+             f"`mlbench env prune` removes them")
+    return 1 if failed else 0
+
+
+def _record_failures(cache: Path, update: dict[str, str | None]) -> None:
+    path = cache / "build-failures.json"
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    for k, v in update.items():
+        if v is None:
+            old.pop(k, None)
+        else:
+            old[k] = v
+    write_json_atomic(path, old)
+
+
+def built_status(cache: Path, recipes) -> dict[str, str | None]:
+    """Per repository: None when its current recipe is built, else why not."""
+    fails = json.loads((cache / "build-failures.json").read_text()) if (cache / "build-failures.json").is_file() else {}
+    out = {}
+    for r in recipes:
+        if (env_dir(cache, r) / "meta.json").is_file():
+            out[r.repo] = None
+        else:
+            out[r.repo] = r.build_fails or (fails.get(r.repo, "").splitlines() or ["not built yet"])[0]
+    return out
+
+
+def _list(args: Namespace) -> int:
+    cache = _cache(args)
+    recipes = load_recipes(args.recipes, args.repos or None)
+    status = built_status(cache, recipes)
+    print(f"{'repository':28} {'recipe':12} {'python':7} {'built':6} {'assets missing':15} note")
+    for r in recipes:
+        meta_f = env_dir(cache, r) / "meta.json"
+        meta = json.loads(meta_f.read_text()) if meta_f.is_file() else {}
+        miss = len(meta.get("missing_assets", [])) if meta else "-"
+        note = "" if status[r.repo] is None else status[r.repo][:70]
+        print(f"{r.repo:28} {r.hash:12} {r.python:7} {'yes' if meta else 'no':6} {miss!s:15} {note}")
+    return 0
+
+
+def _check(args: Namespace) -> int:
+    from .envs import EnvConfig
+    from .sandbox import Sandbox, check_backend
+    cache = _cache(args)
+    check_backend(args.backend, False)
+    envs_file = cache / "envs.yaml"
+    if not envs_file.is_file():
+        raise MLBenchError("no environments built yet", str(envs_file), "run `mlbench env build` first")
+    envs = EnvConfig(envs_file)
+    names = args.repos or sorted(envs.repos)
+    bad = 0
+    with Sandbox(args.backend) as sb:
+        for name in names:
+            try:
+                probe = sb.preflight(envs.for_repo(name), ["."])
+                print(f"{name:28} ok    python {probe['version']} ({probe['python']})")
+            except MLBenchError as exc:
+                bad += 1
+                print(f"{name:28} FAIL  {exc.what.splitlines()[0]}")
+    return 1 if bad else 0
+
+
+def _validate(args: Namespace) -> int:
+    from mlbench_kit.data_prep.load import load_samples
+
+    from . import run as eval_run
+    from .validate import to_markdown, validate
+    cache = _cache(args)
+    recipes = load_recipes(args.recipes, args.repos or None)
+    status = built_status(cache, recipes)
+    built = [r.repo for r in recipes if status[r.repo] is None]
+    out = Path(args.out)
+    samples = [s for s in load_samples(args.data, args.split) if s.repo in {r.repo for r in recipes}]
+    results: dict[str, list[dict]] = {}
+    for mode in args.modes:
+        recs: list[dict] = []
+        if built:
+            eval_args = eval_run.parse(["--data", args.data, "--split", args.split, "--gold", "--envs",
+                                        str(cache / "envs.yaml"), "--out", str(out / f"gold-{mode}"), "--mode", mode,
+                                        "--workers", str(args.workers), "--backend", args.backend, "--no-ci",
+                                        "--repos", *built])
+            code = eval_run.run(eval_args)
+            if code not in (0, 3):
+                return code
+            recs = [json.loads(x) for x in (out / f"gold-{mode}" / "results.jsonl").open()]
+        results[mode] = recs
+    rows = [{"github_id": s.github_id, "id": s.id, "repo": s.repo, "type": s.type} for s in samples]
+    report = validate(results, rows, status)
+    report["recipes"] = {r.repo: r.hash for r in recipes}
+    write_json_atomic(out / "validation.json", report)
+    write_atomic(out / "validation.md", to_markdown(report, status))
+    for mode in args.modes:
+        n = sum(r[mode]["passed"] for r in report["rows"])
+        print(f"validate: {mode}: {n}/{len(rows)} gold answers pass; table: {out / 'validation.md'}", file=sys.stderr)
+    return 0
+
+
+def _base_image(args: Namespace) -> int:
+    from .images import BASE_TAG, build_base_image
+    print(build_base_image(BASE_TAG, mirror=args.mirror, force=args.force))
+    return 0
