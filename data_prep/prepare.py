@@ -10,16 +10,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mlbench_kit.dataset import HUB_ID, Sample, load_samples
 from mlbench_kit.errors import MLBenchError
-from mlbench_kit.io import write_json_atomic, write_jsonl_atomic, write_atomic
+from mlbench_kit.hf import load_tokenizer
+from mlbench_kit.io import write_atomic, write_json_atomic, write_jsonl_atomic
+from mlbench_kit.records import TASKS
 
 from .corpus import ReadmeCorpus, checkout_repos
-from .load import HUB_ID, Sample, load_samples
-from .render import TASKS, Renderer
+from .render import Renderer
 from .splits import build_splits, check_no_leak
 from .stats import summarize, to_markdown
 from .templates import TEMPLATES
-from .truncate import load_tokenizer
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

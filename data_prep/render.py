@@ -8,14 +8,14 @@ from typing import Any, Callable
 
 from tqdm import tqdm
 
+from mlbench_kit.dataset import Sample
+from mlbench_kit.records import PrepRecord
+
 from .corpus import ReadmeCorpus
-from .load import Sample
 from .retrieval import MAX_SENTENCES, N_SENTENCE, WindowIndex, get_splitter
 from .templates import render
 from .truncate import TokenBudget
 
-TASKS = (1, 2, 3)
-TASK_NAMES = {1: "raw README", 2: "BM25-retrieved README segment", 3: "oracle segment"}
 
 
 @dataclass
@@ -33,7 +33,7 @@ class Renderer:
 
     def __post_init__(self) -> None:
         self._split = get_splitter(self.splitter)
-        self.budget = (TokenBudget(self.tokenizer, self.max_tokens, prompt_has_specials=self.template == "chat")
+        self.budget = (TokenBudget(self.tokenizer, self.max_tokens, self.template)
                        if self.tokenizer is not None else None)
 
     def context(self, sample: Sample, task: int) -> tuple[str, str | None]:
@@ -67,13 +67,12 @@ class Renderer:
             stats = {"truncated": fit.truncated, "context_tokens": fit.context_tokens,
                      "dropped_tokens": fit.dropped_tokens, "total_tokens": fit.total_tokens,
                      "over_budget": fit.over_budget}
-        return {
-            "task": task, "github_id": sample.github_id, "id": sample.id, "repo": sample.repo,
-            "repo_id": sample.repo_id, "path": sample.path, "type": sample.type, "arguments": sample.arguments,
-            "instruction": sample.instruction, "readme_path": readme_path, "context": context,
-            "context_chars": len(context), "template": self.template, "prompt": r.prompt, "answer": r.answer,
-            "messages": r.messages, "output": sample.output, "prefix_code": sample.prefix_code, **stats,
-        }
+        return PrepRecord(
+            task=task, github_id=sample.github_id, id=sample.id, repo=sample.repo, repo_id=sample.repo_id,
+            path=sample.path, type=sample.type, arguments=sample.arguments, instruction=sample.instruction,
+            readme_path=readme_path, context=context, context_chars=len(context), template=self.template,
+            prompt=r.prompt, answer=r.answer, messages=r.messages, output=sample.output,
+            prefix_code=sample.prefix_code, **stats).to_json()
 
     def _render(self, sample: Sample, context: str):
         return render(self.template, sample.instruction, context, sample.output, sample.type, self.tokenizer)

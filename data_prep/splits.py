@@ -8,7 +8,7 @@ from collections import defaultdict
 
 from mlbench_kit.errors import MLBenchError
 
-from .load import Sample
+from mlbench_kit.dataset import Sample
 
 
 def _norm(text: str) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from mlbench_kit.hf import prompt_ids
+
 from .templates import Rendered
 
 
@@ -23,15 +25,14 @@ class Fit:
 class TokenBudget:
     """Counts tokens like training will (BOS + prompt, answer, EOS) and cuts the context at a token boundary."""
 
-    def __init__(self, tokenizer: Any, max_tokens: int, prompt_has_specials: bool = False) -> None:
+    def __init__(self, tokenizer: Any, max_tokens: int, template: str) -> None:
         self.tok = tokenizer
         self.max_tokens = max_tokens
-        # A chat-template prompt already carries BOS as text; other prompts get the tokenizer's specials.
-        self.prompt_specials = not prompt_has_specials
+        self.template = template
         self._ctx_cache: dict[str, list[tuple[int, int]]] = {}
 
     def count(self, r: Rendered) -> int:
-        n_prompt = len(self.tok(r.prompt, add_special_tokens=self.prompt_specials)["input_ids"])
+        n_prompt = len(prompt_ids(self.tok, r.prompt, self.template))
         n_answer = len(self.tok(r.answer, add_special_tokens=False)["input_ids"])
         return n_prompt + n_answer + 1  # + EOS
 
@@ -61,18 +62,3 @@ class TokenBudget:
                 break
             keep -= total - self.max_tokens
         return Fit(r, True, len(offs), len(offs) - keep, total, total > self.max_tokens)
-
-
-def load_tokenizer(name_or_path: str) -> Any:
-    """Load a (fast) tokenizer from a local folder or a hub id, with a clear error offline."""
-    from transformers import AutoTokenizer
-
-    from mlbench_kit.errors import MLBenchError
-    try:
-        tok = AutoTokenizer.from_pretrained(name_or_path)
-    except Exception as exc:
-        raise MLBenchError(f"could not load tokenizer ({exc.__class__.__name__}: {str(exc).splitlines()[0][:160]})",
-                           name_or_path, "pass a local tokenizer folder, or run with network access to the hub")
-    if not getattr(tok, "is_fast", False):
-        raise MLBenchError("a fast tokenizer is needed (offsets are used to cut the context)", name_or_path)
-    return tok

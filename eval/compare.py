@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from mlbench_kit.errors import MLBenchError
+from mlbench_kit.records import TASKS
 
 from .compare_render import write_csv, write_markdown, write_plots
 
@@ -71,7 +72,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _task_of(summary: dict[str, Any]) -> int | None:
-    if summary.get("task") in (1, 2, 3):
+    if summary.get("task") in TASKS:
         return summary["task"]
     m = re.search(r"task([123])\.jsonl$", str(summary.get("generations", "")))
     return int(m.group(1)) if m else None

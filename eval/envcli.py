@@ -164,7 +164,7 @@ def _check(args: Namespace) -> int:
 
 
 def _validate(args: Namespace) -> int:
-    from mlbench_kit.data_prep.load import load_samples
+    from mlbench_kit.dataset import load_samples
 
     from . import run as eval_run
     from .validate import to_markdown, validate

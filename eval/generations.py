@@ -6,11 +6,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mlbench_kit.data_prep.load import Sample
+from mlbench_kit.dataset import Sample
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.io import read_jsonl
 
-from .parse import parse_response
+from mlbench_kit.parse import parse_response
 
 REFERENCE_N = 5  # the benchmark's checker silently drops rows whose output list has another length
 

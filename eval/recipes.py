@@ -2,7 +2,7 @@
 
     repo: External-Attention-pytorch
     checkout: {github: https://github.com/xmu-xiaoma666/External-Attention-pytorch, commit: 90e774e...}
-                                   # or {path: ../../../mlbench_kit/sample/repos/toybench} (a local folder)
+                                   # or {path: ../../../examples/sample/repos/toybench} (a local folder)
     python: "3.11"
     apt: [libgl1]                  # Debian packages (images install them; venv builds check the host has them)
     pip: [torch==2.13.0, einops==0.8.1]

@@ -20,8 +20,9 @@ from typing import Any
 
 from tqdm import tqdm
 
-from mlbench_kit.data_prep.load import Sample, load_samples
+from mlbench_kit.dataset import Sample, load_samples
 from mlbench_kit.errors import MLBenchError
+from mlbench_kit.records import EvalResult
 from mlbench_kit.io import (AppendLog, claim_run_folder, read_jsonl_tolerant, write_atomic, write_json_atomic,
                             write_jsonl_atomic)
 
@@ -143,8 +144,8 @@ class Scorer:
             self.executions += 1
             return res, False
 
-    def score(self, s: Sample, idx: int, output: str) -> dict[str, Any]:
-        """The verdict record of one generation (with ``fault`` set when no verdict could be drawn)."""
+    def score(self, s: Sample, idx: int, output: str) -> EvalResult:
+        """The verdict on one generation (``fault`` set, and no verdict, when the environment failed)."""
         a, strict = self.args, self.args.mode == "strict"
         checks = check_output(output, s.arguments, s.type, a.mode)
         env = self.envs.for_repo(s.repo)
@@ -155,40 +156,43 @@ class Scorer:
                                             "invalid_choices": rep.invalid_choices}
         cli_ok = cli is None or not (cli["unknown_options"] or cli["invalid_choices"])
         gate = checks.params_ok and checks.type_ok and (cli_ok or not (strict and a.static_gate))
-        rec: dict[str, Any] = {
-            "github_id": s.github_id, "id": s.id, "idx": idx, "repo": s.repo, "type": s.type,
-            "output_sha": _sha(output), "mode": a.mode, "param_hits": checks.param_hits,
-            "params_ok": checks.params_ok, "type_ok": checks.type_ok, "cli": cli, "executed": False,
-            "exit_code": None, "signal": None, "timed_out": False, "survivors": 0, "limit": None, "duration": 0.0,
-            "cached": False, "env": env.recipe, "log": "",
-        }
+        rec = EvalResult(s.github_id, s.id, idx, s.repo, s.type, _sha(output), a.mode, checks.param_hits,
+                         checks.params_ok, checks.type_ok, cli=cli, env=env.recipe)
         exec_ok = False
         if gate:
             res, cached = self._run(s, output)
             if res.fault:
-                return rec | {"fault": res.fault, "log": res.log[-2000:], "passed": None, "error_class": None}
+                rec.fault, rec.log = res.fault, _clip(res.log)
+                return rec
             exec_ok = (res.exit_code == 0 or res.timed_out) if not strict else (
                 (res.exit_code == 0 or (res.timed_out and a.timeout_pass)) and res.survivors == 0)
-            rec.update(executed=True, exit_code=res.exit_code, signal=res.signal, timed_out=res.timed_out,
-                       survivors=res.survivors, limit=res.limit, duration=res.duration, cached=cached,
-                       log=res.log[-2000:], **({"usage": res.usage} if res.usage else {}))
-        rec["passed"] = bool(gate and exec_ok)
-        rec["error_class"] = None if rec["passed"] else _error_class(rec, gate, cli_ok)
+            rec.executed, rec.exit_code, rec.signal, rec.timed_out = True, res.exit_code, res.signal, res.timed_out
+            rec.survivors, rec.limit, rec.duration, rec.cached = res.survivors, res.limit, res.duration, cached
+            rec.log, rec.usage = _clip(res.log), res.usage or None
+        rec.passed = bool(gate and exec_ok)
+        rec.error_class = None if rec.passed else _error_class(rec, gate, cli_ok)
         return rec
 
 
-def _error_class(rec: dict[str, Any], gate: bool, cli_ok: bool) -> str:
-    if not rec["type_ok"]:
+def _clip(log: str, head: int = 1500, tail: int = 2500) -> str:
+    """The log kept in a verdict: its start (where a missing tool or GPU shows) and its end (the traceback)."""
+    if len(log) <= head + tail:
+        return log
+    return log[:head] + f"\n[... {len(log) - head - tail} characters ...]\n" + log[-tail:]
+
+
+def _error_class(rec: EvalResult, gate: bool, cli_ok: bool) -> str:
+    if not rec.type_ok:
         return "E1"
-    if not rec["params_ok"] or not gate:
+    if not rec.params_ok or not gate:
         return "E2"
-    if rec["limit"]:
-        return f"LIMIT_{rec['limit'].upper()}"
-    if _SYNTAX.search(rec["log"]):
+    if rec.limit:
+        return f"LIMIT_{rec.limit.upper()}"
+    if _SYNTAX.search(rec.log):
         return "E4"
-    if rec["timed_out"]:
+    if rec.timed_out:
         return "TIMEOUT"
-    if rec["survivors"] and rec["exit_code"] == 0:
+    if rec.survivors and rec.exit_code == 0:
         return "BACKGROUND"
     return "E2" if not cli_ok else "E5"
 
@@ -236,7 +240,7 @@ def _execute(args: argparse.Namespace, samples: dict, gens: Any, out: Path) -> i
                     print(f"eval: environment {repo}: python {probe['version']} ({probe['python']}) ok in the "
                           f"{args.backend} sandbox; limits: {sandbox.limits_mode}", file=sys.stderr)
         claim_run_folder(out / "run.json", _config(args))
-        faults: list[dict[str, Any]] = []
+        faults: list[EvalResult] = []
         stop = threading.Event()
         scorer = Scorer(args, envs, sandbox)
         lock = threading.Lock()
@@ -246,13 +250,13 @@ def _execute(args: argparse.Namespace, samples: dict, gens: Any, out: Path) -> i
                     return False
                 rec = scorer.score(*item)
                 with lock:
-                    if rec.get("fault"):
+                    if rec.fault:
                         faults.append(rec)
                         if len(faults) >= MAX_FAULTS:
                             stop.set()
                         return False
-                    log.append(rec)
-                return rec["passed"]
+                    log.append(rec.to_json())
+                return bool(rec.passed)
 
             with ThreadPoolExecutor(max_workers=max(1, args.workers)) as pool:
                 bar = tqdm(pool.map(work, todo), total=len(todo), desc="eval", unit="gen",
@@ -262,7 +266,7 @@ def _execute(args: argparse.Namespace, samples: dict, gens: Any, out: Path) -> i
     print(f"eval: executed {scorer.executions} (reused {scorer.cached}); {passed}/{len(todo)} new generations "
           f"passed; {len(done)} done before{staged}", file=sys.stderr)
     if faults:
-        write_jsonl_atomic(out / "faults.jsonl", faults)
+        write_jsonl_atomic(out / "faults.jsonl", [f.to_json() for f in faults])
     else:
         (out / "faults.jsonl").unlink(missing_ok=True)
     return len(faults)

@@ -8,16 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from mlbench_kit.errors import MLBenchError
+from mlbench_kit.hf import TRAIN_META, fingerprint
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-TRAIN_META = "mlbench_train.json"  # written by train/ beside the adapter: the base model's fingerprint
-
-
-def fingerprint(config: dict[str, Any]) -> dict[str, Any]:
-    """The shape-defining fields of a model config: two models with equal fingerprints take the same adapters."""
-    keys = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-            "num_key_value_heads", "intermediate_size")
-    return {k: config.get(k) for k in keys}
 
 
 def model_identity(model: str) -> dict[str, Any]:

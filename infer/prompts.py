@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from mlbench_kit.errors import MLBenchError
-from mlbench_kit.io import read_jsonl
-
-REQUIRED = ("task", "github_id", "id", "prompt", "template")
+from mlbench_kit.hf import prompt_ids
+from mlbench_kit.records import read_prep_records
 
 
 @dataclass(frozen=True)
@@ -51,21 +50,13 @@ def task_file(prompts: str | Path, split: str, task: int) -> Path:
 def load_prompts(path: Path, task: int | None = None) -> list[PromptItem]:
     """Load prep records; duplicates and missing columns fail with file:line."""
     items, seen = [], {}
-    for lineno, rec in read_jsonl(path):
-        where = f"{path}:{lineno}"
-        missing = [c for c in REQUIRED if c not in rec]
-        if missing:
-            raise MLBenchError(f"not a prep record: missing {', '.join(missing)}", where,
-                               "pass the output folder of `mlbench prep`")
-        if task is not None and rec["task"] != task:
-            continue
-        key = (rec["github_id"], rec["id"])
-        if key in seen:
-            raise MLBenchError(f"duplicate sample github_id={key[0]} id={key[1]} (first at line {seen[key]})", where)
-        seen[key] = lineno
-        messages = rec.get("messages") or [{"role": "user", "content": rec["prompt"]}]
-        items.append(PromptItem(rec["task"], rec["github_id"], rec["id"], rec["prompt"], messages[:1],
-                                rec["template"], where))
+    for where, rec in read_prep_records(path, task):
+        if rec.key in seen:
+            raise MLBenchError(f"duplicate sample github_id={rec.github_id} id={rec.id} (first at {seen[rec.key]})",
+                               where)
+        seen[rec.key] = where
+        messages = rec.messages or [{"role": "user", "content": rec.prompt}]
+        items.append(PromptItem(rec.task, rec.github_id, rec.id, rec.prompt, messages[:1], rec.template, where))
     return items
 
 
@@ -75,7 +66,7 @@ def encode(items: list[PromptItem], tokenizer: Any) -> list[PromptItem]:
     for it in items:
         if it.template == "chat":
             check_chat_template(it, tokenizer)
-        ids = tokenizer(it.text, add_special_tokens=it.template != "chat")["input_ids"]
+        ids = prompt_ids(tokenizer, it.text, it.template)
         out.append(replace(it, token_ids=tuple(ids)))
     return out
 

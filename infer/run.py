@@ -18,8 +18,9 @@ from typing import Any
 from tqdm import tqdm
 
 from mlbench_kit.errors import MLBenchError
-from mlbench_kit.eval.parse import PARSERS, parse_response
+from mlbench_kit.parse import PARSERS, parse_response
 from mlbench_kit.io import AppendLog, claim_run_folder, read_jsonl_tolerant
+from mlbench_kit.records import TASKS, GenerationRecord
 
 from .adapters import adapter_config, adapter_identity, check_base, engine_lora_rank, model_identity
 from .backends import Backend
@@ -33,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", help="tokenizer folder or id (default: the model's)")
     p.add_argument("--prompts", required=True, help="`mlbench prep` output folder, or one task .jsonl file")
     p.add_argument("--split", default="test", help="split folder inside --prompts (default: test)")
-    p.add_argument("--task", type=int, nargs="+", default=[1, 2, 3], choices=[1, 2, 3])
+    p.add_argument("--task", type=int, nargs="+", default=list(TASKS), choices=TASKS)
     p.add_argument("--config", default=None, help="configs/infer/*.yaml (default: the benchmark's settings)")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--backend", choices=["vllm", "hf", "openai"])
@@ -142,12 +143,12 @@ def generate_task(backend: Backend, items: list[PromptItem], cfg: InferConfig, i
             batch = items[start: start + cfg.batch_size]
             for it, comps in zip(batch, backend.generate(batch)):
                 raw = [c.text for c in comps]
-                log.append({"github_id": it.github_id, "id": it.id, "task": it.task,
-                            "output": [parse_response(r, cfg.parser) for r in raw], "raw": raw,
-                            "n_tokens": [c.n_tokens for c in comps], "prompt_sha": it.sha,
-                            "model": ident["model"]["name"],
-                            "adapter": ident["adapter"]["name"] if ident["adapter"] else None,
-                            "backend": ident["backend"], "sampling": ident["sampling"]})
+                rec = GenerationRecord(it.github_id, it.id, [parse_response(r, cfg.parser) for r in raw],
+                                       task=it.task, raw=raw, n_tokens=[c.n_tokens for c in comps],
+                                       prompt_sha=it.sha, model=ident["model"]["name"],
+                                       adapter=ident["adapter"]["name"] if ident["adapter"] else None,
+                                       backend=ident["backend"], sampling=ident["sampling"])
+                log.append(rec.to_json())
                 n_tok += sum(c.n_tokens for c in comps)
             bar.update(len(batch))
             bar.set_postfix_str(f"{n_tok / max(time.perf_counter() - t0, 1e-9):.0f} tok/s")

@@ -6,7 +6,7 @@
 #   bash scripts/demo.sh --data super-dainiu/ml-bench --model codellama/CodeLlama-7b-Instruct-hf
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DATA=mlbench_kit/sample/samples.jsonl
+DATA=examples/sample/samples.jsonl
 MODEL=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -17,7 +17,7 @@ while [ $# -gt 0 ]; do
 done
 bash scripts/setup.sh
 RUN=${RUN:-runs/demo}
-SAMPLE=mlbench_kit/sample
+SAMPLE=examples/sample
 BIN=.venv/bin
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
 mkdir -p "$RUN"
@@ -29,7 +29,7 @@ else
 fi
 if [ -z "$MODEL" ]; then
   # 1. a tiny Llama: tokenizer trained on the sample, weights pretrained briefly on its READMEs (never answers)
-  [ -f "$RUN/model/config.json" ] || "$BIN/python" -m mlbench_kit.tiny --sample $DATA --repos $SAMPLE/repos --out "$RUN/model"
+  [ -f "$RUN/model/config.json" ] || "$BIN/python" examples/tiny.py --sample $DATA --repos $SAMPLE/repos --out "$RUN/model"
   MODEL=$RUN/model; TRAIN_CFG=configs/train/tiny-cpu.yaml; INFER_CFG=configs/infer/tiny-cpu.yaml
   # toyvision is the out-of-distribution repository: its rows train the OOD adapter, none is in the test split
   PREP_SRC=(--data $DATA --splits full --readmes $SAMPLE/repos --build-splits --ood-repos toyvision

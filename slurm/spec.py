@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from mlbench_kit.errors import MLBenchError
+from mlbench_kit.records import TASKS
 
 SPLITS = ("none", "id", "ood")  # none: the base model, no fine-tuning
 STAGES = ("prep", "train", "infer", "eval", "report")
@@ -25,7 +26,7 @@ DEFAULTS: dict[str, Any] = {
     "run_dir": None,
     "data": "super-dainiu/ml-bench",
     "models": {},
-    "tasks": [1, 2, 3],
+    "tasks": list(TASKS),
     "splits": ["none", "id", "ood"],
     "seeds": [42],
     "prep": {},
@@ -176,7 +177,7 @@ def _validate(cfg: dict[str, Any], lines: _Lines, root: Path) -> None:
                 need((root / m[k]).is_file(), f"{k} not found: {m[k]}", "models", name, k)
         for stage in ("prep", "train", "infer", "eval"):
             need(isinstance(m.get(stage, {}), dict), f"models.{name}.{stage} must be a mapping", "models", name)
-    need(all(t in (1, 2, 3) for t in cfg["tasks"]) and cfg["tasks"], "tasks must be a list of 1, 2, 3", "tasks")
+    need(all(t in TASKS for t in cfg["tasks"]) and cfg["tasks"], "tasks must be a list of 1, 2, 3", "tasks")
     need(all(s in SPLITS for s in cfg["splits"]) and cfg["splits"], f"splits must be a list of {SPLITS}", "splits")
     need(all(isinstance(s, int) for s in cfg["seeds"]) and cfg["seeds"], "seeds must be a list of integers", "seeds")
     if set(cfg["splits"]) - {"none"}:

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("MLBENCH_SHARED", REPO_ROOT.parent / "shared" / "mlbench"))
+EXAMPLES = REPO_ROOT / "examples"
+SAMPLE = EXAMPLES / "sample"
+sys.path.insert(0, str(EXAMPLES))  # examples/tiny.py: the demo's tiny models, used by the tests too
 
 
 @pytest.fixture(scope="session")
@@ -27,14 +31,14 @@ def full_rows(shared: Path) -> list[dict]:
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory, full_rows: list[dict]) -> Path:
-    from mlbench_kit.tiny import build_tokenizer
+    from tiny import build_tokenizer
     texts = [r["instruction"] + "\n" + r["oracle"] + "\n" + r["output"] for r in full_rows]
     return build_tokenizer(texts, tmp_path_factory.mktemp("tok"), vocab_size=1500)
 
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_tokenizer_dir: Path):
-    from mlbench_kit.data_prep.truncate import load_tokenizer
+    from mlbench_kit.hf import load_tokenizer
     return load_tokenizer(str(tiny_tokenizer_dir))
 
 
@@ -52,7 +56,7 @@ def run_cli(*argv: str, env: dict | None = None, timeout: int = 600):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer_dir: Path) -> Path:
     """A random-init Llama (head_dim 64, as vLLM's CPU attention needs) with the tokenizer trained on real rows."""
-    from mlbench_kit.tiny import build_llama
+    from tiny import build_llama
     return build_llama(tiny_tokenizer_dir, tmp_path_factory.mktemp("model"), hidden=128, layers=2, heads=2)
 
 

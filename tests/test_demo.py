@@ -16,6 +16,7 @@ def _overall(run, name: str, metric: str) -> float:
                 and x["metric"] == metric)
 
 
+@pytest.mark.integration
 def test_demo_runs_every_stage_and_the_adapter_beats_the_base(tmp_path):
     run = tmp_path / "demo"
     r = subprocess.run(["bash", "scripts/demo.sh"], cwd=REPO_ROOT, env={**os.environ, "RUN": str(run)},

@@ -1,10 +1,14 @@
 """Checkpoints that survive preemption: complete-or-ignored folders, every rank's shard, and a signal flag.
 
-Layout: ``OUT/checkpoints/step-0000100/`` holds the trainable weights and the optimizer state, both gathered
-in full from every rank (torch.distributed.checkpoint's state-dict API, which works alike for one process,
-DDP and FSDP2), the scheduler, each rank's RNG states, ``trainer_state.json`` (step, epoch, position in the
-epoch) and ``adapter/`` (the PEFT adapter). It is written as ``step-*.tmp`` and renamed once
-``COMPLETE`` is in it, so a run killed mid-save leaves a folder ``--resume auto`` ignores.
+Layout: ``OUT/checkpoints/step-0000100/`` holds the training state, each rank's RNG, ``trainer_state.json``
+(:class:`TrainState`: step, epoch, position in the epoch) and ``adapter/`` (the PEFT adapter). It is written as
+``step-*.tmp`` and renamed once ``COMPLETE`` is in it, so a run killed mid-save leaves a folder ``--resume auto``
+ignores. The training state is saved two ways, by what holds it:
+
+- single process, DDP and FSDP2: the trainable weights and the optimizer state gathered in full through
+  torch.distributed.checkpoint's state-dict API (a resume may even use another number of processes);
+- DeepSpeed ZeRO-2/3: the engine's own checkpoint (``deepspeed/``), which keeps ZeRO's partitioned optimizer
+  state and fp32 master weights per rank; frozen base weights are left out of it.
 """
 
 from __future__ import annotations
@@ -13,20 +17,39 @@ import json
 import re
 import shutil
 import signal
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from mlbench_kit.hf import TRAIN_META
 from mlbench_kit.io import write_json_atomic
 
 PREEMPTED_EXIT = 75  # EX_TEMPFAIL: a checkpoint was saved on a signal; re-run with --resume auto
 _STEP = re.compile(r"^step-(\d+)$")
 
 
+@dataclass
+class TrainState:
+    """Where training stands: what a resumed run needs to continue exactly."""
+
+    step: int = 0  # optimizer steps done
+    epoch: int = 0
+    micro: int = 0  # micro-batches of this epoch done (always at an optimizer step's start)
+    tokens: int = 0  # real (non-padding) tokens seen
+    target_tokens: int = 0  # answer tokens trained on
+    world_size: int = 1
+
+    @classmethod
+    def read(cls, path: Path) -> "TrainState":
+        raw = json.loads(path.read_text())
+        return cls(**{k: raw[k] for k in asdict(cls()) if k in raw})
+
+
 class Preemption:
     """SIGTERM/SIGUSR1 (what Slurm sends before a time limit or preemption) only set a flag here; the loop
-    asks :meth:`agreed` at a step boundary, where all ranks take the same decision."""
+    asks :meth:`agreed` after every micro-batch, where all ranks take the same decision."""
 
     def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGUSR1)) -> None:
         self.flag = False
@@ -38,9 +61,10 @@ class Preemption:
         self.flag, self.signum = True, signum
 
     def agreed(self, accelerator: Any) -> bool:
+        if accelerator.num_processes == 1:
+            return self.flag
         t = torch.tensor([1.0 if self.flag else 0.0], device=accelerator.device)
-        if accelerator.num_processes > 1:
-            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
         return bool(t.item())
 
 
@@ -53,24 +77,25 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
     return max(done)[1] if done else None
 
 
-def trainable_state(accelerator: Any, model: Any) -> dict[str, torch.Tensor]:
-    """Every LoRA tensor in full, gathered from all ranks (collective: every rank must call it).
-
-    Under FSDP2 each parameter is a DTensor shard; ``full_tensor()`` all-gathers it, so no rank's part is
-    lost (saving only rank 0's local shard is the known failure this avoids). Under DeepSpeed ZeRO-3,
-    accelerate's own gather is used."""
+def is_deepspeed(accelerator: Any) -> bool:
     from accelerate.utils import DistributedType
-    if accelerator.distributed_type == DistributedType.DEEPSPEED:
-        full = accelerator.get_state_dict(model)
-        return {k: v for k, v in full.items() if "lora_" in k} if full is not None else {}
+    return accelerator.distributed_type == DistributedType.DEEPSPEED
+
+
+def trainable_state(accelerator: Any, model: Any) -> dict[str, torch.Tensor]:
+    """Every trainable (LoRA) tensor in full, on every rank's call (collective: every rank must call it).
+
+    FSDP2 parameters are DTensor shards: ``full_tensor()`` all-gathers each, so no rank's part is lost. ZeRO-3
+    partitions parameters: they are gathered with ``deepspeed.zero.GatheredParameters``, the trainable ones
+    only (a few MB for LoRA, never the frozen base)."""
     unwrapped = accelerator.unwrap_model(model)
-    out = {}
-    for name, p in unwrapped.named_parameters():
-        if not p.requires_grad:
-            continue
-        t = p.full_tensor() if hasattr(p, "full_tensor") else p.data
-        out[name] = t.detach().to("cpu", copy=True)
-    return out
+    params = [(n, p) for n, p in unwrapped.named_parameters() if p.requires_grad]
+    if is_deepspeed(accelerator) and any(hasattr(p, "ds_id") for _, p in params):
+        import deepspeed
+        with deepspeed.zero.GatheredParameters([p for _, p in params], modifier_rank=None):
+            return {n: p.data.detach().to("cpu", copy=True) for n, p in params}
+    return {n: (p.full_tensor() if hasattr(p, "full_tensor") else p.data).detach().to("cpu", copy=True)
+            for n, p in params}
 
 
 def save_adapter(accelerator: Any, model: Any, path: Path, tokenizer: Any, meta: dict[str, Any],
@@ -85,13 +110,14 @@ def save_adapter(accelerator: Any, model: Any, path: Path, tokenizer: Any, meta:
         shutil.rmtree(tmp, ignore_errors=True)
         unwrapped.save_pretrained(tmp, state_dict=state, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        write_json_atomic(tmp / "mlbench_train.json", meta)
+        write_json_atomic(tmp / TRAIN_META, meta)
         shutil.rmtree(path, ignore_errors=True)
         tmp.rename(path)
     accelerator.wait_for_everyone()
 
 
-def _rng_state() -> dict[str, Any]:
+def rng_state() -> dict[str, Any]:
+    """This process's random states (python, numpy, torch, CUDA)."""
     import random
 
     import numpy as np
@@ -112,30 +138,34 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(accelerator: Any, model: Any, optimizer: Any, scheduler: Any, ckpt_dir: Path, step: int,
-                    trainer_state: dict[str, Any], tokenizer: Any, meta: dict[str, Any], keep: int) -> Path:
-    """Collective: every rank calls it. Trainable weights and the optimizer state are gathered in full (so a
-    resume may even use another number of processes); RNG states are saved per rank."""
+def save_checkpoint(accelerator: Any, model: Any, optimizer: Any, scheduler: Any, ckpt_dir: Path,
+                    state: TrainState, rng: dict[str, Any], tokenizer: Any, meta: dict[str, Any], keep: int) -> Path:
+    """Collective: every rank calls it. ``rng`` is this rank's random state at ``state``'s step start."""
     from safetensors.torch import save_file
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-    final = ckpt_dir / f"step-{step:07d}"
-    tmp = ckpt_dir / f"step-{step:07d}.tmp"
+    final = ckpt_dir / f"step-{state.step:07d}"
+    tmp = ckpt_dir / f"step-{state.step:07d}.tmp"
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
     trainable = trainable_state(accelerator, model)
-    optim = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    torch.save(_rng_state(), tmp / f"rng-{accelerator.process_index}.pt")
-    if accelerator.is_main_process:
-        save_file({k: v.contiguous() for k, v in trainable.items()}, tmp / "trainable.safetensors")
-        torch.save(optim, tmp / "optimizer.pt")
-        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+    torch.save(rng, tmp / f"rng-{accelerator.process_index}.pt")
+    if is_deepspeed(accelerator):
+        # the engine saves ZeRO's partitioned optimizer state, fp32 master weights and the LR scheduler
+        model.save_checkpoint(str(tmp / "deepspeed"), tag="state", exclude_frozen_parameters=True)
+    else:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+        optim = get_optimizer_state_dict(model, optimizer,
+                                         options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if accelerator.is_main_process:
+            save_file({k: v.contiguous() for k, v in trainable.items()}, tmp / "trainable.safetensors")
+            torch.save(optim, tmp / "optimizer.pt")
+            torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     accelerator.wait_for_everyone()
     save_adapter(accelerator, model, tmp / "adapter", tokenizer, meta, state=trainable)
     if accelerator.is_main_process:
-        write_json_atomic(tmp / "trainer_state.json", {**trainer_state, "world_size": accelerator.num_processes})
+        write_json_atomic(tmp / "trainer_state.json", {**asdict(state), "world_size": accelerator.num_processes})
         (tmp / "COMPLETE").write_text("ok\n")
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
@@ -146,18 +176,22 @@ def save_checkpoint(accelerator: Any, model: Any, optimizer: Any, scheduler: Any
     return final
 
 
-def load_checkpoint(accelerator: Any, model: Any, optimizer: Any, scheduler: Any, path: Path) -> dict[str, Any]:
-    """Restore trainable weights, optimizer, scheduler and this rank's RNG; returns the trainer state."""
-    from safetensors.torch import load_file
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                         set_optimizer_state_dict)
-
-    state = json.loads((path / "trainer_state.json").read_text())
-    full = StateDictOptions(full_state_dict=True, strict=False)
-    set_model_state_dict(model, load_file(path / "trainable.safetensors"), options=full)
-    set_optimizer_state_dict(model, optimizer, torch.load(path / "optimizer.pt", weights_only=False), options=full)
-    scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
+def load_checkpoint(accelerator: Any, model: Any, optimizer: Any, scheduler: Any, path: Path) -> TrainState:
+    """Restore the training state and this rank's RNG; returns where training stood."""
+    state = TrainState.read(path / "trainer_state.json")
+    if is_deepspeed(accelerator):
+        model.load_checkpoint(str(path / "deepspeed"), tag="state", load_module_strict=False,
+                              load_optimizer_states=True, load_lr_scheduler_states=True)
+    else:
+        from safetensors.torch import load_file
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                             set_optimizer_state_dict)
+        full = StateDictOptions(full_state_dict=True, strict=False)
+        set_model_state_dict(model, load_file(path / "trainable.safetensors"), options=full)
+        set_optimizer_state_dict(model, optimizer, torch.load(path / "optimizer.pt", weights_only=False),
+                                 options=full)
+        scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
     rng = path / f"rng-{accelerator.process_index}.pt"
-    if rng.is_file() and state.get("world_size") == accelerator.num_processes:
+    if rng.is_file() and state.world_size == accelerator.num_processes:
         _set_rng_state(torch.load(rng, weights_only=False))
     return state

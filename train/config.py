@@ -1,37 +1,129 @@
-"""Training configuration: a YAML file per model family, command-line overrides, the resolved copy saved."""
+"""Training configuration: one YAML file per model family (``configs/train/``), typed and checked.
+
+Defaults <- the YAML file <- shortcut flags (``--task 3``) <- ``--set a.b=value``; every unknown key or bad value
+is one error with its file:line (or flag). The resolved config is saved beside the run as ``config.yaml``.
+"""
 
 from __future__ import annotations
 
-import copy
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
+from mlbench_kit.config import Check, load, parse_set, to_dict
 from mlbench_kit.errors import MLBenchError
+from mlbench_kit.io import write_atomic
+from mlbench_kit.records import TASKS
 
 SPLIT_DIRS = {"id": "id_train", "ood": "ood_train"}
 BATCHING = ("packing", "grouped", "padding")
 
-DEFAULTS: dict[str, Any] = {
-    "model": None,  # hub id or local folder
-    "family": None,  # codellama | deepseek-coder | llama2 | tiny
-    "template": "llama-inst",  # the prep template the records must have been rendered with
-    "data": {"prep_dir": "prep", "task": 3, "split": "id", "path": None, "eval_fraction": 0.05,
-             "max_seq_len": 8192, "batching": "packing", "micro_batch_size": 1},
-    "lora": {"r": 16, "alpha": 32, "dropout": 0.05,
-             "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]},
-    "quantization": None,  # null | nf4 (QLoRA: NF4, double quantization, bf16 compute on GPU)
-    "optim": {"lr": 2e-4, "weight_decay": 0.0, "warmup_ratio": 0.03, "scheduler": "cosine", "epochs": 3,
-              "max_steps": -1, "grad_accum": 8, "max_grad_norm": 1.0},
-    "gradient_checkpointing": True,
-    "attn_implementation": "sdpa",  # flash_attention_2 on GPUs that have it: packed batches then run varlen
-    "seed": 42,
-    "checkpoint": {"every_steps": 100, "keep": 2},
-    "logging": {"every_steps": 1, "tensorboard": True, "wandb": False, "wandb_project": "mlbench-kit"},
-    "merge": False,  # also write merged full weights at the end
-    "output_dir": "runs/train/{family}-task{task}-{split}-s{seed}",
-}
+
+@dataclass
+class DataConfig:
+    prep_dir: str = "prep"
+    task: int = 3
+    split: Literal["id", "ood"] = "id"
+    path: str | None = None  # a prep .jsonl file instead of prep_dir/<split>/task<t>.jsonl
+    eval_fraction: float = 0.05
+    max_seq_len: int = 8192  # capped at the model's max_position_embeddings
+    batching: Literal["packing", "grouped", "padding"] = "packing"
+    micro_batch_size: int = 1
+
+    def check(self, at: Check) -> None:
+        if self.task not in TASKS:
+            raise MLBenchError(f"task must be 1, 2 or 3, got {self.task!r}", at("task"), "--task 1|2|3")
+        if not 0 <= self.eval_fraction < 1:
+            raise MLBenchError("eval_fraction must be in [0, 1)", at("eval_fraction"), "e.g. 0.05")
+        if self.max_seq_len < 16 or self.micro_batch_size < 1:
+            raise MLBenchError("max_seq_len >= 16 and micro_batch_size >= 1 are needed", at("max_seq_len"))
+
+
+@dataclass
+class LoraConfig:
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.05
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                               "up_proj", "down_proj"])
+
+    def check(self, at: Check) -> None:
+        if self.r < 1 or not self.target_modules:
+            raise MLBenchError("lora.r >= 1 and lora.target_modules are needed", at("r"))
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 2e-4
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.03
+    scheduler: str = "cosine"
+    epochs: int = 3
+    max_steps: int = -1  # > 0: stop there, whatever the epochs
+    grad_accum: int = 8
+    max_grad_norm: float = 1.0
+
+    def check(self, at: Check) -> None:
+        if self.grad_accum < 1:
+            raise MLBenchError("grad_accum must be at least 1", at("grad_accum"))
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int = 100
+    keep: int = 2
+
+
+@dataclass
+class LoggingConfig:
+    every_steps: int = 1
+    tensorboard: bool = True
+    wandb: bool = False
+    wandb_project: str = "mlbench-kit"
+
+
+@dataclass
+class TrainConfig:
+    """Everything a LoRA/QLoRA run needs; ``configs/train/*.yaml`` fill it per model."""
+
+    model: str | None = None  # hub id or local folder
+    family: str | None = None  # codellama | deepseek-coder | llama2 | tiny: names the output folder
+    template: Literal["paper", "llama-inst", "chat"] = "llama-inst"  # what prep rendered the records with
+    data: DataConfig = field(default_factory=DataConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    quantization: Literal["nf4"] | None = None  # nf4: QLoRA (NF4, double quantization)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    gradient_checkpointing: bool = True
+    # auto: flash_attention_2 when it is installed and a GPU runs it (packed batches then run varlen), else sdpa
+    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = "auto"
+    # auto: bf16 on GPUs that have it, fp16 with loss scaling on those that do not, fp32 on CPU
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    loss_chunk_tokens: int = 4096  # cross-entropy in chunks of this many tokens: no full fp32 [T, vocab] logits
+    seed: int = 42
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    merge: bool = False  # also write merged full weights at the end
+    output_dir: str = "runs/train/{family}-task{task}-{split}-s{seed}"
+
+    def check(self, at: Check) -> None:
+        if not self.model:
+            raise MLBenchError("no model given", at("model"), "set `model:` in the config or pass --model")
+
+    @property
+    def out(self) -> Path:
+        d = self.data
+        return Path(self.output_dir.format(family=self.family, task=d.task, split=d.split, seed=self.seed))
+
+    def data_file(self) -> Path:
+        """data.path if given, else ``prep_dir/<id_train|ood_train>/task{t}.jsonl``."""
+        d = self.data
+        return Path(d.path) if d.path else Path(d.prep_dir) / SPLIT_DIRS[d.split] / f"task{d.task}.jsonl"
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
+
 
 # Short command-line flags for the keys people change most; anything else goes through --set a.b=value.
 SHORTCUTS = {"task": "data.task", "split": "data.split", "lr": "optim.lr", "epochs": "optim.epochs",
@@ -40,78 +132,16 @@ SHORTCUTS = {"task": "data.task", "split": "data.split", "lr": "optim.lr", "epoc
              "grad_accum": "optim.grad_accum", "micro_batch_size": "data.micro_batch_size"}
 
 
-def _merge(base: dict[str, Any], over: dict[str, Any], where: str, prefix: str = "") -> dict[str, Any]:
-    out = copy.deepcopy(base)
-    for k, v in over.items():
-        if k not in base:
-            raise MLBenchError(f"unknown config key {prefix + k!r}", where,
-                               f"known keys here: {sorted(base)}")
-        out[k] = _merge(base[k], v, where, f"{prefix}{k}.") if isinstance(base[k], dict) and isinstance(v, dict) else v
-    return out
+def load_train_config(path: str | Path | None, shortcuts: dict[str, Any], sets: list[str] | None = None
+                      ) -> TrainConfig:
+    """The config of one run: the file, the shortcut flags, then ``--set``."""
+    over = {SHORTCUTS[k]: (v, f"--{k.replace('_', '-')}") for k, v in shortcuts.items() if v is not None}
+    over |= parse_set(sets or [])
+    if path is not None and not Path(path).is_file():
+        raise MLBenchError("config not found", str(path), "pass one of configs/train/*.yaml")
+    return load(TrainConfig, path, over)
 
 
-def _set(cfg: dict[str, Any], dotted: str, value: Any, where: str) -> None:
-    node = cfg
-    *parents, last = dotted.split(".")
-    for p in parents:
-        if not isinstance(node.get(p), dict):
-            raise MLBenchError(f"unknown config key {dotted!r}", where)
-        node = node[p]
-    if last not in node:
-        raise MLBenchError(f"unknown config key {dotted!r}", where, f"known keys: {sorted(node)}")
-    node[last] = value
-
-
-def load_train_config(path: str | Path | None, overrides: dict[str, Any], sets: list[str] | None = None
-                      ) -> dict[str, Any]:
-    """Defaults <- YAML file <- shortcut overrides <- ``--set a.b=value`` (YAML-parsed values); validated."""
-    raw: dict[str, Any] = {}
-    where = str(path) if path else "--config"
-    if path:
-        p = Path(path)
-        if not p.is_file():
-            raise MLBenchError("config not found", str(p), "pass one of configs/train/*.yaml")
-        raw = yaml.safe_load(p.read_text()) or {}
-    cfg = _merge(DEFAULTS, raw, where)
-    for key, value in overrides.items():
-        if value is not None:
-            _set(cfg, SHORTCUTS[key], value, f"--{key.replace('_', '-')}")
-    for item in sets or []:
-        if "=" not in item:
-            raise MLBenchError(f"--set needs key=value, got {item!r}", "--set")
-        k, v = item.split("=", 1)
-        _set(cfg, k, yaml.safe_load(v), "--set")
-    validate(cfg, where)
-    d = cfg["data"]
-    cfg["output_dir"] = cfg["output_dir"].format(family=cfg["family"], task=d["task"], split=d["split"],
-                                                 seed=cfg["seed"])
-    return cfg
-
-
-def validate(cfg: dict[str, Any], where: str) -> None:
-    d = cfg["data"]
-    checks = [
-        (cfg["model"], "no model given", "set `model:` in the config or pass --model"),
-        (d["task"] in (1, 2, 3), f"task must be 1, 2 or 3, got {d['task']!r}", "--task 1|2|3"),
-        (d["split"] in SPLIT_DIRS, f"split must be id or ood, got {d['split']!r}", "--split id|ood"),
-        (d["batching"] in BATCHING, f"unknown batching {d['batching']!r}", f"use one of {BATCHING}"),
-        (cfg["quantization"] in (None, "nf4"), f"unknown quantization {cfg['quantization']!r}", "null or nf4"),
-        (0 <= d["eval_fraction"] < 1, "eval_fraction must be in [0, 1)", "e.g. 0.05"),
-        (cfg["lora"]["r"] > 0 and cfg["lora"]["target_modules"], "lora.r and lora.target_modules are needed", ""),
-    ]
-    for ok, what, fix in checks:
-        if not ok:
-            raise MLBenchError(what, where, fix)
-
-
-def data_file(cfg: dict[str, Any]) -> Path:
-    """data.path if given, else ``prep_dir/<id_train|ood_train>/task{t}.jsonl``."""
-    d = cfg["data"]
-    if d["path"]:
-        return Path(d["path"])
-    return Path(d["prep_dir"]) / SPLIT_DIRS[d["split"]] / f"task{d['task']}.jsonl"
-
-
-def save_resolved(cfg: dict[str, Any], path: Path) -> None:
-    from mlbench_kit.io import write_atomic
-    write_atomic(path, yaml.safe_dump(cfg, sort_keys=False))
+def save_resolved(cfg: TrainConfig, path: Path) -> None:
+    """The resolved config, beside the run."""
+    write_atomic(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))

@@ -18,7 +18,8 @@ from typing import Any
 import torch
 
 from mlbench_kit.errors import MLBenchError
-from mlbench_kit.io import read_jsonl
+from mlbench_kit.hf import prompt_ids
+from mlbench_kit.records import PrepRecord, read_prep_records
 
 IGNORE = -100
 
@@ -33,24 +34,20 @@ class Example:
         return len(self.input_ids)
 
 
-def tokenize_record(rec: dict[str, Any], tok: Any) -> Example:
+def tokenize_record(rec: PrepRecord, tok: Any) -> Example:
     """BOS + prompt (masked), answer + EOS (trained); a chat prompt carries its specials as text."""
-    prompt = tok(rec["prompt"], add_special_tokens=rec["template"] != "chat")["input_ids"]
-    answer = tok(rec["answer"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-    return Example((rec["github_id"], rec["id"]), prompt + answer, [IGNORE] * len(prompt) + answer)
+    prompt = prompt_ids(tok, rec.prompt, rec.template)
+    answer = tok(rec.answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    return Example(rec.key, prompt + answer, [IGNORE] * len(prompt) + answer)
 
 
 def load_examples(path: Path, tok: Any, template: str, max_seq_len: int) -> tuple[list[Example], list[str]]:
     """Tokenize a prep file. Records longer than ``max_seq_len`` are dropped (and reported), never cut."""
     examples, notes, dropped = [], [], []
-    for lineno, rec in read_jsonl(path):
-        for col in ("prompt", "answer", "template", "github_id", "id"):
-            if col not in rec:
-                raise MLBenchError(f"not a prep record: no {col!r}", f"{path}:{lineno}",
-                                   "pass the output of `mlbench prep`")
-        if rec["template"] != template:
-            raise MLBenchError(f"record rendered with template {rec['template']!r}, the config says {template!r}",
-                               f"{path}:{lineno}", f"re-run `mlbench prep --template {template}` or change template:")
+    for where, rec in read_prep_records(path):
+        if rec.template != template:
+            raise MLBenchError(f"record rendered with template {rec.template!r}, the config says {template!r}",
+                               where, f"re-run `mlbench prep --template {template}` or change template:")
         ex = tokenize_record(rec, tok)
         (examples if len(ex) <= max_seq_len else dropped).append(ex)
     if dropped:
@@ -118,9 +115,16 @@ def epoch_batches(examples: list[Example], mode: str, micro_batch: int, max_seq_
 
 
 def collate(examples: list[Example], rows: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Tensors for one micro-batch. Packed rows get per-sample position ids and no attention mask;
-    single-sample rows are right-padded with an attention mask. Padding is never a target."""
+    """Tensors for one micro-batch.
+
+    Packed rows are laid end to end in ONE row, position ids restarting at 0 for every sample and no attention
+    mask: transformers recognises packed sequences from the position ids only in a batch of one, and then keeps
+    samples apart (a block-diagonal causal mask for sdpa/eager, varlen kernels for FlashAttention-2). A batch
+    of several packed rows would silently attend across samples. Single-sample rows are right-padded with an
+    attention mask. Padding is never a target; ``real_tokens`` counts the tokens that are not padding."""
     packed = any(len(r) > 1 for r in rows)
+    if packed:
+        rows = [[i for r in rows for i in r]]
     seqs, labels, pos = [], [], []
     for r in rows:
         ids, lab, p = [], [], []
@@ -138,11 +142,11 @@ def collate(examples: list[Example], rows: list[list[int]], pad_id: int) -> dict
         n = len(ids)
         batch["input_ids"][b, :n] = torch.tensor(ids)
         batch["labels"][b, :n] = torch.tensor(lab)
-        # padding at the end of a packed row is its own "sample" (positions from 0), so real tokens never see it
         batch["position_ids"][b] = torch.tensor(p + list(range(width - n)))
         mask[b, :n] = 1
     if not packed:
         batch["attention_mask"] = mask
+    batch["real_tokens"] = torch.tensor(sum(len(s) for s in seqs))
     return batch
 
 
@@ -152,10 +156,22 @@ def non_pad_share(rows_lengths: list[list[int]]) -> float:
     return sum(widths) / (len(widths) * max(widths)) if widths else 1.0
 
 
-def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Per-token next-token loss (0 where the label is IGNORE), shape [batch, seq-1]."""
-    shift_logits = logits[:, :-1].float()
-    shift_labels = labels[:, 1:]
-    loss = torch.nn.functional.cross_entropy(shift_logits.reshape(-1, shift_logits.size(-1)),
-                                             shift_labels.reshape(-1), ignore_index=IGNORE, reduction="none")
-    return loss.view(shift_labels.shape)
+def _chunk_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    lg = logits.float()
+    return torch.nn.functional.cross_entropy(lg.reshape(-1, lg.size(-1)), labels.reshape(-1), ignore_index=IGNORE,
+                                             reduction="none").view(labels.shape)
+
+
+def token_losses(logits: torch.Tensor, labels: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
+    """Per-token next-token loss (0 where the label is IGNORE), shape [batch, seq-1].
+
+    Computed in chunks of ``chunk`` positions, each upcast to fp32 on its own and recomputed in the backward pass
+    (activation checkpointing), so no fp32 copy of the [seq, vocab] logits ever exists whole: at 8k tokens and a
+    32k vocabulary that copy, plus the log-softmax cross-entropy keeps for backward, is about 2 GB."""
+    from torch.utils.checkpoint import checkpoint
+    shift_logits, shift_labels = logits[:, :-1], labels[:, 1:]
+    out = []
+    for s in range(0, shift_labels.size(1), chunk):
+        lg, lb = shift_logits[:, s: s + chunk], shift_labels[:, s: s + chunk]
+        out.append(checkpoint(_chunk_loss, lg, lb, use_reentrant=False) if lg.requires_grad else _chunk_loss(lg, lb))
+    return torch.cat(out, dim=1) if out else shift_labels.new_zeros(shift_labels.shape, dtype=torch.float32)

@@ -1,4 +1,4 @@
-"""What accelerate leaves to us on CPU: FSDP2 over gloo."""
+"""What accelerate leaves to us on CPU: FSDP2 and DeepSpeed over gloo, the code paths GPUs take."""
 
 from __future__ import annotations
 
@@ -17,3 +17,18 @@ def enable_fsdp_on_cpu(accelerator: Any) -> bool:
     accelerator.state.fsdp_plugin = FullyShardedDataParallelPlugin()
     accelerator.state.distributed_type = DistributedType.FSDP
     return True
+
+
+def deepspeed_requested() -> bool:
+    """Launched with a DeepSpeed accelerate config."""
+    return os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+
+
+def deepspeed_on_cpu_kwargs(cuda: bool) -> dict[str, Any]:
+    """``Accelerator`` arguments that run DeepSpeed on a CPU-only machine: accelerate builds its DeepSpeed state
+    only when not told to use the CPU, and without a GPU it finds no process-group backend of its own, so it is
+    told to use gloo (which DeepSpeed's CPU accelerator uses too). Empty on GPUs and for other launchers."""
+    if cuda or not deepspeed_requested():
+        return {}
+    from accelerate.utils import InitProcessGroupKwargs
+    return {"kwargs_handlers": [InitProcessGroupKwargs(backend="gloo")]}

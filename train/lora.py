@@ -1,18 +1,25 @@
 """LoRA / QLoRA fine-tuning recipe for ML-Bench prompts, one script for every setup.
 
     accelerate launch train/lora.py --config configs/train/codellama-7b-instruct.yaml --task 3 --split ood
-    accelerate launch --config_file configs/accelerate/fsdp2.yaml train/lora.py ...   # multi-GPU / multi-node
-    mlbench train ...                                                                  # the same, one process
+    accelerate launch --config_file configs/accelerate/fsdp2.yaml train/lora.py ...            # FSDP2
+    accelerate launch --config_file configs/accelerate/deepspeed-zero3.yaml train/lora.py ...  # ZeRO-3
+    mlbench train ...                                                                           # one process
 
 Reads data_prep's records, trains on answer + EOS only, saves checkpoints that a preempted or killed run
 resumes from exactly (``--resume auto``, the default), and writes ``OUT/adapter/`` (PEFT format). On SIGTERM or
-SIGUSR1 all ranks agree at the next step, save, write ``OUT/PREEMPTED`` and exit 75 (a launcher may report its
-own status instead): run the same command again to continue.
+SIGUSR1 all ranks agree after the current micro-batch, save, write ``OUT/PREEMPTED`` and exit 75 (a launcher may
+report its own status instead): run the same command again to continue.
+
+The recipe reads top to bottom: ``setup()`` builds the pieces (accelerator, data, model, optimizer, state),
+``train()`` runs optimizer steps (micro-batches accumulated, gradients synchronised on the last one only),
+``save_checkpoint()`` and ``publish()`` write results, ``cleanup()`` ends the run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import math
 import shutil
 import sys
@@ -27,195 +34,317 @@ if __package__ in (None, "") and sys.path and Path(sys.path[0]).resolve() == Pat
 
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.io import AppendLog, claim_run_folder, write_json_atomic
-from mlbench_kit.train.config import SHORTCUTS, data_file, load_train_config, save_resolved
-from mlbench_kit.train.distributed import enable_fsdp_on_cpu
+from mlbench_kit.train.config import SHORTCUTS, TrainConfig, load_train_config, save_resolved
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="configs/train/<model>.yaml")
-    for key in SHORTCUTS:
-        typ = {"task": int, "lr": float, "epochs": int, "max_steps": int, "seed": int, "max_seq_len": int,
-               "grad_accum": int, "micro_batch_size": int}.get(key, str)
-        p.add_argument(f"--{key.replace('_', '-')}", dest=key, type=typ, help=f"sets {SHORTCUTS[key]}")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="any other config key, dotted (e.g. --set lora.r=64 --set quantization=nf4)")
-    p.add_argument("--resume", default="auto", help="auto (newest complete checkpoint, default), none, or a path")
+class LoRAFinetuneRecipe:
+    """One LoRA/QLoRA run under accelerate: single process, DDP, FSDP2 or DeepSpeed ZeRO-2/3."""
 
+    def __init__(self, cfg: TrainConfig, resume: str = "auto") -> None:
+        self.cfg, self.resume = cfg, resume
+        self.out = cfg.out
+        self.final_adapter = self.out / "adapter"
 
-def run(args: argparse.Namespace) -> int:
-    """Entry point shared by `accelerate launch train/lora.py` and `mlbench train`."""
-    import torch
-    from accelerate import Accelerator
-    from accelerate.utils import set_seed
-    from tqdm import tqdm
+    # -- setup ---------------------------------------------------------------------------------------------------
 
-    from mlbench_kit.data_prep.truncate import load_tokenizer
-    from mlbench_kit.infer.adapters import fingerprint
-    from mlbench_kit.train.checkpoint import (PREEMPTED_EXIT, Preemption, latest_checkpoint, load_checkpoint,
-                                              save_checkpoint)
-    from mlbench_kit.train.data import collate, epoch_batches, load_examples, split_eval, token_losses
-    from mlbench_kit.train.model import add_lora, load_base
+    def setup(self) -> bool:
+        """Build everything; False when this run folder already holds a finished adapter."""
+        self._setup_accelerator()
+        if (self.final_adapter / "adapter_config.json").is_file() and self.resume != "none":
+            if self.main:
+                print(f"train: already finished: {self.final_adapter}", file=sys.stderr)
+            return False
+        if self.main:
+            claim_run_folder(self.out / "run.json", {"config": self.cfg.to_dict()})
+            save_resolved(self.cfg, self.out / "config.yaml")
+        from accelerate.utils import set_seed
+        set_seed(self.cfg.seed)
+        self._setup_tokenizer_and_context()
+        self._setup_data()
+        self._setup_model()
+        self._setup_optimizer()
+        self._prepare()
+        self._setup_state()
+        self._setup_logging()
+        return True
 
-    cfg = load_train_config(args.config, {k: getattr(args, k, None) for k in SHORTCUTS}, args.set)
-    out = Path(cfg["output_dir"])
-    final_adapter = out / "adapter"
-    trackers = _trackers(cfg)
-    accelerator = Accelerator(mixed_precision="bf16" if torch.cuda.is_available() else "no",
-                              log_with=trackers or None, project_dir=str(out), cpu=not torch.cuda.is_available())
-    enable_fsdp_on_cpu(accelerator)
-    main = accelerator.is_main_process
-    if (final_adapter / "adapter_config.json").is_file() and args.resume != "none":
-        if main:
-            print(f"train: already finished: {final_adapter}", file=sys.stderr)
-        return 0
-    if main:
-        claim_run_folder(out / "run.json", {"config": cfg})
-        save_resolved(cfg, out / "config.yaml")
-    set_seed(cfg["seed"])
+    def _setup_accelerator(self) -> None:
+        import torch
+        from accelerate import Accelerator
 
-    tok = load_tokenizer(cfg["model"])
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    examples, notes = load_examples(data_file(cfg), tok, cfg["template"], cfg["data"]["max_seq_len"])
-    train_set, eval_set = split_eval(examples, cfg["data"]["eval_fraction"], cfg["seed"])
-    model = add_lora(load_base(cfg), cfg)
-    n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    n_4bit = sum(type(m).__module__.startswith("bitsandbytes") and type(m).__name__ == "Linear4bit"
-                 for m in model.modules())
-    o, d = cfg["optim"], cfg["data"]
-    world, rank = accelerator.num_processes, accelerator.process_index
+        from mlbench_kit.train.distributed import deepspeed_on_cpu_kwargs, deepspeed_requested, enable_fsdp_on_cpu
+        from mlbench_kit.train.model import resolve_attention, resolve_precision
+        self.precision = resolve_precision(self.cfg.precision)
+        self.attention = resolve_attention(self.cfg.attn_implementation)
+        self.trackers = _trackers(self.cfg)
+        cuda = torch.cuda.is_available()
+        self.accelerator = Accelerator(
+            **deepspeed_on_cpu_kwargs(cuda),
+            mixed_precision={"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[self.precision],
+            gradient_accumulation_steps=self.cfg.optim.grad_accum, log_with=self.trackers or None,
+            project_dir=str(self.out), cpu=not cuda and not deepspeed_requested(),
+            # one scheduler step per optimizer step: by default accelerate steps it once per process, for loops
+            # whose dataloader it split, which would run the LR schedule world_size times too fast here
+            step_scheduler_with_optimizer=False)
+        enable_fsdp_on_cpu(self.accelerator)
+        self.main = self.accelerator.is_main_process
+        self.world, self.rank = self.accelerator.num_processes, self.accelerator.process_index
 
-    def my_batches(epoch: int) -> list[list[list[int]]]:
-        batches = epoch_batches(train_set, d["batching"], d["micro_batch_size"], d["max_seq_len"], cfg["seed"], epoch)
-        per_rank = len(batches) // world  # equal step counts on every rank
+    def _setup_tokenizer_and_context(self) -> None:
+        from transformers import AutoConfig
+
+        from mlbench_kit.hf import load_tokenizer
+        from mlbench_kit.train.model import max_positions
+        self.tok = load_tokenizer(self.cfg.model)
+        if self.tok.pad_token_id is None:
+            self.tok.pad_token = self.tok.eos_token  # padding is masked and never counted, so EOS is safe here
+        self.model_config = AutoConfig.from_pretrained(self.cfg.model)
+        positions = max_positions(self.model_config)
+        self.seq_len = min(self.cfg.data.max_seq_len, positions or self.cfg.data.max_seq_len)
+        self.context_note = None
+        if positions and self.cfg.data.max_seq_len > positions:
+            self.context_note = (f"data.max_seq_len {self.cfg.data.max_seq_len} capped at the model's "
+                                 f"{positions} positions")
+        _check_prep_budget(self.cfg, positions)
+
+    def _setup_data(self) -> None:
+        from mlbench_kit.train.data import load_examples, split_eval
+        examples, self.notes = load_examples(self.cfg.data_file(), self.tok, self.cfg.template, self.seq_len)
+        if self.context_note:
+            self.notes.append(self.context_note)
+        self.train_set, self.eval_set = split_eval(examples, self.cfg.data.eval_fraction, self.cfg.seed)
+        per_rank = len(self._epoch_batches(0))
+        self.steps_per_epoch = math.ceil(per_rank / self.cfg.optim.grad_accum)
+        o = self.cfg.optim
+        self.total_steps = o.max_steps if o.max_steps > 0 else self.steps_per_epoch * o.epochs
+
+    def _epoch_batches(self, epoch: int) -> list[list[list[int]]]:
+        """This rank's micro-batches of ``epoch`` (every rank gets as many, so collectives line up)."""
+        from mlbench_kit.train.data import epoch_batches
+        d = self.cfg.data
+        batches = epoch_batches(self.train_set, d.batching, d.micro_batch_size, self.seq_len, self.cfg.seed, epoch)
+        per_rank = len(batches) // self.world
         if per_rank == 0:
-            raise MLBenchError(f"{len(batches)} micro-batches cannot feed {world} processes", str(data_file(cfg)),
-                               "use fewer processes or a smaller micro_batch_size")
-        return batches[rank::world][:per_rank]
+            raise MLBenchError(f"{len(batches)} micro-batches cannot feed {self.world} processes",
+                               str(self.cfg.data_file()), "use fewer processes or a smaller micro_batch_size")
+        return batches[self.rank::self.world][:per_rank]
 
-    steps_per_epoch = math.ceil(len(my_batches(0)) / o["grad_accum"])
-    total = o["max_steps"] if o["max_steps"] > 0 else steps_per_epoch * o["epochs"]
-    from transformers import get_scheduler
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=o["lr"],
-                                  weight_decay=o["weight_decay"])
-    scheduler = get_scheduler(o["scheduler"], optimizer, num_warmup_steps=int(o["warmup_ratio"] * total),
-                              num_training_steps=total)
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    meta = {"base_model": cfg["model"], "base_fingerprint": fingerprint(_config_dict(cfg["model"])),
-            "template": cfg["template"], "task": d["task"], "split": d["split"], "seed": cfg["seed"],
-            "data_file": str(data_file(cfg))}
+    def _setup_model(self) -> None:
+        from mlbench_kit.train.model import add_lora, load_base
+        self.model = add_lora(load_base(self.cfg, self.precision, self.attention), self.cfg)
+        self.n_trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        self.n_4bit = sum(type(m).__module__.startswith("bitsandbytes") and type(m).__name__ == "Linear4bit"
+                          for m in self.model.modules())
 
-    state = {"step": 0, "epoch": 0, "micro": 0, "tokens": 0, "target_tokens": 0}
-    ckpt_dir = out / "checkpoints"
-    resume_from = latest_checkpoint(ckpt_dir) if args.resume == "auto" else (
-        None if args.resume == "none" else Path(args.resume))
-    if main:
-        (out / "PREEMPTED").unlink(missing_ok=True)
-    if resume_from is not None:
-        state = load_checkpoint(accelerator, model, optimizer, scheduler, resume_from)
-        if main:
-            print(f"train: resumed from {resume_from} (step {state['step']})", file=sys.stderr)
-    if trackers:
-        accelerator.init_trackers("tb", config={"task": d["task"], "split": d["split"], "lr": o["lr"]})
-    preempt = Preemption()
-    log = AppendLog(out / "metrics.jsonl") if main else None
-    if main and state["step"] == 0:
-        log.append({"event": "start", "train_samples": len(train_set), "eval_samples": len(eval_set),
-                    "trainable_params": n_trainable, "linear_4bit_modules": n_4bit, "world_size": world,
-                    "distributed": _distribution(accelerator, model), "steps": total, "notes": notes})
-    bar = tqdm(total=total, initial=state["step"], desc="train", unit="step", disable=not main, file=sys.stderr)
-    t0, tokens0 = time.perf_counter(), state["tokens"]
+    def _setup_optimizer(self) -> None:
+        import torch
+        from transformers import get_scheduler
+        o = self.cfg.optim
+        self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=o.lr,
+                                           weight_decay=o.weight_decay)
+        self.scheduler = get_scheduler(o.scheduler, self.optimizer, num_warmup_steps=int(o.warmup_ratio * self.total_steps),
+                                       num_training_steps=self.total_steps)
 
-    def save() -> Path:
-        return save_checkpoint(accelerator, model, optimizer, scheduler, ckpt_dir, state["step"], state, tok,
-                               {**meta, "steps": state["step"]}, cfg["checkpoint"]["keep"])
+    def _prepare(self) -> None:
+        from mlbench_kit.train.checkpoint import is_deepspeed
+        if is_deepspeed(self.accelerator):
+            # no dataloader goes through prepare(), so the engine's batch sizes, accumulation and clipping are
+            # set here; the engine then steps optimizer and scheduler once per optimizer step, not per micro-batch
+            ds = self.accelerator.state.deepspeed_plugin.deepspeed_config
+            rows = 1 if self.cfg.data.batching == "packing" else self.cfg.data.micro_batch_size
+            ds["train_micro_batch_size_per_gpu"] = rows
+            ds["gradient_accumulation_steps"] = self.cfg.optim.grad_accum
+            ds["train_batch_size"] = rows * self.cfg.optim.grad_accum * self.world
+            ds["gradient_clipping"] = self.cfg.optim.max_grad_norm
+            ds.setdefault("zero_allow_untested_optimizer", True)
+        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(self.model, self.optimizer,
+                                                                              self.scheduler)
 
-    while state["step"] < total:
-        mine = my_batches(state["epoch"])
-        while state["micro"] < len(mine) and state["step"] < total:
-            group = mine[state["micro"]: state["micro"] + o["grad_accum"]]
-            batches = [collate(train_set, rows, tok.pad_token_id) for rows in group]
-            counts = torch.tensor([sum(int((b["labels"] != -100).sum()) for b in batches),
-                                   sum(int((b["input_ids"] != tok.pad_token_id).sum()) for b in batches)],
-                                  dtype=torch.float64, device=accelerator.device)
-            if world > 1:
-                torch.distributed.all_reduce(counts)
-            n_target = counts[0].item()
-            model.train()
-            loss_sum = 0.0
-            for b in batches:
-                b = {k: v.to(accelerator.device) for k, v in b.items()}
+    def _setup_state(self) -> None:
+        from mlbench_kit.hf import fingerprint
+        from mlbench_kit.train.checkpoint import Preemption, TrainState, latest_checkpoint, load_checkpoint
+        d = self.cfg.data
+        self.meta = {"base_model": self.cfg.model, "base_fingerprint": fingerprint(self.model_config.to_dict()),
+                     "template": self.cfg.template, "task": d.task, "split": d.split, "seed": self.cfg.seed,
+                     "data_file": str(self.cfg.data_file()), "precision": self.precision,
+                     "max_seq_len": self.seq_len}
+        self.ckpt_dir = self.out / "checkpoints"
+        self.state = TrainState(world_size=self.world)
+        resume_from = latest_checkpoint(self.ckpt_dir) if self.resume == "auto" else (
+            None if self.resume == "none" else Path(self.resume))
+        if self.main:
+            (self.out / "PREEMPTED").unlink(missing_ok=True)
+        if resume_from is not None:
+            self.state = load_checkpoint(self.accelerator, self.model, self.optimizer, self.scheduler, resume_from)
+            if self.main:
+                print(f"train: resumed from {resume_from} (step {self.state.step})", file=sys.stderr)
+        self.preempt = Preemption()
+
+    def _setup_logging(self) -> None:
+        if self.trackers:
+            o, d = self.cfg.optim, self.cfg.data
+            self.accelerator.init_trackers("tb", config={"task": d.task, "split": d.split, "lr": o.lr})
+        self.log = AppendLog(self.out / "metrics.jsonl") if self.main else None
+        if self.main and self.state.step == 0:
+            self.log.append({"event": "start", "train_samples": len(self.train_set),
+                             "eval_samples": len(self.eval_set), "trainable_params": self.n_trainable,
+                             "linear_4bit_modules": self.n_4bit, "world_size": self.world,
+                             "distributed": _distribution(self.accelerator, self.model), "precision": self.precision,
+                             "attention": _attention(self.accelerator, self.model), "max_seq_len": self.seq_len,
+                             "steps": self.total_steps, "notes": self.notes})
+
+    # -- training ------------------------------------------------------------------------------------------------
+
+    def train(self) -> int:
+        """Run optimizer steps until the configured number; 0 when done, PREEMPTED_EXIT after a signal."""
+        from tqdm import tqdm
+        s = self.state
+        bar = tqdm(total=self.total_steps, initial=s.step, desc="train", unit="step", disable=not self.main,
+                   file=sys.stderr)
+        self._t0, self._tokens0 = time.perf_counter(), s.tokens
+        try:
+            return self._loop(bar)
+        finally:
+            bar.close()
+
+    def _loop(self, bar: Any) -> int:
+        from mlbench_kit.train.checkpoint import PREEMPTED_EXIT, rng_state
+        s, o = self.state, self.cfg.optim
+        while s.step < self.total_steps:
+            mine = self._epoch_batches(s.epoch)
+            while s.micro < len(mine) and s.step < self.total_steps:
+                rng = rng_state()  # a save mid-step resumes from this step's start, RNG included
+                group = mine[s.micro: s.micro + o.grad_accum]
+                stats = self._train_step(group)
+                if stats is None:  # a signal mid-step: every rank stopped after the same micro-batch
+                    self._save_preempted(rng)
+                    return PREEMPTED_EXIT
+                s.micro += len(group)
+                s.step += 1
+                self._log_step(stats)
+                bar.update(1)
+                bar.set_postfix(loss=f"{stats['loss']:.4f}", tok_s=f"{stats['tokens_per_s']:.0f}")
+                if self.preempt.agreed(self.accelerator):
+                    self._save_preempted(rng_state())
+                    return PREEMPTED_EXIT
+                if s.step % self.cfg.checkpoint.every_steps == 0 and s.step < self.total_steps:
+                    self.save_checkpoint(rng_state())
+            if s.micro >= len(mine):
+                self._end_epoch()
+        return 0
+
+    def _train_step(self, group: list[list[list[int]]]) -> dict[str, Any] | None:
+        """One optimizer step over the micro-batches of ``group``: the loss is the token mean over all of them on
+        all ranks. Gradients are synchronised (all-reduce, reduce-scatter, ZeRO reduction) on the last
+        micro-batch only. None when preemption was agreed before the step finished."""
+        import torch
+
+        from mlbench_kit.train.data import collate, token_losses
+        acc, model = self.accelerator, self.model
+        batches = [collate(self.train_set, rows, self.tok.pad_token_id) for rows in group]
+        counts = torch.tensor([sum(int((b["labels"] != -100).sum()) for b in batches),
+                               sum(int(b["real_tokens"]) for b in batches),
+                               sum(b["input_ids"].numel() for b in batches)], dtype=torch.float64, device=acc.device)
+        if self.world > 1:
+            torch.distributed.all_reduce(counts)
+        n_target = max(counts[0].item(), 1.0)
+        # accelerate (and DeepSpeed's engine) divide each backward by grad_accum: undo it, so the sum over the
+        # step's micro-batches, averaged over ranks by the gradient reduction, is the token mean
+        scale = self.world * self.cfg.optim.grad_accum / n_target
+        model.train()
+        loss_sum = torch.zeros((), dtype=torch.float64, device=acc.device)
+        for i, b in enumerate(batches):
+            last = i == len(batches) - 1
+            acc.sync_gradients = last
+            b = {k: v.to(acc.device) for k, v in b.items() if k != "real_tokens"}
+            with acc.no_sync(model) if not last else contextlib.nullcontext():
                 logits = model(input_ids=b["input_ids"], position_ids=b["position_ids"],
                                attention_mask=b.get("attention_mask"), use_cache=False).logits
-                summed = token_losses(logits, b["labels"]).sum()
-                # token-level mean over the whole optimizer step on all ranks (gradients are averaged over ranks)
-                accelerator.backward(summed * world / max(n_target, 1.0))
-                loss_sum += summed.item()
-            grad_norm = accelerator.clip_grad_norm_(model.parameters(), o["max_grad_norm"])
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            total_loss = torch.tensor([loss_sum], dtype=torch.float64, device=accelerator.device)
-            if world > 1:
-                torch.distributed.all_reduce(total_loss)
-            state["micro"] += len(group)
-            state["step"] += 1
-            state["tokens"] += int(counts[1].item())
-            state["target_tokens"] += int(n_target)
-            loss = total_loss.item() / max(n_target, 1.0)
-            tps = (state["tokens"] - tokens0) / max(time.perf_counter() - t0, 1e-9)
-            if main and state["step"] % cfg["logging"]["every_steps"] == 0:
-                rec = {"step": state["step"], "epoch": state["epoch"], "loss": loss, "lr": scheduler.get_last_lr()[0],
-                       "grad_norm": _scalar(grad_norm),
-                       "tokens": state["tokens"], "tokens_per_s": tps,
-                       "non_pad_share": counts[1].item() / max(1, world * sum(b["input_ids"].numel() for b in batches))}
-                log.append(rec)
-                if trackers:
-                    accelerator.log({k: v for k, v in rec.items() if isinstance(v, (int, float))}, step=state["step"])
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tps:.0f}")
-            if preempt.agreed(accelerator):
-                path = save()
-                if main:
-                    log.append({"event": "preempted", "step": state["step"], "signal": preempt.signum,
-                                "checkpoint": str(path)})
-                    # launchers (torchrun's agent) exit 1 on a signal whatever we return: the marker is what a
-                    # job script checks before requeueing
-                    (out / "PREEMPTED").write_text(f"{path}\n")
-                    print(f"train: signal {preempt.signum}: saved {path}; exit {PREEMPTED_EXIT}, resume with the "
-                          "same command", file=sys.stderr)
-                accelerator.end_training()
-                return PREEMPTED_EXIT
-            if state["step"] % cfg["checkpoint"]["every_steps"] == 0 and state["step"] < total:
-                save()
-        if state["micro"] >= len(mine):
-            ev = evaluate(accelerator, model, eval_set, tok.pad_token_id)
-            if main and ev is not None:
-                log.append({"event": "eval", "epoch": state["epoch"], "step": state["step"], "eval_loss": ev})
-                if trackers:
-                    accelerator.log({"eval_loss": ev}, step=state["step"])
-            state["epoch"] += 1
-            state["micro"] = 0
-    bar.close()
-    last = save()
-    if main:
+                summed = token_losses(logits, b["labels"], self.cfg.loss_chunk_tokens).sum()
+                acc.backward(summed * scale)
+            loss_sum += summed.detach()
+            if not last and self.preempt.agreed(acc):
+                self.optimizer.zero_grad(set_to_none=True)
+                return None
+        grad_norm = acc.clip_grad_norm_(model.parameters(), self.cfg.optim.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.world > 1:
+            torch.distributed.all_reduce(loss_sum)
+        s = self.state
+        s.tokens += int(counts[1].item())
+        s.target_tokens += int(counts[0].item())
+        return {"loss": loss_sum.item() / n_target, "grad_norm": _scalar(grad_norm),
+                "non_pad_share": counts[1].item() / max(1.0, counts[2].item()),
+                "tokens_per_s": (s.tokens - self._tokens0) / max(time.perf_counter() - self._t0, 1e-9)}
+
+    def _log_step(self, stats: dict[str, Any]) -> None:
+        s = self.state
+        if self.main and s.step % self.cfg.logging.every_steps == 0:
+            rec = {"step": s.step, "epoch": s.epoch, "loss": stats["loss"], "lr": self.scheduler.get_last_lr()[0],
+                   "grad_norm": stats["grad_norm"], "tokens": s.tokens, "tokens_per_s": stats["tokens_per_s"],
+                   "non_pad_share": stats["non_pad_share"]}
+            self.log.append(rec)
+            if self.trackers:
+                self.accelerator.log({k: v for k, v in rec.items() if isinstance(v, (int, float))}, step=s.step)
+
+    def _end_epoch(self) -> None:
+        ev = evaluate(self.accelerator, self.model, self.eval_set, self.tok.pad_token_id)
+        if self.main and ev is not None:
+            self.log.append({"event": "eval", "epoch": self.state.epoch, "step": self.state.step, "eval_loss": ev})
+            if self.trackers:
+                self.accelerator.log({"eval_loss": ev}, step=self.state.step)
+        self.state.epoch += 1
+        self.state.micro = 0
+
+    # -- results ---------------------------------------------------------------------------------------------------
+
+    def save_checkpoint(self, rng: dict[str, Any]) -> Path:
+        """A complete checkpoint of the current step (collective)."""
+        from mlbench_kit.train.checkpoint import save_checkpoint
+        return save_checkpoint(self.accelerator, self.model, self.optimizer, self.scheduler, self.ckpt_dir,
+                               self.state, rng, self.tok, {**self.meta, "steps": self.state.step},
+                               self.cfg.checkpoint.keep)
+
+    def _save_preempted(self, rng: dict[str, Any]) -> None:
+        from mlbench_kit.train.checkpoint import PREEMPTED_EXIT
+        path = self.save_checkpoint(rng)
+        if self.main:
+            self.log.append({"event": "preempted", "step": self.state.step, "signal": self.preempt.signum,
+                             "checkpoint": str(path)})
+            # launchers (torchrun's agent) exit 1 on a signal whatever we return: the marker is what a job
+            # script checks before requeueing
+            (self.out / "PREEMPTED").write_text(f"{path}\n")
+            print(f"train: signal {self.preempt.signum}: saved {path}; exit {PREEMPTED_EXIT}, resume with the "
+                  "same command", file=sys.stderr)
+
+    def publish(self) -> None:
+        """Save the last checkpoint, publish its adapter as ``OUT/adapter`` and write the run's summary."""
+        from mlbench_kit.train.checkpoint import rng_state
+        last = self.save_checkpoint(rng_state())
+        if not self.main:
+            return
         # the final checkpoint's adapter is the result: publish a copy rather than gather the shards again
-        tmp = final_adapter.with_name(final_adapter.name + ".tmp")
+        tmp = self.final_adapter.with_name(self.final_adapter.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(last / "adapter", tmp)
-        shutil.rmtree(final_adapter, ignore_errors=True)
-        tmp.rename(final_adapter)
-        summary = {"steps": state["step"], "tokens": state["tokens"], "target_tokens": state["target_tokens"],
-                   "seconds_this_process": time.perf_counter() - t0, "adapter": str(final_adapter),
-                   "trainable_params": n_trainable, "world_size": world}
-        write_json_atomic(out / "train_summary.json", summary)
-        log.append({"event": "done", **summary})
-        log.close()
-        if cfg["merge"]:
-            merge_weights(cfg["model"], final_adapter, out / "merged")
-        print(f"train: done, {state['step']} steps; adapter: {final_adapter}", file=sys.stderr)
-    accelerator.end_training()
-    return 0
+        shutil.rmtree(self.final_adapter, ignore_errors=True)
+        tmp.rename(self.final_adapter)
+        s = self.state
+        summary = {"steps": s.step, "tokens": s.tokens, "target_tokens": s.target_tokens,
+                   "seconds_this_process": time.perf_counter() - self._t0, "adapter": str(self.final_adapter),
+                   "trainable_params": self.n_trainable, "world_size": self.world}
+        write_json_atomic(self.out / "train_summary.json", summary)
+        self.log.append({"event": "done", **summary})
+        if self.cfg.merge:
+            merge_weights(self.cfg.model, self.final_adapter, self.out / "merged")
+        print(f"train: done, {s.step} steps; adapter: {self.final_adapter}", file=sys.stderr)
+
+    def cleanup(self) -> None:
+        if getattr(self, "log", None) is not None:
+            self.log.close()
+        self.accelerator.end_training()
 
 
 def evaluate(accelerator: Any, model: Any, examples: list, pad_id: int) -> float | None:
@@ -228,11 +357,12 @@ def evaluate(accelerator: Any, model: Any, examples: list, pad_id: int) -> float
     model.eval()
     sums = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
     world, rank = accelerator.num_processes, accelerator.process_index
-    rounds = -(-len(examples) // world)  # every rank runs as many forwards (FSDP forwards are collective)
+    rounds = -(-len(examples) // world)  # every rank runs as many forwards (FSDP/ZeRO-3 forwards are collective)
     with torch.no_grad():
         for r in range(rounds):
             i = r * world + rank
-            b = {k: v.to(accelerator.device) for k, v in collate(examples, [[i % len(examples)]], pad_id).items()}
+            b = collate(examples, [[i % len(examples)]], pad_id)
+            b = {k: v.to(accelerator.device) for k, v in b.items() if k != "real_tokens"}
             logits = model(input_ids=b["input_ids"], position_ids=b["position_ids"],
                            attention_mask=b["attention_mask"], use_cache=False).logits
             if i < len(examples):  # the padding forwards are not counted
@@ -248,10 +378,22 @@ def merge_weights(base: str, adapter: Path, out: Path) -> None:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mlbench_kit.train.model import compute_dtype
+    from mlbench_kit.hf import compute_dtype
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=compute_dtype()), adapter)
     model.merge_and_unload().save_pretrained(out)
     AutoTokenizer.from_pretrained(adapter).save_pretrained(out)
+
+
+def _check_prep_budget(cfg: TrainConfig, positions: int | None) -> None:
+    """Records cut for a longer context than the model has would all be too long: say so before training."""
+    manifest = Path(cfg.data.prep_dir) / "manifest.json"
+    if cfg.data.path or not positions or not manifest.is_file():
+        return
+    budget = json.loads(manifest.read_text()).get("max_tokens")
+    if budget and budget > positions:
+        raise MLBenchError(f"prep cut the README context for {budget} tokens, but {cfg.model} has {positions} "
+                           "positions", str(manifest),
+                           f"re-run `mlbench prep --max-tokens {positions}` with this model's tokenizer")
 
 
 def _distribution(accelerator: Any, model: Any) -> str:
@@ -261,23 +403,23 @@ def _distribution(accelerator: Any, model: Any) -> str:
     return str(accelerator.distributed_type).rsplit(".", 1)[-1]
 
 
+def _attention(accelerator: Any, model: Any) -> str:
+    """The attention kernel the model really runs."""
+    return str(getattr(accelerator.unwrap_model(model).config, "_attn_implementation", "unknown"))
+
+
 def _scalar(x: Any) -> float | None:
     if x is None:
         return None
     return float(x.full_tensor() if hasattr(x, "full_tensor") else x)
 
 
-def _config_dict(model: str) -> dict[str, Any]:
-    from transformers import AutoConfig
-    return AutoConfig.from_pretrained(model).to_dict()
-
-
-def _trackers(cfg: dict[str, Any]) -> list[str]:
+def _trackers(cfg: TrainConfig) -> list[str]:
     import importlib.util
     out = []
-    if cfg["logging"]["tensorboard"] and importlib.util.find_spec("tensorboard"):
+    if cfg.logging.tensorboard and importlib.util.find_spec("tensorboard"):
         out.append("tensorboard")
-    if cfg["logging"]["wandb"]:
+    if cfg.logging.wandb:
         if not importlib.util.find_spec("wandb"):
             raise MLBenchError("logging.wandb is on but wandb is not installed", "logging.wandb",
                                "pip install wandb, or set logging.wandb: false")
@@ -285,12 +427,38 @@ def _trackers(cfg: dict[str, Any]) -> list[str]:
     return out
 
 
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``mlbench train`` and ``train/lora.py``."""
+    p.add_argument("--config", help="configs/train/<model>.yaml")
+    for key in SHORTCUTS:
+        typ = {"task": int, "lr": float, "epochs": int, "max_steps": int, "seed": int, "max_seq_len": int,
+               "grad_accum": int, "micro_batch_size": int}.get(key, str)
+        p.add_argument(f"--{key.replace('_', '-')}", dest=key, type=typ, help=f"sets {SHORTCUTS[key]}")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other config key, dotted (e.g. --set lora.r=64 --set quantization=nf4)")
+    p.add_argument("--resume", default="auto", help="auto (newest complete checkpoint, default), none, or a path")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point shared by `accelerate launch train/lora.py` and `mlbench train`."""
+    cfg = load_train_config(args.config, {k: getattr(args, k, None) for k in SHORTCUTS}, args.set)
+    recipe = LoRAFinetuneRecipe(cfg, args.resume)
+    if not recipe.setup():
+        return 0
+    try:
+        code = recipe.train()
+        if code == 0:
+            recipe.publish()
+        return code
+    finally:
+        recipe.cleanup()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
-    args = parser.parse_args(argv)
     try:
-        return run(args)
+        return run(parser.parse_args(argv))
     except MLBenchError as exc:
         print(f"error: {exc.render()}", file=sys.stderr)
         return 2

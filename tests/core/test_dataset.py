@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from mlbench_kit.data_prep.load import load_samples, parse_arguments
+from mlbench_kit.dataset import load_samples, parse_arguments
 from mlbench_kit.errors import MLBenchError
 
 

@@ -4,7 +4,7 @@ import subprocess
 import pytest
 
 from mlbench_kit.data_prep.corpus import ReadmeCorpus, checkout_repos
-from mlbench_kit.data_prep.load import load_samples
+from mlbench_kit.dataset import load_samples
 from mlbench_kit.errors import MLBenchError
 
 

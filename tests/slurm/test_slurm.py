@@ -20,7 +20,7 @@ from mlbench_kit.slurm.spec import load_sweep
 
 from conftest import REPO_ROOT, run_cli
 
-SAMPLE = REPO_ROOT / "mlbench_kit" / "sample"
+SAMPLE = REPO_ROOT / "examples" / "sample"
 
 
 @pytest.fixture(scope="session")
@@ -57,6 +57,7 @@ def test_sweep_file_errors_name_the_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name,cells,nodes", [("paper", 27, 1), ("paper-multinode", 27, 2)])
+@pytest.mark.integration
 def test_paper_sweeps_plan_and_render_valid_sbatch(name: str, cells: int, nodes: int, tmp_path: Path,
                                                     slurm: dict) -> None:
     sweep = load_sweep(REPO_ROOT / f"configs/sweeps/{name}.yaml", REPO_ROOT)
@@ -85,7 +86,7 @@ def _tiny_models(root: Path) -> dict[str, Path]:
     out = {}
     for name, steps in (("tiny-a", 40), ("tiny-b", 0)):
         out[name] = root / name
-        r = run_cli(sys.executable, "-m", "mlbench_kit.tiny", "--sample", SAMPLE / "samples.jsonl",
+        r = run_cli(sys.executable, str(REPO_ROOT / "examples" / "tiny.py"), "--sample", SAMPLE / "samples.jsonl",
                     "--repos", SAMPLE / "repos", "--out", out[name], "--pretrain-steps", str(steps))
         assert r.returncode == 0, r.stderr
     return out
@@ -111,7 +112,7 @@ def _log(path: str | Path) -> str:
     return Path(path).read_text(errors="replace").replace("\r", "\n")
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_two_model_sweep_end_to_end_with_preemption_and_resume(tmp_path: Path, slurm: dict) -> None:
     models = _tiny_models(tmp_path)
     spec = yaml.safe_load((REPO_ROOT / "configs/sweeps/tiny-cpu.yaml").read_text())
@@ -208,6 +209,7 @@ def test_two_model_sweep_end_to_end_with_preemption_and_resume(tmp_path: Path, s
     assert (run_dir / "tiny-b" / "id" / "task3" / "s0" / "eval" / "summary.json").exists()
 
 
+@pytest.mark.integration
 def test_a_refused_array_leaves_the_submitted_ones_on_record(tmp_path: Path, slurm: dict) -> None:
     spec = yaml.safe_load((REPO_ROOT / "configs/sweeps/tiny-cpu.yaml").read_text())
     spec.update(name="refused", run_dir=str(tmp_path / "sweep"))

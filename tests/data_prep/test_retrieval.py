@@ -5,7 +5,7 @@ import pytest
 from rank_bm25 import BM25Okapi
 
 from mlbench_kit.data_prep.corpus import ReadmeCorpus
-from mlbench_kit.data_prep.load import load_samples
+from mlbench_kit.dataset import load_samples
 from mlbench_kit.data_prep.retrieval import WindowIndex, reference_top1, windows
 
 

@@ -2,14 +2,16 @@ from pathlib import Path
 
 import pytest
 
-from mlbench_kit.data_prep.load import load_samples
+from conftest import REPO_ROOT
+
+from mlbench_kit.dataset import load_samples
 from mlbench_kit.eval.checks import check_output, param_hits_compat, param_hits_strict
 from mlbench_kit.eval.metrics import paper_pass_at_k, unbiased_pass_at_k
-from mlbench_kit.eval.parse import parse_compat, parse_fenced
+from mlbench_kit.parse import parse_compat, parse_fenced
 from mlbench_kit.eval.run import gold_ceiling
 from mlbench_kit.eval.static_cli import check_command
 
-REPO = Path(__file__).resolve().parents[1] / "mlbench_kit" / "sample" / "repos" / "toybench"
+REPO = REPO_ROOT / "examples" / "sample" / "repos" / "toybench"
 
 
 def test_gold_ceiling_on_the_real_test_split(shared):

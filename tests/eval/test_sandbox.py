@@ -13,19 +13,21 @@ from pathlib import Path
 import psutil
 import pytest
 
+from conftest import REPO_ROOT
+
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.eval import cgroups
 from mlbench_kit.eval.engines import Mounts, container_argv, seccomp_profile
 from mlbench_kit.eval.sandbox import Env, Job, Limits, Sandbox, check_backend
 from mlbench_kit.eval.static_cli import check_command
 
-REPO = Path(__file__).resolve().parents[1] / "mlbench_kit" / "sample" / "repos" / "toybench"
-ROOT = os.geteuid() == 0
-BACKENDS = ["bwrap", "podman"]
+REPO = REPO_ROOT / "examples" / "sample" / "repos" / "toybench"
+IS_ROOT = os.geteuid() == 0
+BACKENDS = ["bwrap", pytest.param("podman", marks=pytest.mark.integration)]
 
 
 def _podman_usable() -> bool:
-    return ROOT and shutil.which("podman") is not None and shutil.which("mmdebstrap") is not None
+    return IS_ROOT and shutil.which("podman") is not None and shutil.which("mmdebstrap") is not None
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -191,7 +193,7 @@ def test_no_nested_user_namespace_no_cgroup_mount(box):
 
 # -- 4. limits that hold for the whole execution ----------------------------------------------------------------
 
-needs_cgroups = pytest.mark.skipif(not ROOT or cgroups.available() is None, reason="per-execution cgroups need root")
+needs_cgroups = pytest.mark.skipif(not IS_ROOT or cgroups.available() is None, reason="per-execution cgroups need root")
 
 
 @needs_cgroups

@@ -7,15 +7,16 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from conftest import REPO_ROOT
 import yaml
 
 from mlbench_kit.cli import main
 from mlbench_kit.eval import run as eval_run
 from mlbench_kit.eval.sandbox import Sandbox
 
-ROOT = Path(__file__).resolve().parents[1]
-SAMPLE = ROOT / "mlbench_kit" / "sample" / "samples.jsonl"
-ENVS = ROOT / "configs" / "eval" / "sample.yaml"
+SAMPLE = REPO_ROOT / "examples" / "sample" / "samples.jsonl"
+ENVS = REPO_ROOT / "configs" / "eval" / "sample.yaml"
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 
 
@@ -23,7 +24,7 @@ def _summary(out: Path) -> dict:
     return json.loads((out / "summary.json").read_text())
 
 
-@pytest.mark.parametrize("backend", ["bwrap", "podman"])
+@pytest.mark.parametrize("backend", ["bwrap", pytest.param("podman", marks=pytest.mark.integration)])
 def test_gold_passes_every_sample(tmp_path, backend, request):
     if backend == "podman" and request.getfixturevalue("base_image") is None:
         pytest.skip("podman unavailable")

@@ -79,13 +79,16 @@ def test_packed_batch_gives_each_sample_its_own_loss(examples, tiny_model_dir, t
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="sdpa").eval()
     idx = [0, 1, 2]
-    packed = collate(examples, [idx, [3]], tiny_tokenizer.pad_token_id)  # second row is padded
-    assert "attention_mask" not in packed
+    batch = collate(examples, [idx, [3]], tiny_tokenizer.pad_token_id)  # two packed rows: laid end to end
+    packed = {k: v for k, v in batch.items() if k != "real_tokens"}
+    assert "attention_mask" not in packed and packed["input_ids"].shape[0] == 1  # a batch of one (see collate)
+    assert int(batch["real_tokens"]) == sum(len(examples[i]) for i in idx + [3])
     with torch.no_grad():
         per_tok = token_losses(model(**packed, use_cache=False).logits, packed["labels"])
         offset = 0
         for i in idx:
-            alone = collate(examples, [[i]], tiny_tokenizer.pad_token_id)
+            alone = {k: v for k, v in collate(examples, [[i]], tiny_tokenizer.pad_token_id).items()
+                     if k != "real_tokens"}
             ref = token_losses(model(**alone, use_cache=False).logits, alone["labels"])
             n = len(examples[i])
             got = per_tok[0, offset: offset + n - 1]
@@ -108,6 +111,7 @@ def test_packing_fills_sequences_and_epochs_are_reproducible(examples):
     assert a != epoch_batches(examples, "packing", 1, 1024, seed=3, epoch=2)
 
 
+@pytest.mark.integration
 def test_overfitting_a_handful_of_prompts_drives_the_loss_down(tmp_path, tiny_model_dir, real_prep):
     few = tmp_path / "few.jsonl"
     few.write_text("".join((real_prep / "id_train" / "task3.jsonl").read_text().splitlines(True)[:4]))
@@ -124,6 +128,7 @@ def test_overfitting_a_handful_of_prompts_drives_the_loss_down(tmp_path, tiny_mo
     assert saved["optim"]["lr"] == 1e-2 and saved["data"]["path"] == str(few)
 
 
+@pytest.mark.integration
 def test_sigkill_between_checkpoints_then_resume_equals_uninterrupted(tmp_path, tiny_model_dir, real_prep):
     args = ("--max-steps", "16", "--set", "checkpoint.every_steps=4", "--set", "lora.dropout=0.1")
     ref = tmp_path / "ref"
@@ -142,6 +147,7 @@ def test_sigkill_between_checkpoints_then_resume_equals_uninterrupted(tmp_path, 
     _assert_same(_adapter(ref), _adapter(run))
 
 
+@pytest.mark.integration
 def test_fsdp_two_processes_sigterm_saves_every_shard_and_resumes_exactly(tmp_path, tiny_model_dir, real_prep):
     """FSDP2 over gloo through the shipped accelerate config; SIGTERM -> agreed save -> exit 75 -> resume."""
     cfg = "configs/accelerate/fsdp2-cpu.yaml"
@@ -172,6 +178,7 @@ def test_fsdp_two_processes_sigterm_saves_every_shard_and_resumes_exactly(tmp_pa
     _assert_same(_adapter(ref), _adapter(run))
 
 
+@pytest.mark.integration
 def test_qlora_nf4_takes_real_steps_on_cpu(tmp_path, tiny_model_dir, real_prep):
     out = tmp_path / "q"
     r = subprocess.run(_launch(tiny_model_dir, real_prep, out, "--max-steps", "3", "--set", "quantization=nf4"),
@@ -183,6 +190,7 @@ def test_qlora_nf4_takes_real_steps_on_cpu(tmp_path, tiny_model_dir, real_prep):
     assert len(steps) == 3 and all(s["loss"] == s["loss"] and s["grad_norm"] > 0 for s in steps)
 
 
+@pytest.mark.integration
 def test_adapter_loads_in_transformers_and_changes_logits(trained_adapter, tiny_model_dir):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -201,13 +209,13 @@ def test_adapter_loads_in_transformers_and_changes_logits(trained_adapter, tiny_
 def test_shipped_train_configs_resolve(path, tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
     cfg = load_train_config(path, {"model": "dummy" if path.stem == "tiny-cpu" else None, "split": "ood"})
-    assert cfg["family"] and cfg["template"] in ("paper", "llama-inst", "chat")
-    assert cfg["output_dir"].endswith(f"task3-ood-s{cfg['seed']}")
+    assert cfg.family and cfg.template in ("paper", "llama-inst", "chat")
+    assert str(cfg.out).endswith(f"task3-ood-s{cfg.seed}")
     with torch.device("meta"):
         model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                                              num_attention_heads=2, vocab_size=100))
     present = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
-    assert set(cfg["lora"]["target_modules"]) <= present
+    assert set(cfg.lora.target_modules) <= present
 
 
 @pytest.mark.parametrize("path", sorted((REPO_ROOT / "configs" / "accelerate").glob("*.yaml")), ids=lambda p: p.stem)
@@ -218,10 +226,14 @@ def test_shipped_accelerate_configs_parse(path):
         assert cfg["fsdp_config"]["fsdp_version"] == 2
 
 
+@pytest.mark.integration
 def test_bad_config_and_mismatched_template_fail_clearly(tmp_path, tiny_model_dir, real_prep):
     r = run_cli("mlbench", "train", "--config", "configs/train/tiny-cpu.yaml", "--model", tiny_model_dir,
                 "--set", "optim.lr_typo=1")
-    assert r.returncode == 2 and "unknown config key 'optim.lr_typo'" in r.stderr
+    assert r.returncode == 2 and "--set optim.lr_typo=1: unknown key 'optim.lr_typo'" in r.stderr
+    r = run_cli("mlbench", "train", "--config", "configs/train/tiny-cpu.yaml", "--model", tiny_model_dir,
+                "--set", "data.batching=zip")
+    assert r.returncode == 2 and "data.batching must be one of 'packing', 'grouped', 'padding'" in r.stderr
     r = run_cli("mlbench", "train", "--config", "configs/train/tiny-cpu.yaml", "--model", tiny_model_dir,
                 "--prep-dir", real_prep, "--set", "template=chat", "--output-dir", tmp_path / "x")
     assert r.returncode == 2 and "task3.jsonl:1" in r.stderr and "template" in r.stderr

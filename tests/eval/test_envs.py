@@ -6,6 +6,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+
+from conftest import REPO_ROOT
 import yaml
 
 from mlbench_kit.cli import main
@@ -13,10 +15,9 @@ from mlbench_kit.errors import MLBenchError
 from mlbench_kit.eval.envbuild import Builder, apptainer_def, containerfile, env_dir
 from mlbench_kit.eval.recipes import load_recipe, load_recipes
 
-ROOT = Path(__file__).resolve().parents[1]
-RECIPES = ROOT / "configs" / "eval" / "envs"
-FIXTURES = ROOT / "configs" / "eval" / "envs-sample"
-SAMPLE = ROOT / "mlbench_kit" / "sample" / "samples.jsonl"
+RECIPES = REPO_ROOT / "configs" / "eval" / "envs"
+FIXTURES = REPO_ROOT / "configs" / "eval" / "envs-sample"
+SAMPLE = REPO_ROOT / "examples" / "sample" / "samples.jsonl"
 
 
 def test_every_test_repository_has_a_recipe_at_its_pinned_commit(shared):
@@ -60,6 +61,7 @@ class _Interrupted(Builder):
         raise KeyboardInterrupt  # killed after checkout, assets and venv
 
 
+@pytest.mark.integration
 def test_build_is_idempotent_and_resumes_after_an_interruption(tmp_path):
     recipes = _fixture(tmp_path, setup=["echo built > setup-ran.txt"])
     r = load_recipes(recipes)[0]
@@ -82,6 +84,7 @@ def test_build_is_idempotent_and_resumes_after_an_interruption(tmp_path):
     assert steps == [f"env toybench: up to date ({folder.name})"]
 
 
+@pytest.mark.integration
 def test_unresolvable_requirement_fails_clearly_and_keeps_earlier_builds(tmp_path, capsys):
     cache = tmp_path / "cache"
     ok = _fixture(tmp_path)
@@ -118,6 +121,7 @@ def test_generated_containerfile_and_apptainer_definition():
 
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+@pytest.mark.integration
 def test_real_repository_environment_and_gold_validation(tmp_path, shared):
     """External-Attention-pytorch from the shared tarball: built as a venv, its 24 gold rows validated."""
     cache, out = tmp_path / "cache", tmp_path / "val"
@@ -145,6 +149,7 @@ def test_real_repository_environment_and_gold_validation(tmp_path, shared):
     assert "Gold-valid rows" in (run / "report.md").read_text()
 
 
+@pytest.mark.integration
 def test_fixture_image_from_recipe_runs_the_sample_in_podman(tmp_path, base_image):
     if base_image is None:
         pytest.skip("podman unavailable")

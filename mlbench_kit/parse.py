@@ -1,4 +1,4 @@
-"""Turn a raw model response into code. Shared by infer/ (which stores both) and eval/."""
+"""Turn a raw model response into code: a contract shared by infer/ (which stores both) and eval/."""
 
 from __future__ import annotations
 

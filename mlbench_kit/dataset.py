@@ -1,4 +1,5 @@
-"""Load ML-Bench rows from the hub, a local JSONL/Parquet file or a ``save_to_disk`` folder, and validate them."""
+"""The benchmark's rows (a contract of every stage): load them from the hub, a local JSONL/Parquet file or a
+``save_to_disk`` folder, and validate them into :class:`Sample`."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import REPO_ROOT, run_cli
 
-SAMPLE = REPO_ROOT / "mlbench_kit" / "sample" / "samples.jsonl"
+SAMPLE = REPO_ROOT / "examples" / "sample" / "samples.jsonl"
 ENVS = REPO_ROOT / "configs" / "eval" / "sample.yaml"
 
 
@@ -34,6 +34,7 @@ def evals(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             "b3": _eval(tmp, "b3", 3, 1)}
 
 
+@pytest.mark.integration
 def test_report_groups_settings_and_seeds_and_quotes_reference_rows(evals: dict[str, Path], tmp_path: Path) -> None:
     ref = tmp_path / "ref.yaml"
     ref.write_text("source: test fixture\nrows:\n  - {name: published-x, table: 1, task: 3, pass@1: 0.25, pass@5: 0.5}\n")
@@ -66,6 +67,7 @@ def test_report_groups_settings_and_seeds_and_quotes_reference_rows(evals: dict[
         assert (out / png).stat().st_size > 5000
 
 
+@pytest.mark.integration
 def test_report_refuses_percentages_and_missing_runs(evals: dict[str, Path], tmp_path: Path) -> None:
     ref = tmp_path / "ref.yaml"
     ref.write_text("source: x\nrows:\n  - {name: p, task: 3, pass@1: 33.82}\n")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO_ROOT, run_cli
-from mlbench_kit.eval.parse import parse_response
+from mlbench_kit.parse import parse_response
 
 CFG = "configs/infer/tiny-cpu.yaml"
 
@@ -39,6 +39,7 @@ def vllm_runs(tmp_path_factory, tiny_model_dir, real_prep, trained_adapter):
     return root
 
 
+@pytest.mark.integration
 def test_vllm_writes_the_generations_format_eval_reads(vllm_runs, real_prep):
     rows = _rows(vllm_runs / "base" / "task3.jsonl")
     assert len(rows) == 8 and len({(r["github_id"], r["id"]) for r in rows}) == 8
@@ -50,6 +51,7 @@ def test_vllm_writes_the_generations_format_eval_reads(vllm_runs, real_prep):
     assert meta["model"]["sha"] and meta["adapter"] is None
 
 
+@pytest.mark.integration
 def test_vllm_same_seed_same_outputs_whatever_the_batching(vllm_runs):
     a = {(r["github_id"], r["id"]): r["raw"] for r in _rows(vllm_runs / "base" / "task3.jsonl")}
     b = {(r["github_id"], r["id"]): r["raw"] for r in _rows(vllm_runs / "base_b1" / "task3.jsonl")}
@@ -57,6 +59,7 @@ def test_vllm_same_seed_same_outputs_whatever_the_batching(vllm_runs):
     assert any(len(set(v)) > 1 for v in a.values())  # the 5 samples of a prompt differ from each other
 
 
+@pytest.mark.integration
 def test_vllm_lora_adapter_changes_generations(vllm_runs, trained_adapter):
     base = {(r["github_id"], r["id"]): r["raw"] for r in _rows(vllm_runs / "base" / "task3.jsonl")}
     lora = _rows(vllm_runs / "lora" / "task3.jsonl")
@@ -64,6 +67,7 @@ def test_vllm_lora_adapter_changes_generations(vllm_runs, trained_adapter):
     assert sum(base[(r["github_id"], r["id"])] != r["raw"] for r in lora) >= 6
 
 
+@pytest.mark.integration
 def test_hf_backend_same_format_same_seed_and_resume(tmp_path, tiny_model_dir, real_prep):
     out = tmp_path / "hf"
     r = _infer(tiny_model_dir, real_prep, out, "--backend", "hf", "--limit", "3")
@@ -89,6 +93,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.integration
 def test_openai_backend_against_a_real_vllm_server(tmp_path, tiny_model_dir, real_prep, vllm_runs):
     port = _free_port()
     log = (tmp_path / "serve.log").open("w")
@@ -129,17 +134,18 @@ def test_openai_backend_against_a_real_vllm_server(tmp_path, tiny_model_dir, rea
             server.wait(timeout=60)
 
 
+@pytest.mark.integration
 def test_clear_errors(tmp_path, tiny_model_dir, real_prep, trained_adapter, tiny_tokenizer_dir):
     r = _infer(tiny_model_dir, real_prep, tmp_path / "a", "--adapter", trained_adapter, "--max-lora-rank", "4")
     assert r.returncode == 2 and "adapter rank 8 is above the engine's max_lora_rank 4" in r.stderr
     r = _infer(tiny_model_dir, real_prep, tmp_path / "b", "--backend", "hf", "--max-model-len", "40")
     assert r.returncode == 2 and "longer than max_model_len" in r.stderr and "task3.jsonl:" in r.stderr
-    from mlbench_kit.tiny import build_llama
+    from tiny import build_llama
     other = build_llama(tiny_tokenizer_dir, tmp_path / "other", hidden=64, layers=1, heads=2)
     r = _infer(other, real_prep, tmp_path / "c", "--adapter", trained_adapter)
     assert r.returncode == 2 and "trained on another base model" in r.stderr and "hidden_size" in r.stderr
     chat = tmp_path / "chatprep"
-    r = run_cli("mlbench", "prep", "--data", REPO_ROOT / "mlbench_kit/sample/samples.jsonl", "--splits", "full",
+    r = run_cli("mlbench", "prep", "--data", REPO_ROOT / "examples/sample/samples.jsonl", "--splits", "full",
                 "--tasks", "3", "--template", "chat", "--tokenizer", tiny_tokenizer_dir, "--no-hf", "--out", chat)
     assert r.returncode == 0, r.stderr
     plain = tmp_path / "plain"

@@ -87,7 +87,7 @@ def pretrain(model_dir: str | Path, texts: list[str], steps: int = 300, seq_len:
 
 
 def main() -> None:
-    """`python -m mlbench_kit.tiny --sample SAMPLES.jsonl --repos DIR --out DIR`: the demo's base model."""
+    """`python examples/tiny.py --sample SAMPLES.jsonl --repos DIR --out DIR`: the demo's base model."""
     import argparse
     import json
     p = argparse.ArgumentParser(description=main.__doc__)

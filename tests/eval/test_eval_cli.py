@@ -4,11 +4,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO_ROOT
+
 from mlbench_kit.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
-SAMPLE = ROOT / "mlbench_kit" / "sample" / "samples.jsonl"
-ENVS = ROOT / "configs" / "eval" / "sample.yaml"
+SAMPLE = REPO_ROOT / "examples" / "sample" / "samples.jsonl"
+ENVS = REPO_ROOT / "configs" / "eval" / "sample.yaml"
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 
 

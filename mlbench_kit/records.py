@@ -1,0 +1,140 @@
+"""The records stages exchange, in one place: prep -> train / infer -> eval -> report.
+
+Each stage reads the files of the stage before it through these types, never through its internals:
+
+- :class:`PrepRecord`: one rendered prompt (``mlbench prep`` writes ``OUT/<split>/task{t}.jsonl``);
+- :class:`GenerationRecord`: the n responses to one prompt (``mlbench infer`` writes ``OUT/task{t}.jsonl``);
+- :class:`EvalResult`: the verdict on one generation (``mlbench eval`` writes ``OUT/results.jsonl``).
+
+The benchmark's own rows are :class:`mlbench_kit.dataset.Sample`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Iterator
+
+from .errors import MLBenchError
+from .io import read_jsonl
+
+TASKS = (1, 2, 3)
+TASK_NAMES = {1: "raw README", 2: "BM25-retrieved README segment", 3: "oracle segment"}
+
+
+@dataclass(frozen=True)
+class PrepRecord:
+    """One sample rendered for one task. ``prompt`` is the text the model sees (its specials included when
+    ``template`` is ``chat``), ``answer`` what training teaches after it."""
+
+    task: int
+    github_id: int
+    id: int
+    template: str
+    prompt: str
+    answer: str
+    messages: list[dict[str, str]] = field(default_factory=list)
+    repo: str = ""
+    repo_id: int | None = None
+    path: str = ""
+    type: str = ""
+    arguments: dict[str, str] = field(default_factory=dict)
+    instruction: str = ""
+    readme_path: str | None = None
+    context: str = ""
+    context_chars: int = 0
+    output: str = ""
+    prefix_code: str = ""
+    truncated: bool = False
+    context_tokens: int | None = None
+    dropped_tokens: int = 0
+    total_tokens: int | None = None
+    over_budget: bool = False
+
+    REQUIRED = ("task", "github_id", "id", "template", "prompt", "answer")
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.github_id, self.id)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any], where: str) -> "PrepRecord":
+        """A record read back; missing columns are one error with ``where`` (file:line)."""
+        missing = [c for c in cls.REQUIRED if c not in obj]
+        if missing:
+            raise MLBenchError(f"not a prep record: missing {', '.join(missing)}", where,
+                               "pass the output of `mlbench prep`")
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in obj.items() if k in known})
+
+
+def read_prep_records(path: str | Path, task: int | None = None) -> Iterator[tuple[str, PrepRecord]]:
+    """``(file:line, record)`` for each record of ``path`` (of ``task`` only, when given)."""
+    for lineno, obj in read_jsonl(path):
+        rec = PrepRecord.from_json(obj, f"{path}:{lineno}")
+        if task is None or rec.task == task:
+            yield f"{path}:{lineno}", rec
+
+
+@dataclass(frozen=True)
+class GenerationRecord:
+    """The responses to one prompt: ``output`` (code, what eval runs) parsed from ``raw`` (what the model said)."""
+
+    github_id: int
+    id: int
+    output: list[str]
+    task: int | None = None
+    raw: list[str] | None = None
+    n_tokens: list[int] | None = None
+    prompt_sha: str | None = None
+    model: str | None = None
+    adapter: str | None = None
+    backend: str | None = None
+    sampling: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+@dataclass
+class EvalResult:
+    """The verdict on one generation: the static checks, what execution did, and why it failed.
+
+    ``fault`` is set (and ``passed`` is None) when the environment or the sandbox failed: such a record is no
+    verdict and is kept out of ``results.jsonl``."""
+
+    github_id: int
+    id: int
+    idx: int
+    repo: str
+    type: str
+    output_sha: str
+    mode: str
+    param_hits: dict[str, bool]
+    params_ok: bool
+    type_ok: bool
+    cli: dict[str, Any] | None = None
+    executed: bool = False
+    exit_code: int | None = None
+    signal: int | None = None
+    timed_out: bool = False
+    survivors: int = 0
+    limit: str | None = None
+    duration: float = 0.0
+    cached: bool = False
+    env: str | None = None  # the recipe hash of the environment that ran it
+    log: str = ""
+    usage: dict[str, float] | None = None
+    passed: bool | None = None
+    error_class: str | None = None
+    fault: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        for k in ("usage", "fault"):
+            if d[k] is None:
+                d.pop(k)
+        return d
