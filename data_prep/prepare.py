@@ -77,6 +77,15 @@ def _save_hf(records: list[dict[str, Any]], folder: Path) -> None:
     tmp.rename(folder)
 
 
+def _model_positions(name: str) -> int | None:
+    """The context length of the model the tokenizer belongs to (its config beside it), if there is one."""
+    from transformers import AutoConfig
+    try:
+        return getattr(AutoConfig.from_pretrained(name), "max_position_embeddings", None)
+    except Exception:  # a tokenizer-only folder: no model config to cap by
+        return None
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the prep stage; returns the exit status."""
     t0 = time.perf_counter()
@@ -90,7 +99,11 @@ def run(args: argparse.Namespace) -> int:
     root = root or args.repos_dir
     corpus = ReadmeCorpus(root) if root else None
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
-    renderer = Renderer(corpus, args.template, tokenizer, args.max_tokens, args.splitter)
+    positions = _model_positions(args.tokenizer) if args.tokenizer else None
+    budget = min(args.max_tokens, positions) if positions else args.max_tokens
+    if budget < args.max_tokens:
+        print(f"prep: --max-tokens {args.max_tokens} capped at the model's {positions} positions", file=sys.stderr)
+    renderer = Renderer(corpus, args.template, tokenizer, budget, args.splitter)
     out = Path(args.out)
     by: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for name, samples in splits.items():
@@ -102,10 +115,16 @@ def run(args: argparse.Namespace) -> int:
                 _save_hf(records, out / name / f"task{task}.hf")
     stats = summarize(by)
     write_json_atomic(out / "stats.json", stats)
-    write_atomic(out / "stats.md", to_markdown(stats, tokenizer is not None))
+    note = None
+    if tokenizer is not None:
+        note = (f"Token budget (prompt + answer + EOS): {budget}"
+                + (f", the model's {positions} positions (--max-tokens {args.max_tokens} asked for more)."
+                   if budget < args.max_tokens else f" (the model has {positions or 'unknown'} positions)."))
+    write_atomic(out / "stats.md", to_markdown(stats, tokenizer is not None, note))
     write_json_atomic(out / "manifest.json", {
         "data": str(args.data), "splits": {n: len(s) for n, s in splits.items()}, "tasks": args.tasks,
-        "template": args.template, "tokenizer": args.tokenizer, "max_tokens": args.max_tokens,
+        "template": args.template, "tokenizer": args.tokenizer, "max_tokens": budget,
+        "max_tokens_requested": args.max_tokens, "model_positions": positions,
         "splitter": args.splitter, "readmes": root, "ood_repos": args.ood_repos if args.build_splits else None,
     })
     n = sum(len(v) for v in by.values())

@@ -31,9 +31,11 @@ def summarize(records_by: dict[tuple[str, int], list[dict[str, Any]]]) -> list[d
     return rows
 
 
-def to_markdown(rows: list[dict[str, Any]], tokenized: bool) -> str:
-    """A markdown table of :func:`summarize` rows."""
+def to_markdown(rows: list[dict[str, Any]], tokenized: bool, budget: str | None = None) -> str:
+    """A markdown table of :func:`summarize` rows; ``budget`` says what the token budget was and why."""
     lines = ["# Prompt statistics", ""]
+    if budget:
+        lines += [budget, ""]
     if not tokenized:
         lines += ["No tokenizer was given: lengths are in characters and nothing was truncated.", ""]
     cols = ["split", "task", "repo", "rows", "context_chars_mean", "context_tokens_mean", "context_tokens_max",

@@ -18,6 +18,7 @@ from typing import Any
 from tqdm import tqdm
 
 from mlbench_kit.errors import MLBenchError
+from mlbench_kit.hf import TRAIN_META
 from mlbench_kit.parse import PARSERS, parse_response
 from mlbench_kit.io import AppendLog, claim_run_folder, read_jsonl_tolerant
 from mlbench_kit.records import TASKS, GenerationRecord
@@ -65,15 +66,46 @@ def _load_tokenizer(name: str, backend: str) -> Any:
                            "pass a local model folder or --tokenizer, or run with network access to the hub")
 
 
+def model_positions(model: str) -> int | None:
+    """The model's context length from its config, when it has one here (not for API models)."""
+    from transformers import AutoConfig
+    try:
+        return getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", None)
+    except Exception:  # an API model name, or no config reachable: the engine will say
+        return None
+
+
+def context_length(cfg: InferConfig, longest: int, positions: int | None) -> int:
+    """``max_model_len``: the configured one, else the longest prompt + max_tokens; never above the model's
+    positions (vLLM refuses more, e.g. for Llama-2's 4,096)."""
+    if cfg.max_model_len and positions and cfg.max_model_len > positions:
+        raise MLBenchError(f"max_model_len {cfg.max_model_len} is above the model's {positions} positions",
+                           "--max-model-len", f"use at most {positions}")
+    want = cfg.max_model_len or longest + cfg.sampling.max_tokens
+    return min(want, positions) if positions else want
+
+
 def check_lengths(items: list[PromptItem], cfg: InferConfig, max_model_len: int) -> None:
     """A prompt that leaves no room for the answer is an error, named by its prep record."""
     room = max_model_len - cfg.sampling.max_tokens
     long = [it for it in items if len(it.token_ids) > room]
     if long:
         it = max(long, key=lambda x: len(x.token_ids))
-        raise MLBenchError(f"{len(long)} prompts are longer than max_model_len {max_model_len} - max_tokens "
+        raise MLBenchError(f"{len(long)} prompts are longer than the context {max_model_len} - max_tokens "
                            f"{cfg.sampling.max_tokens} (longest: {len(it.token_ids)} tokens)", it.where,
-                           "re-run `mlbench prep --max-tokens` with this model's tokenizer, or raise --max-model-len")
+                           f"re-run `mlbench prep --max-tokens {room}` with this model's tokenizer, or lower "
+                           "--max-tokens")
+
+
+def engine_dtype(cfg: InferConfig, adapter: str | None) -> str:
+    """auto: the precision the adapter was trained in (bf16 stays bf16: vLLM's own auto serves Llama-2 in fp16),
+    else the model config's."""
+    if cfg.dtype != "auto" or not adapter:
+        return cfg.dtype
+    import json
+    meta = Path(adapter) / TRAIN_META
+    precision = json.loads(meta.read_text()).get("precision") if meta.is_file() else None
+    return {"bf16": "bfloat16", "fp16": "float16"}.get(precision, "auto")
 
 
 def make_backend(args: argparse.Namespace, cfg: InferConfig, tokenizer: Any, max_model_len: int) -> Backend:
@@ -106,7 +138,8 @@ def run(args: argparse.Namespace) -> int:
         items = load_prompts(task_file(args.prompts, args.split, t), t)[: args.limit]
         tasks[t] = encode(items, tokenizer) if tokenizer is not None else items
     longest = max((len(it.token_ids) for items in tasks.values() for it in items), default=0)
-    max_model_len = cfg.max_model_len or longest + cfg.sampling.max_tokens
+    max_model_len = context_length(cfg, longest, model_positions(args.model) if cfg.backend != "openai" else None)
+    cfg.dtype = engine_dtype(cfg, args.adapter)
     if tokenizer is not None:
         for items in tasks.values():
             check_lengths(items, cfg, max_model_len)

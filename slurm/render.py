@@ -72,14 +72,14 @@ def _cli(stage: str) -> list[str]:
 
 def prep_cmd(sweep: Sweep, model: str) -> list[str]:
     m = sweep.models[model]
-    base = {"data": sweep.cfg["data"], "tasks": sweep.cfg["tasks"], "tokenizer": m.get("tokenizer") or m["path"],
+    base = {"data": sweep.cfg.data, "tasks": sweep.cfg.tasks, "tokenizer": m.tokenizer or m.path,
             "out": str(prep_dir(sweep, model))}
     return _cli("prep") + options({**base, **sweep.options("prep", model)})
 
 
 def train_cmd(sweep: Sweep, cell: Cell) -> list[str]:
     m = sweep.models[cell.model]
-    base = {"config": m["train_config"], "model": m["path"], "prep_dir": str(prep_dir(sweep, cell.model)),
+    base = {"config": m.train_config, "model": m.path, "prep_dir": str(prep_dir(sweep, cell.model)),
             "task": cell.task, "split": cell.split, "seed": cell.seed,
             "output_dir": str(cell_dir(sweep, cell) / "train")}
     return ["train/lora.py"] + options({**base, **sweep.options("train", cell.model)})
@@ -88,14 +88,14 @@ def train_cmd(sweep: Sweep, cell: Cell) -> list[str]:
 def infer_cmd(sweep: Sweep, cell: Cell) -> list[str]:
     m = sweep.models[cell.model]
     adapter = None if cell.split == "none" else str(cell_dir(sweep, cell) / "train" / "adapter")
-    base = {"model": m["path"], "adapter": adapter, "prompts": str(prep_dir(sweep, cell.model)), "task": cell.task,
+    base = {"model": m.path, "adapter": adapter, "prompts": str(prep_dir(sweep, cell.model)), "task": cell.task,
             "seed": cell.seed, "out": str(cell_dir(sweep, cell) / "infer")}
     return _cli("infer") + options({**base, **sweep.options("infer", cell.model)})
 
 
 def eval_cmd(sweep: Sweep, cell: Cell) -> list[str]:
     d = cell_dir(sweep, cell)
-    base = {"data": sweep.cfg["data"], "generations": str(d / "infer" / f"task{cell.task}.jsonl"),
+    base = {"data": sweep.cfg.data, "generations": str(d / "infer" / f"task{cell.task}.jsonl"),
             "out": str(d / "eval")}
     return _cli("eval") + options({**base, **sweep.options("eval", cell.model)})
 
@@ -103,7 +103,7 @@ def eval_cmd(sweep: Sweep, cell: Cell) -> list[str]:
 def report_cmd(sweep: Sweep) -> list[str]:
     runs = [f"{c.model}/{c.split}={cell_dir(sweep, c) / 'eval'}" for c in sweep.cells()]
     return (_cli("report") + ["--skip-missing", *runs, "--out", str(sweep.run_dir / "report")]
-            + options(sweep.cfg["report"]))
+            + options(sweep.cfg.report))
 
 
 _CELL_CMDS = {"train": train_cmd, "infer": infer_cmd, "eval": eval_cmd}
@@ -153,18 +153,18 @@ def _env() -> jinja2.Environment:
 
 def render(sweep: Sweep, job: Job) -> str:
     """The sbatch script of one job array (only its ``units``)."""
-    s = sweep.cfg["slurm"]
+    s = sweep.cfg.slurm
     r = sweep.resources(job.stage)
     train = job.stage == "train"
-    procs = r["processes_per_node"] or max(1, r["gpus_per_node"])
-    acc = r["accelerate_config"] or ("configs/accelerate/fsdp2.yaml" if procs > 1 or r["nodes"] > 1
+    procs = r.processes_per_node or max(1, r.gpus_per_node)
+    acc = r.accelerate_config or ("configs/accelerate/fsdp2.yaml" if procs > 1 or r.nodes > 1
                                      else "configs/accelerate/single.yaml")
     unit = {"prep": "model", "report": "sweep"}.get(job.stage, "(model, split, task, seed) cell")
     return _env().get_template("stage.sbatch.j2").render(
         sweep=sweep.name, job=job.name, stage=job.stage, unit=unit, source=sweep.source, run_dir=sweep.run_dir,
         array=",".join(str(u.index) for u in job.units), logs=sweep.run_dir / "logs", r=r,
-        partition=s["partition"], account=s["account"], requeue=s["requeue"], signal_before_s=s["signal_before_s"],
-        max_requeues=s["max_requeues"], extra=s["extra"], env=s["env"], setup=s["setup"], root=sweep.root,
+        partition=s.partition, account=s.account, requeue=s.requeue, signal_before_s=s.signal_before_s,
+        max_requeues=s.max_requeues, extra=s.extra, env=s.env, setup=s.setup, root=sweep.root,
         python=sys.executable, units=job.units, done_dir=state_dir(sweep, job.stage),
         skip_done=job.stage != "report",
         train=train, procs_per_node=procs, accelerate_config=acc)

@@ -5,46 +5,119 @@ Every mistake is reported with the sweep file's line (``paper.yaml:12: unknown k
 
 from __future__ import annotations
 
-import copy
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-import yaml
-
+from mlbench_kit.config import Check, Lines, load, read_yaml, to_dict
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.records import TASKS
 
 SPLITS = ("none", "id", "ood")  # none: the base model, no fine-tuning
 STAGES = ("prep", "train", "infer", "eval", "report")
 
-_RESOURCES = {"nodes": 1, "gpus_per_node": 0, "cpus": 4, "mem": "16G", "time": "01:00:00",
-              "processes_per_node": None, "accelerate_config": None}
-DEFAULTS: dict[str, Any] = {
-    "name": None,
-    "run_dir": None,
-    "data": "super-dainiu/ml-bench",
-    "models": {},
-    "tasks": list(TASKS),
-    "splits": ["none", "id", "ood"],
-    "seeds": [42],
-    "prep": {},
-    "train": {},
-    "infer": {"split": "test"},
-    "eval": {},
-    "report": {},
-    "slurm": {"partition": None, "account": None, "setup": [], "extra": [], "signal_before_s": 300,
-              "requeue": True, "max_requeues": 20, "env": {},
-              "resources": {s: dict(_RESOURCES) for s in STAGES}},
-}
-_MODEL_KEYS = {"path", "train_config", "tokenizer", "prep", "train", "infer", "eval"}
-_PATH_KEYS = ("train_config",)
+
+@dataclass
+class ModelSpec:
+    """One model of the sweep: where it is, how to train it, and its own stage options."""
+
+    path: str  # hub id or folder
+    train_config: str | None = None
+    tokenizer: str | None = None
+    prep: dict[str, Any] = field(default_factory=dict)
+    train: dict[str, Any] = field(default_factory=dict)
+    infer: dict[str, Any] = field(default_factory=dict)
+    eval: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Resources:
+    """What one array task of a stage asks Slurm for."""
+
+    nodes: int = 1
+    gpus_per_node: int = 0
+    cpus: int = 4
+    mem: str | int | None = "16G"  # 0: all of the node's memory
+    time: str = "01:00:00"
+    processes_per_node: int | None = None
+    accelerate_config: str | None = None
+
+    def check(self, at: Check) -> None:
+        if self.nodes < 1:
+            raise MLBenchError("nodes must be a positive integer", at("nodes"))
+        if self.gpus_per_node < 0:
+            raise MLBenchError("gpus_per_node must be >= 0", at("gpus_per_node"))
+
+
+@dataclass
+class SlurmConfig:
+    partition: str | None = None
+    account: str | None = None
+    setup: list[str] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)
+    signal_before_s: int = 300
+    requeue: bool = True
+    max_requeues: int = 20
+    env: dict[str, Any] = field(default_factory=dict)
+    resources: dict[str, Resources] = field(default_factory=dict)
+
+    def check(self, at: Check) -> None:
+        if self.signal_before_s <= 0:
+            raise MLBenchError("signal_before_s must be a positive integer (seconds)", at("signal_before_s"))
+        for stage in self.resources:
+            if stage not in STAGES:
+                raise MLBenchError(f"unknown stage {stage!r} under resources", at(f"resources.{stage}"),
+                                   f"stages: {STAGES}")
+        for stage in STAGES:
+            self.resources.setdefault(stage, Resources())
+            if stage != "train" and self.resources[stage].nodes != 1:
+                raise MLBenchError(f"only training spans nodes; {stage} runs on one", at(f"resources.{stage}.nodes"))
+
+
+@dataclass
+class SweepConfig:
+    """A sweep file: models x training splits x tasks x seeds, the options of each stage, cluster resources.
+    Stage options are written as the stage's long options (``max_tokens: 8192`` -> ``--max-tokens 8192``)."""
+
+    name: str
+    models: dict[str, ModelSpec]
+    run_dir: str | None = None
+    data: str = "super-dainiu/ml-bench"
+    tasks: list[int] = field(default_factory=lambda: list(TASKS))
+    splits: list[Literal["none", "id", "ood"]] = field(default_factory=lambda: ["none", "id", "ood"])
+    seeds: list[int] = field(default_factory=lambda: [42])
+    prep: dict[str, Any] = field(default_factory=dict)
+    train: dict[str, Any] = field(default_factory=dict)
+    infer: dict[str, Any] = field(default_factory=lambda: {"split": "test"})
+    eval: dict[str, Any] = field(default_factory=dict)
+    report: dict[str, Any] = field(default_factory=dict)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+
+    def check(self, at: Check) -> None:
+        if not self.name.replace("-", "").replace("_", "").isalnum():
+            raise MLBenchError("`name`: letters, digits, - and _", at("name"))
+        self.run_dir = self.run_dir or f"runs/sweeps/{self.name}"
+        if not self.models:
+            raise MLBenchError("`models` must name at least one model", at("models"))
+        for name in self.models:
+            if not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+                raise MLBenchError(f"model name {name!r}: letters, digits, '.', '-' and '_' only (it names folders)",
+                                   at(f"models.{name}"))
+        if not self.tasks or any(t not in TASKS for t in self.tasks):
+            raise MLBenchError("tasks must be a list of 1, 2, 3", at("tasks"))
+        if not self.splits or not self.seeds:
+            raise MLBenchError("splits and seeds must not be empty", at("splits" if not self.splits else "seeds"))
+        if set(self.splits) - {"none"}:
+            for name, m in self.models.items():
+                if m.train_config is None:
+                    raise MLBenchError(f"model {name!r} needs `train_config` to train the ID/OOD splits",
+                                       at(f"models.{name}"), "e.g. train_config: configs/train/codellama-7b-instruct.yaml")
 
 
 @dataclass(frozen=True)
 class Cell:
-    """One (model, split, task, seed): a train (unless split is none) → infer → eval chain."""
+    """One (model, split, task, seed): a train (unless split is none) -> infer -> eval chain."""
 
     model: str
     split: str
@@ -64,80 +137,36 @@ class Cell:
 class Sweep:
     """A validated sweep file, paths resolved against ``root`` (where the jobs run)."""
 
-    cfg: dict[str, Any]
+    cfg: SweepConfig
     source: str
     root: Path
 
     @property
     def name(self) -> str:
-        return self.cfg["name"]
+        return self.cfg.name
 
     @property
     def run_dir(self) -> Path:
-        return (self.root / self.cfg["run_dir"]).resolve()
+        return (self.root / str(self.cfg.run_dir)).resolve()
 
     @property
-    def models(self) -> dict[str, dict[str, Any]]:
-        return self.cfg["models"]
+    def models(self) -> dict[str, ModelSpec]:
+        return self.cfg.models
 
     def cells(self) -> list[Cell]:
         """Every cell, in a fixed order: models, then splits, tasks and seeds as the file lists them."""
         c = self.cfg
-        return [Cell(m, s, t, k) for m, s, t, k in itertools.product(c["models"], c["splits"], c["tasks"], c["seeds"])]
+        return [Cell(m, s, t, k) for m, s, t, k in itertools.product(c.models, c.splits, c.tasks, c.seeds)]
 
-    def resources(self, stage: str) -> dict[str, Any]:
-        return self.cfg["slurm"]["resources"][stage]
+    def resources(self, stage: str) -> Resources:
+        return self.cfg.slurm.resources[stage]
 
     def options(self, stage: str, model: str) -> dict[str, Any]:
         """A stage's command-line options: the sweep's, then the model's own on top."""
-        return {**self.cfg[stage], **self.models[model].get(stage, {})}
+        return {**getattr(self.cfg, stage), **getattr(self.models[model], stage, {})}
 
-
-class _Lines:
-    """Line numbers of a YAML file's mapping keys, for file:line errors."""
-
-    def __init__(self, text: str, source: str) -> None:
-        self.source, self.lines = source, {}
-        try:
-            self._walk(yaml.compose(text), ())
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f"{source}:{mark.line + 1}" if mark else source
-            raise MLBenchError(f"bad YAML: {getattr(exc, 'problem', exc)}", where) from None
-
-    def _walk(self, node: Any, path: tuple) -> None:
-        if isinstance(node, yaml.MappingNode):
-            for k, v in node.value:
-                self.lines[path + (k.value,)] = k.start_mark.line + 1
-                self._walk(v, path + (k.value,))
-
-    def at(self, *path: str) -> str:
-        for n in range(len(path), 0, -1):
-            if path[:n] in self.lines:
-                return f"{self.source}:{self.lines[path[:n]]}"
-        return self.source
-
-
-def _strict(path: tuple) -> bool:
-    """Mappings whose keys are fixed; the rest (stage options, models, env) are free-form."""
-    return path in ((), ("slurm",)) or path[:2] == ("slurm", "resources")
-
-
-def _merge(base: dict[str, Any], over: dict[str, Any], lines: _Lines, path: tuple = ()) -> dict[str, Any]:
-    out = copy.deepcopy(base)
-    for k, v in over.items():
-        if k not in base:
-            raise MLBenchError(f"unknown key {'.'.join(path + (k,))!r}", lines.at(*path, k),
-                               f"known keys here: {sorted(base)}")
-        if isinstance(base[k], dict) and not isinstance(v, dict):
-            raise MLBenchError(f"{'.'.join(path + (k,))} must be a mapping", lines.at(*path, k))
-        if isinstance(v, dict) and _strict(path + (k,)):
-            out[k] = _merge(base[k], v, lines, path + (k,))
-        elif isinstance(v, dict):
-            out[k] = {**base[k], **v}
-        else:
-            out[k] = v
-    return out
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self.cfg)
 
 
 def load_sweep(path: str | Path, root: str | Path = ".") -> Sweep:
@@ -145,60 +174,25 @@ def load_sweep(path: str | Path, root: str | Path = ".") -> Sweep:
     p = Path(path)
     if not p.is_file():
         raise MLBenchError("sweep file not found", str(p), "pass one of configs/sweeps/*.yaml")
-    text = p.read_text()
-    lines = _Lines(text, str(p))
-    raw = yaml.safe_load(text) or {}
-    if not isinstance(raw, dict):
-        raise MLBenchError("a sweep file is a YAML mapping", str(p))
-    cfg = _merge(DEFAULTS, raw, lines)
+    raw, lines = read_yaml(p)
+    for key in ("name", "models"):
+        if key not in raw:
+            raise MLBenchError(f"`{key}` is required", str(p))
+    cfg = load(SweepConfig, raw=raw, lines=lines)
     root = Path(root).resolve()
-    _validate(cfg, lines, root)
+    _check_files(cfg, lines, root)
     return Sweep(cfg, str(p), root)
 
 
-def _validate(cfg: dict[str, Any], lines: _Lines, root: Path) -> None:
-    def need(ok: bool, what: str, *at: str, fix: str = "") -> None:
-        if not ok:
-            raise MLBenchError(what, lines.at(*at), fix or None)
+def _check_files(cfg: SweepConfig, lines: Lines, root: Path) -> None:
+    """Files the sweep names must exist where the jobs will run."""
+    def need(rel: str | None, what: str, key: str) -> None:
+        if rel is not None and not (root / rel).is_file():
+            raise MLBenchError(f"{what} not found: {rel}", lines.at(key))
 
-    need(isinstance(cfg["name"], str) and cfg["name"].replace("-", "").replace("_", "").isalnum(),
-         "`name` is required: letters, digits, - and _", "name")
-    cfg["run_dir"] = cfg["run_dir"] or f"runs/sweeps/{cfg['name']}"
-    need(isinstance(cfg["models"], dict) and cfg["models"], "`models` must name at least one model", "models")
-    for name, m in cfg["models"].items():
-        need(isinstance(m, dict) and "path" in m, f"model {name!r} needs `path` (hub id or folder)", "models", name)
-        unknown = set(m) - _MODEL_KEYS
-        need(not unknown, f"unknown key(s) {sorted(unknown)} in model {name!r}", "models", name,
-             fix=f"known keys: {sorted(_MODEL_KEYS)}")
-        need(name.replace("-", "").replace("_", "").replace(".", "").isalnum(),
-             f"model name {name!r}: letters, digits, '.', '-' and '_' only (it names folders)", "models", name)
-        for k in _PATH_KEYS:
-            if m.get(k) is not None:
-                need((root / m[k]).is_file(), f"{k} not found: {m[k]}", "models", name, k)
-        for stage in ("prep", "train", "infer", "eval"):
-            need(isinstance(m.get(stage, {}), dict), f"models.{name}.{stage} must be a mapping", "models", name)
-    need(all(t in TASKS for t in cfg["tasks"]) and cfg["tasks"], "tasks must be a list of 1, 2, 3", "tasks")
-    need(all(s in SPLITS for s in cfg["splits"]) and cfg["splits"], f"splits must be a list of {SPLITS}", "splits")
-    need(all(isinstance(s, int) for s in cfg["seeds"]) and cfg["seeds"], "seeds must be a list of integers", "seeds")
-    if set(cfg["splits"]) - {"none"}:
-        for name, m in cfg["models"].items():
-            need(m.get("train_config") is not None, f"model {name!r} needs `train_config` to train the ID/OOD splits",
-                 "models", name, fix="e.g. train_config: configs/train/codellama-7b-instruct.yaml")
-    for stage in ("prep", "train", "infer", "eval", "report"):
-        need(isinstance(cfg[stage], dict), f"`{stage}` must be a mapping of the stage's options", stage)
+    for name, m in cfg.models.items():
+        need(m.train_config, "train_config", f"models.{name}.train_config")
     for stage, key in (("infer", "config"), ("eval", "envs"), ("report", "reference")):
-        if cfg[stage].get(key):
-            need((root / cfg[stage][key]).is_file(), f"{stage}.{key} not found: {cfg[stage][key]}", stage, key)
-    acc = cfg["slurm"]["resources"]["train"]["accelerate_config"]
-    if acc:
-        need((root / acc).is_file(), f"accelerate_config not found: {acc}", "slurm", "resources", "train")
-    for stage in STAGES:
-        r = cfg["slurm"]["resources"][stage]
-        need(isinstance(r["nodes"], int) and r["nodes"] >= 1, "nodes must be a positive integer",
-             "slurm", "resources", stage)
-        need(stage == "train" or r["nodes"] == 1, f"only training spans nodes; {stage} runs on one",
-             "slurm", "resources", stage)
-        need(isinstance(r["gpus_per_node"], int) and r["gpus_per_node"] >= 0, "gpus_per_node must be >= 0",
-             "slurm", "resources", stage)
-    need(isinstance(cfg["slurm"]["signal_before_s"], int) and cfg["slurm"]["signal_before_s"] > 0,
-         "signal_before_s must be a positive integer (seconds)", "slurm", "signal_before_s")
+        need(getattr(cfg, stage).get(key), f"{stage}.{key}", f"{stage}.{key}")
+    need(cfg.slurm.resources["train"].accelerate_config, "accelerate_config",
+         "slurm.resources.train.accelerate_config")

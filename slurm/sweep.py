@@ -52,14 +52,14 @@ def _pending_units(sweep: Sweep, job: Job) -> list:
 def plan(args: argparse.Namespace) -> int:
     sweep = load_sweep(args.sweep, args.root)
     all_jobs = jobs(sweep)
-    print(f"sweep {sweep.name}: {len(sweep.models)} model(s) x splits {sweep.cfg['splits']} x tasks "
-          f"{sweep.cfg['tasks']} x seeds {sweep.cfg['seeds']} = {len(sweep.cells())} cells; run folder {sweep.run_dir}")
+    print(f"sweep {sweep.name}: {len(sweep.models)} model(s) x splits {sweep.cfg.splits} x tasks "
+          f"{sweep.cfg.tasks} x seeds {sweep.cfg.seeds} = {len(sweep.cells())} cells; run folder {sweep.run_dir}")
     for job in all_jobs:
         todo = _pending_units(sweep, job)
         deps = ", ".join(f"{k}:{n}" for k, n in job.deps) or "none"
         r = sweep.resources(job.stage)
         print(f"\n{job.name}: {len(job.units)} task(s), {len(job.units) - len(todo)} done; after {deps}; "
-              f"{r['nodes']} node(s) x {r['gpus_per_node']} GPU, {r['cpus']} CPUs, {r['time']}")
+              f"{r.nodes} node(s) x {r.gpus_per_node} GPU, {r.cpus} CPUs, {r.time}")
         for u in job.units:
             mark = "todo" if u in todo else "done"
             print(f"  [{u.index:>3}] {mark}  {u.key}  -> {u.out}")
@@ -180,7 +180,7 @@ def submit(args: argparse.Namespace) -> int:
     n = len(_submissions(sweep)) + 1
     folder = sweep.run_dir / "submissions" / str(n)
     (sweep.run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    write_atomic(sweep.run_dir / "sweep.yaml", yaml.safe_dump(sweep.cfg, sort_keys=False))
+    write_atomic(sweep.run_dir / "sweep.yaml", yaml.safe_dump(sweep.to_dict(), sort_keys=False))
     all_jobs = jobs(sweep)
     todo = {j.name: _pending_units(sweep, j) for j in all_jobs}
     if not any(todo[name] for name in todo if name != "report") and (sweep.run_dir / "report" / "report.md").exists():

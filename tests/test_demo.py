@@ -7,6 +7,8 @@ import json
 import os
 import subprocess
 
+import pytest
+
 from conftest import REPO_ROOT
 
 

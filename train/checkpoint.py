@@ -9,6 +9,8 @@ ignores. The training state is saved two ways, by what holds it:
   torch.distributed.checkpoint's state-dict API (a resume may even use another number of processes);
 - DeepSpeed ZeRO-2/3: the engine's own checkpoint (``deepspeed/``), which keeps ZeRO's partitioned optimizer
   state and fp32 master weights per rank; frozen base weights are left out of it.
+
+The LR scheduler (``scheduler.pt``) is saved the same way in both: the recipe steps it, not the engine.
 """
 
 from __future__ import annotations
@@ -151,8 +153,10 @@ def save_checkpoint(accelerator: Any, model: Any, optimizer: Any, scheduler: Any
     accelerator.wait_for_everyone()
     trainable = trainable_state(accelerator, model)
     torch.save(rng, tmp / f"rng-{accelerator.process_index}.pt")
+    if accelerator.is_main_process:
+        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")  # ours: the engine holds no scheduler
     if is_deepspeed(accelerator):
-        # the engine saves ZeRO's partitioned optimizer state, fp32 master weights and the LR scheduler
+        # the engine saves ZeRO's partitioned optimizer state and fp32 master weights, one file per rank
         model.save_checkpoint(str(tmp / "deepspeed"), tag="state", exclude_frozen_parameters=True)
     else:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
@@ -161,7 +165,6 @@ def save_checkpoint(accelerator: Any, model: Any, optimizer: Any, scheduler: Any
         if accelerator.is_main_process:
             save_file({k: v.contiguous() for k, v in trainable.items()}, tmp / "trainable.safetensors")
             torch.save(optim, tmp / "optimizer.pt")
-            torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     accelerator.wait_for_everyone()
     save_adapter(accelerator, model, tmp / "adapter", tokenizer, meta, state=trainable)
     if accelerator.is_main_process:
@@ -181,7 +184,7 @@ def load_checkpoint(accelerator: Any, model: Any, optimizer: Any, scheduler: Any
     state = TrainState.read(path / "trainer_state.json")
     if is_deepspeed(accelerator):
         model.load_checkpoint(str(path / "deepspeed"), tag="state", load_module_strict=False,
-                              load_optimizer_states=True, load_lr_scheduler_states=True)
+                              load_optimizer_states=True, load_lr_scheduler_states=False)
     else:
         from safetensors.torch import load_file
         from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
@@ -190,7 +193,7 @@ def load_checkpoint(accelerator: Any, model: Any, optimizer: Any, scheduler: Any
         set_model_state_dict(model, load_file(path / "trainable.safetensors"), options=full)
         set_optimizer_state_dict(model, optimizer, torch.load(path / "optimizer.pt", weights_only=False),
                                  options=full)
-        scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
+    scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
     rng = path / f"rng-{accelerator.process_index}.pt"
     if rng.is_file() and state.world_size == accelerator.num_processes:
         _set_rng_state(torch.load(rng, weights_only=False))

@@ -42,18 +42,22 @@ def _sh(*cmd: str) -> subprocess.CompletedProcess:
 
 def test_sweep_file_errors_name_the_line(tmp_path: Path) -> None:
     base = yaml.safe_load((REPO_ROOT / "configs/sweeps/tiny-cpu.yaml").read_text())
-    cases = [({"seed": [1]}, ":1", "unknown key 'seed'"),
-             ({"splits": ["none", "idd"]}, "splits", "splits must be a list of"),
-             ({"models": {"m": {"path": "x"}}}, "models", "needs `train_config`"),
-             ({"slurm": {"resources": {"train": {"gpu": 1}}}}, "slurm", "unknown key 'slurm.resources.train.gpu'"),
-             ({"slurm": {"resources": {"eval": {"nodes": 2}}}}, "slurm", "only training spans nodes")]
-    for change, _, message in cases:
+    # (change, the text of the offending line, the message)
+    cases = [({"seed": [1]}, "seed:", "unknown key 'seed'"),
+             ({"splits": ["none", "idd"]}, "splits:", "splits must be one of 'none', 'id', 'ood'"),
+             ({"models": {"m": {"path": "x"}}}, "  m:", "needs `train_config`"),
+             ({"slurm": {"resources": {"train": {"gpu": 1}}}}, "      gpu: 1", "unknown key 'slurm.resources.train.gpu'"),
+             ({"slurm": {"resources": {"eval": {"nodes": 2}}}}, "      nodes: 2", "only training spans nodes"),
+             ({"tasks": [4]}, "tasks:", "tasks must be a list of 1, 2, 3")]
+    for change, line_text, message in cases:
         f = tmp_path / "s.yaml"
-        f.write_text(yaml.safe_dump({**base, **change}, sort_keys=False))
+        text = yaml.safe_dump({**base, **change}, sort_keys=False)
+        f.write_text(text)
+        line = next(i for i, ln in enumerate(text.splitlines(), 1) if ln.startswith(line_text))
         with pytest.raises(MLBenchError) as e:
             load_sweep(f, REPO_ROOT)
-        assert message in str(e.value), (change, str(e.value))
-        assert re.search(r"s\.yaml:\d+", e.value.where), e.value.where  # file:line of the offending key
+        assert message in e.value.what, (change, e.value.what)
+        assert e.value.where == f"{f}:{line}", (change, e.value.where, line)
 
 
 @pytest.mark.parametrize("name,cells,nodes", [("paper", 27, 1), ("paper-multinode", 27, 2)])

@@ -179,13 +179,15 @@ def test_fsdp_two_processes_sigterm_saves_every_shard_and_resumes_exactly(tmp_pa
 
 
 @pytest.mark.integration
-def test_qlora_nf4_takes_real_steps_on_cpu(tmp_path, tiny_model_dir, real_prep):
+def test_qlora_nf4_with_gradient_checkpointing_takes_real_steps_on_cpu(tmp_path, tiny_model_dir, real_prep):
     out = tmp_path / "q"
-    r = subprocess.run(_launch(tiny_model_dir, real_prep, out, "--max-steps", "3", "--set", "quantization=nf4"),
+    r = subprocess.run(_launch(tiny_model_dir, real_prep, out, "--max-steps", "3", "--set", "quantization=nf4",
+                               "--set", "gradient_checkpointing=true"),
                        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     start = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     assert start["linear_4bit_modules"] == 2 * 7  # 2 layers x 7 projections quantized to NF4
+    assert "use_reentrant" not in r.stderr  # non-reentrant checkpointing, asked for explicitly
     steps = _steps(out)
     assert len(steps) == 3 and all(s["loss"] == s["loss"] and s["grad_norm"] > 0 for s in steps)
 
