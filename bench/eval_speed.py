@@ -26,12 +26,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from mlbench_kit.cli import main as mlbench
-from mlbench_kit.dataset import load_samples
 from mlbench_kit.eval.checks import check_output, runs_as_shell
 from mlbench_kit.eval.envs import EnvConfig
 from mlbench_kit.eval.run import prefix_exports, reference_timeout
 from mlbench_kit.eval.sandbox import Env, Job, Limits, Sandbox
+
+from mlbench_kit.cli import main as mlbench
+from mlbench_kit.dataset import load_samples
 
 REPOS = ["External-Attention-pytorch", "PyTorch-GAN", "Time-Series-Library"]
 

@@ -36,11 +36,10 @@ def main() -> None:
                    capture_output=True)
     # generation alone, same prompts and sampling, each backend built once (vLLM's engine start-up is ~35-60 s on
     # CPU and is paid once per `mlbench infer`, so it is reported apart)
-    from transformers import AutoTokenizer
-
     from mlbench_kit.infer.backends import HfBackend, VllmBackend
     from mlbench_kit.infer.prompts import encode, load_prompts
     from mlbench_kit.infer.sampling import load_config
+    from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(tmp / "m")
     items = encode(load_prompts(tmp / "prep" / "full" / "task3.jsonl", 3)[: a.prompts], tok)
     cfg = load_config(None, {"n": 5, "max_tokens": a.max_tokens})

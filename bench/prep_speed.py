@@ -28,9 +28,10 @@ def main() -> int:
     os.environ.setdefault("NLTK_DATA", str(shared / "nltk_data"))
 
     from mlbench_kit.data_prep.corpus import ReadmeCorpus
-    from mlbench_kit.dataset import load_samples
     from mlbench_kit.data_prep.render import Renderer
     from mlbench_kit.data_prep.retrieval import reference_top1
+
+    from mlbench_kit.dataset import load_samples
     from mlbench_kit.hf import load_tokenizer
 
     samples = load_samples(shared / "full.jsonl")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -13,13 +12,18 @@ from typing import Any
 from mlbench_kit.dataset import HUB_ID, Sample, load_samples
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.hf import load_tokenizer
-from mlbench_kit.io import write_atomic, write_json_atomic, write_jsonl_atomic
+from mlbench_kit.io import (
+    atomic_dir,
+    write_atomic,
+    write_json_atomic,
+    write_jsonl_atomic,
+)
 from mlbench_kit.records import TASKS
 
 from .corpus import ReadmeCorpus, checkout_repos
 from .render import Renderer
 from .splits import build_splits, check_no_leak
-from .stats import summarize, to_markdown
+from .stats import prompt_stats, prompt_stats_markdown
 from .templates import TEMPLATES
 
 
@@ -70,11 +74,8 @@ def _save_hf(records: list[dict[str, Any]], folder: Path) -> None:
     # Arrow needs one schema per column: `arguments` dicts have different keys per row, so they are
     # stored JSON-encoded here (the JSONL beside keeps the dict).
     ds = datasets.Dataset.from_list([{**r, "arguments": json.dumps(r["arguments"])} for r in records])
-    tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    ds.save_to_disk(str(tmp))
-    shutil.rmtree(folder, ignore_errors=True)
-    tmp.rename(folder)
+    with atomic_dir(folder) as tmp:
+        ds.save_to_disk(str(tmp))
 
 
 def _model_positions(name: str) -> int | None:
@@ -113,14 +114,14 @@ def run(args: argparse.Namespace) -> int:
             write_jsonl_atomic(out / name / f"task{task}.jsonl", records)
             if not args.no_hf:
                 _save_hf(records, out / name / f"task{task}.hf")
-    stats = summarize(by)
+    stats = prompt_stats(by)
     write_json_atomic(out / "stats.json", stats)
     note = None
     if tokenizer is not None:
         note = (f"Token budget (prompt + answer + EOS): {budget}"
                 + (f", the model's {positions} positions (--max-tokens {args.max_tokens} asked for more)."
                    if budget < args.max_tokens else f" (the model has {positions or 'unknown'} positions)."))
-    write_atomic(out / "stats.md", to_markdown(stats, tokenizer is not None, note))
+    write_atomic(out / "stats.md", prompt_stats_markdown(stats, tokenizer is not None, note))
     write_json_atomic(out / "manifest.json", {
         "data": str(args.data), "splits": {n: len(s) for n, s in splits.items()}, "tasks": args.tasks,
         "template": args.template, "tokenizer": args.tokenizer, "max_tokens": budget,

@@ -17,7 +17,6 @@ from .templates import render
 from .truncate import TokenBudget
 
 
-
 @dataclass
 class Renderer:
     """Holds what is shared across rows: the README corpus, one BM25 index per README, the token budget."""

@@ -6,9 +6,8 @@ import random
 import re
 from collections import defaultdict
 
-from mlbench_kit.errors import MLBenchError
-
 from mlbench_kit.dataset import Sample
+from mlbench_kit.errors import MLBenchError
 
 
 def _norm(text: str) -> str:

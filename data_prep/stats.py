@@ -7,7 +7,7 @@ from collections import defaultdict
 from typing import Any
 
 
-def summarize(records_by: dict[tuple[str, int], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def prompt_stats(records_by: dict[tuple[str, int], list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """One row per (split, task, repository) plus an ``ALL`` row per (split, task)."""
     rows = []
     for (split, task), records in sorted(records_by.items()):
@@ -31,8 +31,8 @@ def summarize(records_by: dict[tuple[str, int], list[dict[str, Any]]]) -> list[d
     return rows
 
 
-def to_markdown(rows: list[dict[str, Any]], tokenized: bool, budget: str | None = None) -> str:
-    """A markdown table of :func:`summarize` rows; ``budget`` says what the token budget was and why."""
+def prompt_stats_markdown(rows: list[dict[str, Any]], tokenized: bool, budget: str | None = None) -> str:
+    """A markdown table of :func:`prompt_stats` rows; ``budget`` says what the token budget was and why."""
     lines = ["# Prompt statistics", ""]
     if budget:
         lines += [budget, ""]

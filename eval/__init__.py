@@ -1,1 +1,2 @@
-"""mlbench_kit.eval"""
+"""mlbench_kit.eval: the execution checker (``mlbench eval``: checks, sandbox, metrics, run report), the
+repositories' environments (``mlbench env``: recipes, builds, gold validation) and ``mlbench report``."""

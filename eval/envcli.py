@@ -167,7 +167,7 @@ def _validate(args: Namespace) -> int:
     from mlbench_kit.dataset import load_samples
 
     from . import run as eval_run
-    from .validate import to_markdown, validate
+    from .validate import validate, validation_markdown
     cache = _cache(args)
     recipes = load_recipes(args.recipes, args.repos or None)
     status = built_status(cache, recipes)
@@ -191,7 +191,7 @@ def _validate(args: Namespace) -> int:
     report = validate(results, rows, status)
     report["recipes"] = {r.repo: r.hash for r in recipes}
     write_json_atomic(out / "validation.json", report)
-    write_atomic(out / "validation.md", to_markdown(report, status))
+    write_atomic(out / "validation.md", validation_markdown(report, status))
     for mode in args.modes:
         n = sum(r[mode]["passed"] for r in report["rows"])
         print(f"validate: {mode}: {n}/{len(rows)} gold answers pass; table: {out / 'validation.md'}", file=sys.stderr)

@@ -9,7 +9,6 @@ from pathlib import Path
 from mlbench_kit.dataset import Sample
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.io import read_jsonl
-
 from mlbench_kit.parse import parse_response
 
 REFERENCE_N = 5  # the benchmark's checker silently drops rows whose output list has another length

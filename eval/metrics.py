@@ -64,7 +64,7 @@ def _group_metrics(samples: list[dict[str, Any]], ks: list[int], ci: bool) -> di
     return out
 
 
-def summarize(results: list[dict[str, Any]], ks: list[int], ci: bool = True) -> dict[str, Any]:
+def score_results(results: list[dict[str, Any]], ks: list[int], ci: bool = True) -> dict[str, Any]:
     """Metrics from per-generation result records (see ``eval.run``): overall, per repository, per type."""
     per_sample: dict[tuple[int, int], dict[str, Any]] = {}
     for r in sorted(results, key=lambda r: (r["github_id"], r["id"], r["idx"])):

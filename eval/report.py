@@ -1,59 +1,41 @@
-"""The markdown report of an eval run."""
+"""`mlbench report NAME=DIR...`: eval runs side by side — per setting (task 1–3), per repository, per type.
+
+Each DIR is an ``mlbench eval`` folder (its summary.json). Folders given the same NAME are one checkpoint: its
+tasks become the settings, and several folders of the same task (seeds) are averaged, the seed range shown.
+Published rows (``--reference``) are added to the tables, marked as quoted.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
 
-from .metrics import ERROR_CLASSES
-
-
-def fmt_rate(v: float | None, rng: tuple | list | None = None) -> str:
-    """A rate to 3 places, with its interval in brackets when given; ``–`` when there is none."""
-    if v is None:
-        return "–"
-    return f"{v:.3f}" + (f" [{rng[0]:.2f}, {rng[1]:.2f}]" if rng else "")
+from .report_data import load_reference, load_settings
+from .report_render import write_csv, write_markdown, write_plots
 
 
-def _row(name: str, m: dict[str, Any], ks: list[int]) -> str:
-    cells = [name, str(m["samples"])]
-    for k in ks:
-        cells.append(fmt_rate(m[f"pass@{k}"], m.get(f"pass@{k}_ci95")))
-    cells += [f"{m['param_hit_precision']:.3f}" if m["param_hit_precision"] is not None else "",
-              f"{m['type_accuracy']:.3f}" if m["type_accuracy"] is not None else ""]
-    return "| " + " | ".join(cells) + " |"
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``mlbench report``."""
+    p.add_argument("runs", nargs="+", help="eval output folders (summary.json); NAME=DIR to label them, the same "
+                                           "NAME for a checkpoint's tasks and seeds")
+    p.add_argument("--out", required=True, help="folder for report.md, report.csv and the PNG plots")
+    p.add_argument("--reference", help="YAML of published rows to quote beside yours (configs/report/*.yaml)")
+    p.add_argument("--skip-missing", action="store_true", help="leave out folders without summary.json (sweeps)")
 
 
-def to_markdown(summary: dict[str, Any]) -> str:
-    """Render ``summary.json`` as markdown."""
-    ks = summary["ks"]
-    head = "| group | samples | " + " | ".join(f"Pass@{k} [95% CI]" for k in ks) + " | param hit | type acc |"
-    sep = "|" + "---|" * (4 + len(ks))
-    m = summary["metrics"]
-    lines = [f"# ML-Bench execution report ({summary['mode']} mode, {summary['backend']} backend)", "",
-             f"Generations: `{summary['generations']}`; {summary['n']} outputs per sample; "
-             f"{summary['executions']} executions run, {summary['cached_executions']} reused.", "",
-             head, sep, _row("**all**", m["overall"], ks)]
-    lines += [_row(f"type: {t}", v, ks) for t, v in m["per_type"].items()]
-    lines += [_row(r, v, ks) for r, v in m["per_repo"].items()]
-    ub = ", ".join(f"{k}: {m['overall'][f'unbiased_pass@{k}']}" for k in ks)
-    lines += ["", f"Unbiased pass@k (Chen et al., over all n outputs): {ub}.", "", "## Error classes", "",
-              "| class | meaning | outputs |", "|---|---|---|"]
-    for cls, cnt in sorted(m["overall"]["error_classes"].items()):
-        lines.append(f"| {cls} | {ERROR_CLASSES.get(cls, '')} | {cnt} |")
-    gv = summary.get("gold_valid")
-    if gv:
-        lines += ["", f"## Gold-valid rows ({gv['rows']} rows whose own answer passes in its environment)", "",
-                  f"From `{gv['source']}`. The table above is the paper's number, over all rows; this one is what a "
-                  "model can actually be credited for.", "", head, sep]
-        if gv["metrics"]:
-            lines.append(_row("**gold-valid**", gv["metrics"], ks))
-        lines += ["", "Excluded rows, by cause:", ""]
-        lines += [f"- {cause}: {len(keys)} rows (first: {keys[:6]})" for cause, keys in sorted(gv["excluded"].items())]
-    g = summary["gold_ceiling"]
-    lines += ["", "## Gold ceiling (ground truth under the benchmark's parameter and type checks)", "",
-              "| repository | rows | param ok | type ok | both |", "|---|---|---|---|---|"]
-    for repo, c in g.items():
-        lines.append(f"| {repo} | {c['rows']} | {c['param_ok']} | {c['type_ok']} | {c['both']} |")
-    notes = summary["notes"]
-    lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
-    return "\n".join(lines) + "\n"
+def run(args: argparse.Namespace) -> int:
+    """Write report.csv, the plots and report.md; returns the exit status."""
+    settings = load_settings(args.runs, args.skip_missing)
+    refs = load_reference(args.reference) if args.reference else []
+    out = Path(args.out)
+    ks = sorted({k for s in settings for summ in s.summaries for k in summ["ks"]})
+    write_csv(settings, refs, ks, out / "report.csv")
+    plots = write_plots(settings, ks, out)
+    write_markdown(settings, refs, ks, plots, out / "report.md")
+    runs = defaultdict(list)
+    for s in settings:
+        runs[s.run].append(s.task)
+    print(f"report: {len(runs)} run(s), {len(settings)} setting(s): {out / 'report.md'}", file=sys.stderr)
+    return 0

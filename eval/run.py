@@ -15,6 +15,7 @@ import sys
 import threading
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +23,21 @@ from tqdm import tqdm
 
 from mlbench_kit.dataset import Sample, load_samples
 from mlbench_kit.errors import MLBenchError
+from mlbench_kit.io import (
+    AppendLog,
+    claim_run_folder,
+    read_jsonl_tolerant,
+    write_atomic,
+    write_json_atomic,
+    write_jsonl_atomic,
+)
 from mlbench_kit.records import EvalResult
-from mlbench_kit.io import (AppendLog, claim_run_folder, read_jsonl_tolerant, write_atomic, write_json_atomic,
-                            write_jsonl_atomic)
 
 from .checks import check_output, runs_as_shell
 from .envs import EnvConfig
 from .generations import load_generations
-from .metrics import summarize
-from .report import to_markdown
+from .metrics import score_results
+from .run_report import render_run_report
 from .sandbox import BACKENDS, ExecResult, Job, Limits, Sandbox, check_backend
 from .static_cli import check_command
 
@@ -116,11 +123,33 @@ def _sha(*parts: str) -> str:
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:16]
 
 
+@dataclass(frozen=True)
+class ScoringRules:
+    """How one generation is checked and executed: the mode's rules and the sandbox's limits."""
+
+    mode: str = "compat"
+    timeout: float | None = None  # None: the benchmark's per-repository limits
+    timeout_pass: bool = False
+    static_gate: bool = False
+    mem_mb: int = 8192
+    pids: int = 512
+    cpus: float | None = None
+    disk_mb: int = 2048
+
+    @classmethod
+    def from_args(cls, a: argparse.Namespace) -> "ScoringRules":
+        return cls(a.mode, a.timeout, a.timeout_pass, a.static_gate, a.mem_mb, a.pids, a.cpus, a.disk_mb)
+
+    @property
+    def strict(self) -> bool:
+        return self.mode == "strict"
+
+
 class Scorer:
     """Scores one generation at a time; identical (sample, output) executions run once."""
 
-    def __init__(self, args: argparse.Namespace, envs: EnvConfig, sandbox: Sandbox) -> None:
-        self.args, self.envs, self.sandbox = args, envs, sandbox
+    def __init__(self, rules: ScoringRules, envs: EnvConfig, sandbox: Sandbox) -> None:
+        self.rules, self.envs, self.sandbox = rules, envs, sandbox
         self._cache: dict[str, ExecResult] = {}
         self._locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
         self.executions = self.cached = 0
@@ -134,10 +163,10 @@ class Scorer:
             if key in self._cache:
                 self.cached += 1
                 return self._cache[key], True
-            a = self.args
-            wall = a.timeout or reference_timeout(s.github_id, as_shell)
-            limits = Limits(wall_s=wall, mem_mb=a.mem_mb, pids=a.pids, cpus=a.cpus, disk_mb=a.disk_mb)
-            res = self.sandbox.run(Job(output, as_shell, env, s.path, exports), limits, drain=a.mode == "strict")
+            r = self.rules
+            wall = r.timeout or reference_timeout(s.github_id, as_shell)
+            limits = Limits(wall_s=wall, mem_mb=r.mem_mb, pids=r.pids, cpus=r.cpus, disk_mb=r.disk_mb)
+            res = self.sandbox.run(Job(output, as_shell, env, s.path, exports), limits, drain=r.strict)
             if res.fault:
                 return res, False  # not cached: a fixed environment runs it again
             self._cache[key] = res
@@ -146,7 +175,7 @@ class Scorer:
 
     def score(self, s: Sample, idx: int, output: str) -> EvalResult:
         """The verdict on one generation (``fault`` set, and no verdict, when the environment failed)."""
-        a, strict = self.args, self.args.mode == "strict"
+        a, strict = self.rules, self.rules.strict
         checks = check_output(output, s.arguments, s.type, a.mode)
         env = self.envs.for_repo(s.repo)
         cli = None
@@ -242,7 +271,7 @@ def _execute(args: argparse.Namespace, samples: dict, gens: Any, out: Path) -> i
         claim_run_folder(out / "run.json", _config(args))
         faults: list[EvalResult] = []
         stop = threading.Event()
-        scorer = Scorer(args, envs, sandbox)
+        scorer = Scorer(ScoringRules.from_args(args), envs, sandbox)
         lock = threading.Lock()
         with AppendLog(results_path) as log:
             def work(item: tuple[Sample, int, str]) -> bool:
@@ -314,7 +343,7 @@ def run(args: argparse.Namespace) -> int:
                "backend": args.backend, "n": gens.n, "ks": ks,
                "executions": sum(r["executed"] and not r["cached"] for r in results),
                "cached_executions": sum(r["cached"] for r in results),
-               "metrics": summarize(results, ks, ci=not args.no_ci), "gold_ceiling": gold_ceiling(scored),
+               "metrics": score_results(results, ks, ci=not args.no_ci), "gold_ceiling": gold_ceiling(scored),
                "reference_would_drop": gens.reference_would_drop, "missing": gens.missing, "notes": notes}
     if args.validation:
         summary["gold_valid"] = _gold_valid_metrics(args.validation, results, ks, not args.no_ci)
@@ -323,7 +352,7 @@ def run(args: argparse.Namespace) -> int:
                         f"(faults.jsonl); fix the environment and re-run the same command to score them")
     summary["faults"] = n_faults
     write_json_atomic(out / "summary.json", summary)
-    write_atomic(out / "report.md", to_markdown(summary))
+    write_atomic(out / "report.md", render_run_report(summary))
     o = summary["metrics"]["overall"]
     print(f"eval: {o['samples']} samples, " + ", ".join(f"Pass@{k} {o[f'pass@{k}']:.3f}" for k in ks)
           + f"; report: {out / 'report.md'}", file=sys.stderr)
@@ -343,7 +372,7 @@ def _gold_valid_metrics(path: str, results: list[dict[str, Any]], ks: list[int],
         if cause is not None:
             excluded.setdefault(cause, []).append(list(key))
     return {"source": str(path), "rows": len({(r["github_id"], r["id"]) for r in keep}),
-            "metrics": summarize(keep, ks, ci=ci)["overall"] if keep else None, "excluded": excluded}
+            "metrics": score_results(keep, ks, ci=ci)["overall"] if keep else None, "excluded": excluded}
 
 
 def _fault_exit(out: Path, n_faults: int) -> int:

@@ -33,8 +33,18 @@ from pathlib import Path
 from mlbench_kit.errors import MLBenchError
 
 from . import cgroups
-from .engines import (NONCE_ENV, SANDBOX, Identity, Mounts, apptainer_argv, bwrap_argv, container_argv,
-                      seccomp_profile, stage_script, unshare_argv)
+from .engines import (
+    NONCE_ENV,
+    SANDBOX,
+    Identity,
+    Mounts,
+    apptainer_argv,
+    bwrap_argv,
+    container_argv,
+    seccomp_profile,
+    stage_script,
+    unshare_argv,
+)
 
 BACKENDS = ("bwrap", "podman", "docker", "apptainer", "local")
 PIPE_BUF = 65536

@@ -100,7 +100,7 @@ def per_repo(rows: list[dict[str, Any]], modes: list[str]) -> dict[str, dict[str
             for k, v in sorted(table.items())}
 
 
-def to_markdown(report: dict[str, Any], built: dict[str, str | None]) -> str:
+def validation_markdown(report: dict[str, Any], built: dict[str, str | None]) -> str:
     """The per-repository table and every failing row with its cause."""
     modes = report["modes"]
     lines = ["# Gold validation", "", "| repository | env | rows | " + " | ".join(f"{m} pass" for m in modes)

@@ -19,11 +19,17 @@ from tqdm import tqdm
 
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.hf import TRAIN_META
-from mlbench_kit.parse import PARSERS, parse_response
 from mlbench_kit.io import AppendLog, claim_run_folder, read_jsonl_tolerant
+from mlbench_kit.parse import PARSERS, parse_response
 from mlbench_kit.records import TASKS, GenerationRecord
 
-from .adapters import adapter_config, adapter_identity, check_base, engine_lora_rank, model_identity
+from .adapters import (
+    adapter_config,
+    adapter_identity,
+    check_base,
+    engine_lora_rank,
+    model_identity,
+)
 from .backends import Backend
 from .prompts import PromptItem, encode, load_prompts, task_file
 from .sampling import InferConfig, load_config

@@ -11,7 +11,7 @@ from .errors import MLBenchError
 
 def _stages() -> dict[str, tuple[str, Callable, Callable]]:
     from mlbench_kit.data_prep import prepare
-    from mlbench_kit.eval import compare, envcli
+    from mlbench_kit.eval import envcli, report
     from mlbench_kit.eval import run as eval_run
     from mlbench_kit.infer import run as infer_run
     from mlbench_kit.slurm import sweep
@@ -23,7 +23,7 @@ def _stages() -> dict[str, tuple[str, Callable, Callable]]:
         "infer": ("sample n responses per prompt (vLLM, HF or an OpenAI-compatible endpoint)",
                   infer_run.add_arguments, infer_run.run),
         "eval": ("execute generations in a sandbox and score them", eval_run.add_arguments, eval_run.run),
-        "report": ("eval runs side by side: markdown, CSV, PNG", compare.add_arguments, compare.run),
+        "report": ("eval runs side by side: markdown, CSV, PNG", report.add_arguments, report.run),
         "env": ("build, check and gold-validate the repositories' execution environments", envcli.add_arguments,
                 envcli.run),
         "sweep": ("plan, submit and follow a Slurm sweep (train -> infer -> eval -> report)",

@@ -30,7 +30,7 @@ class Unit:
 
 
 @dataclass
-class Job:
+class ArrayJob:
     """One job array: a stage's units and the arrays it depends on (``(kind, job name)``)."""
 
     name: str
@@ -109,17 +109,17 @@ def report_cmd(sweep: Sweep) -> list[str]:
 _CELL_CMDS = {"train": train_cmd, "infer": infer_cmd, "eval": eval_cmd}
 
 
-def _cell_job(sweep: Sweep, name: str, stage: str, cells: list[tuple[int, Cell]], deps: list[tuple[str, str]]) -> Job:
+def _cell_job(sweep: Sweep, name: str, stage: str, cells: list[tuple[int, Cell]], deps: list[tuple[str, str]]) -> ArrayJob:
     cmd = _CELL_CMDS[stage]
-    return Job(name, stage, [Unit(i, c.key, str(cell_dir(sweep, c) / stage), cmd(sweep, c)) for i, c in cells], deps)
+    return ArrayJob(name, stage, [Unit(i, c.key, str(cell_dir(sweep, c) / stage), cmd(sweep, c)) for i, c in cells], deps)
 
 
-def jobs(sweep: Sweep) -> list[Job]:
+def jobs(sweep: Sweep) -> list[ArrayJob]:
     """Every job array of the sweep, in submission order, with all units (done or not)."""
     cells = list(enumerate(sweep.cells()))
     tuned = [(i, c) for i, c in cells if c.split != "none"]
     base = [(i, c) for i, c in cells if c.split == "none"]
-    out = [Job("prep", "prep", [Unit(i, m, str(prep_dir(sweep, m)), prep_cmd(sweep, m))
+    out = [ArrayJob("prep", "prep", [Unit(i, m, str(prep_dir(sweep, m)), prep_cmd(sweep, m))
                                 for i, m in enumerate(sweep.models)])]
     if tuned:
         out += [_cell_job(sweep, "train", "train", tuned, [("afterok", "prep")]),
@@ -128,7 +128,7 @@ def jobs(sweep: Sweep) -> list[Job]:
     if base:
         out += [_cell_job(sweep, "infer-base", "infer", base, [("afterok", "prep")]),
                 _cell_job(sweep, "eval-base", "eval", base, [("aftercorr", "infer-base")])]
-    out.append(Job("report", "report", [Unit(0, "report", str(sweep.run_dir / "report"), report_cmd(sweep))],
+    out.append(ArrayJob("report", "report", [Unit(0, "report", str(sweep.run_dir / "report"), report_cmd(sweep))],
                    [("afterany", j.name) for j in out]))
     return out
 
@@ -151,7 +151,7 @@ def _env() -> jinja2.Environment:
     return env
 
 
-def render(sweep: Sweep, job: Job) -> str:
+def render(sweep: Sweep, job: ArrayJob) -> str:
     """The sbatch script of one job array (only its ``units``)."""
     s = sweep.cfg.slurm
     r = sweep.resources(job.stage)

@@ -21,7 +21,7 @@ import yaml
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.io import AppendLog, read_jsonl_tolerant, write_atomic
 
-from .render import Job, done_marker, jobs, render
+from .render import ArrayJob, done_marker, jobs, render
 from .spec import Sweep, load_sweep
 
 ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED", "REQUEUE_HOLD",
@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             a.add_argument("--json", action="store_true", help="print the status of every unit as JSON")
 
 
-def _pending_units(sweep: Sweep, job: Job) -> list:
+def _pending_units(sweep: Sweep, job: ArrayJob) -> list:
     if job.stage == "report":
         return job.units
     return [u for u in job.units if not done_marker(sweep, job.stage, u.key).exists()]

@@ -1,1 +1,2 @@
-"""mlbench_kit.train — placeholder package; the stage lands with its issue."""
+"""mlbench_kit.train: the LoRA/QLoRA recipe (``train/lora.py``) and its parts: config, data (tokenize, pack,
+batch), model (base, LoRA, precision, attention), checkpoint (state, preemption), distributed (CPU paths)."""

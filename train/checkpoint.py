@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from mlbench_kit.hf import TRAIN_META
-from mlbench_kit.io import write_json_atomic
+from mlbench_kit.io import atomic_dir, write_json_atomic
 
 PREEMPTED_EXIT = 75  # EX_TEMPFAIL: a checkpoint was saved on a signal; re-run with --resume auto
 _STEP = re.compile(r"^step-(\d+)$")
@@ -107,14 +107,10 @@ def save_adapter(accelerator: Any, model: Any, path: Path, tokenizer: Any, meta:
     if state is None:
         state = trainable_state(accelerator, model)
     if accelerator.is_main_process:
-        unwrapped = accelerator.unwrap_model(model)
-        tmp = path.with_name(path.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        unwrapped.save_pretrained(tmp, state_dict=state, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        write_json_atomic(tmp / TRAIN_META, meta)
-        shutil.rmtree(path, ignore_errors=True)
-        tmp.rename(path)
+        with atomic_dir(path) as tmp:
+            accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=state, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+            write_json_atomic(tmp / TRAIN_META, meta)
     accelerator.wait_for_everyone()
 
 
@@ -159,7 +155,10 @@ def save_checkpoint(accelerator: Any, model: Any, optimizer: Any, scheduler: Any
         # the engine saves ZeRO's partitioned optimizer state and fp32 master weights, one file per rank
         model.save_checkpoint(str(tmp / "deepspeed"), tag="state", exclude_frozen_parameters=True)
     else:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+        )
         optim = get_optimizer_state_dict(model, optimizer,
                                          options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if accelerator.is_main_process:
@@ -187,8 +186,11 @@ def load_checkpoint(accelerator: Any, model: Any, optimizer: Any, scheduler: Any
                               load_optimizer_states=True, load_lr_scheduler_states=False)
     else:
         from safetensors.torch import load_file
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                             set_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
         full = StateDictOptions(full_state_dict=True, strict=False)
         set_model_state_dict(model, load_file(path / "trainable.safetensors"), options=full)
         set_optimizer_state_dict(model, optimizer, torch.load(path / "optimizer.pt", weights_only=False),

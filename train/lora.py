@@ -32,9 +32,15 @@ if __package__ in (None, "") and sys.path and Path(sys.path[0]).resolve() == Pat
     # (config.py, data.py, ...) cannot shadow other packages; they are imported from the installed namespace.
     sys.path.pop(0)
 
+from mlbench_kit.train.config import (
+    SHORTCUTS,
+    TrainConfig,
+    load_train_config,
+    save_resolved,
+)
+
 from mlbench_kit.errors import MLBenchError
-from mlbench_kit.io import AppendLog, claim_run_folder, write_json_atomic
-from mlbench_kit.train.config import SHORTCUTS, TrainConfig, load_train_config, save_resolved
+from mlbench_kit.io import AppendLog, atomic_dir, claim_run_folder, write_json_atomic
 
 
 class LoRAFinetuneRecipe:
@@ -71,8 +77,11 @@ class LoRAFinetuneRecipe:
     def _setup_accelerator(self) -> None:
         import torch
         from accelerate import Accelerator
-
-        from mlbench_kit.train.distributed import deepspeed_on_cpu_kwargs, deepspeed_requested, enable_fsdp_on_cpu
+        from mlbench_kit.train.distributed import (
+            deepspeed_on_cpu_kwargs,
+            deepspeed_requested,
+            enable_fsdp_on_cpu,
+        )
         from mlbench_kit.train.model import resolve_attention, resolve_precision
         self.precision = resolve_precision(self.cfg.precision)
         self.attention = resolve_attention(self.cfg.attn_implementation)
@@ -91,10 +100,10 @@ class LoRAFinetuneRecipe:
         self.world, self.rank = self.accelerator.num_processes, self.accelerator.process_index
 
     def _setup_tokenizer_and_context(self) -> None:
+        from mlbench_kit.train.model import max_positions
         from transformers import AutoConfig
 
         from mlbench_kit.hf import load_tokenizer
-        from mlbench_kit.train.model import max_positions
         self.tok = load_tokenizer(self.cfg.model)
         if self.tok.pad_token_id is None:
             self.tok.pad_token = self.tok.eos_token  # padding is masked and never counted, so EOS is safe here
@@ -161,8 +170,14 @@ class LoRAFinetuneRecipe:
                                                                               self.scheduler)
 
     def _setup_state(self) -> None:
+        from mlbench_kit.train.checkpoint import (
+            Preemption,
+            TrainState,
+            latest_checkpoint,
+            load_checkpoint,
+        )
+
         from mlbench_kit.hf import fingerprint
-        from mlbench_kit.train.checkpoint import Preemption, TrainState, latest_checkpoint, load_checkpoint
         d = self.cfg.data
         self.meta = {"base_model": self.cfg.model, "base_fingerprint": fingerprint(self.model_config.to_dict()),
                      "template": self.cfg.template, "task": d.task, "split": d.split, "seed": self.cfg.seed,
@@ -238,7 +253,6 @@ class LoRAFinetuneRecipe:
         all ranks. Gradients are synchronised (all-reduce, reduce-scatter, ZeRO reduction) on the last
         micro-batch only. None when preemption was agreed before the step finished."""
         import torch
-
         from mlbench_kit.train.data import collate, token_losses
         acc, model = self.accelerator, self.model
         batches = [collate(self.train_set, rows, self.tok.pad_token_id) for rows in group]
@@ -326,11 +340,8 @@ class LoRAFinetuneRecipe:
         if not self.main:
             return
         # the final checkpoint's adapter is the result: publish a copy rather than gather the shards again
-        tmp = self.final_adapter.with_name(self.final_adapter.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(last / "adapter", tmp)
-        shutil.rmtree(self.final_adapter, ignore_errors=True)
-        tmp.rename(self.final_adapter)
+        with atomic_dir(self.final_adapter) as tmp:
+            shutil.copytree(last / "adapter", tmp, dirs_exist_ok=True)
         s = self.state
         summary = {"steps": s.step, "tokens": s.tokens, "target_tokens": s.target_tokens,
                    "seconds_this_process": time.perf_counter() - self._t0, "adapter": str(self.final_adapter),
@@ -350,7 +361,6 @@ class LoRAFinetuneRecipe:
 def evaluate(accelerator: Any, model: Any, examples: list, pad_id: int) -> float | None:
     """Mean answer-token loss on the held-out examples (sharded over ranks)."""
     import torch
-
     from mlbench_kit.train.data import collate, token_losses
     if not examples:
         return None

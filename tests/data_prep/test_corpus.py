@@ -2,8 +2,8 @@ import json
 import subprocess
 
 import pytest
-
 from mlbench_kit.data_prep.corpus import ReadmeCorpus, checkout_repos
+
 from mlbench_kit.dataset import load_samples
 from mlbench_kit.errors import MLBenchError
 

@@ -1,12 +1,12 @@
 import json
 
 import pytest
-
-from mlbench_kit.cli import main
 from mlbench_kit.data_prep.corpus import ReadmeCorpus
-from mlbench_kit.dataset import load_samples
 from mlbench_kit.data_prep.render import Renderer
 from mlbench_kit.data_prep.templates import render
+
+from mlbench_kit.cli import main
+from mlbench_kit.dataset import load_samples
 from mlbench_kit.errors import MLBenchError
 
 

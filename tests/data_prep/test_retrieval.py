@@ -1,12 +1,11 @@
 import subprocess
 import sys
 
-import pytest
+from mlbench_kit.data_prep.corpus import ReadmeCorpus
+from mlbench_kit.data_prep.retrieval import WindowIndex, reference_top1, windows
 from rank_bm25 import BM25Okapi
 
-from mlbench_kit.data_prep.corpus import ReadmeCorpus
 from mlbench_kit.dataset import load_samples
-from mlbench_kit.data_prep.retrieval import WindowIndex, reference_top1, windows
 
 
 def test_task2_windows_equal_reference_on_all_260_rows(shared):

@@ -6,14 +6,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-from conftest import REPO_ROOT
 import yaml
+from conftest import REPO_ROOT
+from mlbench_kit.eval.envbuild import Builder, apptainer_def, containerfile, env_dir
+from mlbench_kit.eval.recipes import load_recipe, load_recipes
 
 from mlbench_kit.cli import main
 from mlbench_kit.errors import MLBenchError
-from mlbench_kit.eval.envbuild import Builder, apptainer_def, containerfile, env_dir
-from mlbench_kit.eval.recipes import load_recipe, load_recipes
 
 RECIPES = REPO_ROOT / "configs" / "eval" / "envs"
 FIXTURES = REPO_ROOT / "configs" / "eval" / "envs-sample"

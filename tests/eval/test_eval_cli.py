@@ -1,9 +1,7 @@
 import json
 import shutil
-from pathlib import Path
 
 import pytest
-
 from conftest import REPO_ROOT
 
 from mlbench_kit.cli import main
@@ -49,7 +47,9 @@ def test_scores_resumes_and_rescores(tmp_path, capsys):
     (out / "results.jsonl").write_text("".join(lines[:-7]) + lines[-7][:20])
     capsys.readouterr()
     assert _eval(gens, out) == 0
-    assert "0 already done" not in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"executed 7 (reused 0); " in err or "/7 new generations passed" in err, err
+    assert f"; {len(lines) - 7} done before" in err  # the kept records were not run again
     res2 = [json.loads(x) for x in (out / "results.jsonl").open()]
     assert sorted((r["id"], r["idx"]) for r in res2) == sorted((r["id"], r["idx"]) for r in res)
     assert _eval(gens, out) == 0
@@ -97,3 +97,5 @@ def test_gold_and_raw_responses(tmp_path):
     s = json.loads((tmp_path / "raw" / "summary.json").read_text())
     assert s["metrics"]["overall"]["pass@1"] == 1.0 and len(s["missing"]) == sum(json.loads(x)["type"] == "Python Code" for x in SAMPLE.open())
     assert main(["eval", "--data", str(SAMPLE), "--gold", "--envs", str(ENVS), "--out", str(tmp_path / "g")]) == 0
+    gold = json.loads((tmp_path / "g" / "summary.json").read_text())["metrics"]["overall"]
+    assert gold["samples"] == len(rows) and gold["pass@1"] == 1.0  # every dataset answer runs in its repository

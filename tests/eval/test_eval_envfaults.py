@@ -7,13 +7,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from conftest import REPO_ROOT
 import yaml
-
-from mlbench_kit.cli import main
+from conftest import REPO_ROOT
 from mlbench_kit.eval import run as eval_run
 from mlbench_kit.eval.sandbox import Sandbox
+
+from mlbench_kit.cli import main
 
 SAMPLE = REPO_ROOT / "examples" / "sample" / "samples.jsonl"
 ENVS = REPO_ROOT / "configs" / "eval" / "sample.yaml"

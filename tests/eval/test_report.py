@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO_ROOT, run_cli
 
 SAMPLE = REPO_ROOT / "examples" / "sample" / "samples.jsonl"

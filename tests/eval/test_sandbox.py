@@ -12,14 +12,13 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from conftest import REPO_ROOT
-
-from mlbench_kit.errors import MLBenchError
 from mlbench_kit.eval import cgroups
 from mlbench_kit.eval.engines import Mounts, container_argv, seccomp_profile
 from mlbench_kit.eval.sandbox import Env, Job, Limits, Sandbox, check_backend
 from mlbench_kit.eval.static_cli import check_command
+
+from mlbench_kit.errors import MLBenchError
 
 REPO = REPO_ROOT / "examples" / "sample" / "repos" / "toybench"
 IS_ROOT = os.geteuid() == 0
@@ -323,7 +322,9 @@ def test_seccomp_profile_blocks_namespaces():
 
 
 def test_local_backend_runs_with_consent(tmp_path):
+    before = sorted(str(p.relative_to(REPO)) for p in REPO.rglob("*"))
     with Sandbox("local", tmp_path) as sb:
-        r = sb.run(Job("python train.py --epochs 1 & sleep 0.5; echo done", True, Env("toybench", REPO), "./"),
-                   Limits())
-    assert r.exit_code == 0 and "done" in r.log and os.path.exists(REPO / "train.py")
+        r = sb.run(Job("python train.py --epochs 1 && test -f out/model.json && echo done", True,
+                       Env("toybench", REPO), "./"), Limits())
+    assert r.exit_code == 0 and "done" in r.log  # it wrote out/model.json ...
+    assert sorted(str(p.relative_to(REPO)) for p in REPO.rglob("*")) == before  # ... into a copy, not the checkout

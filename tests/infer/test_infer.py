@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO_ROOT, run_cli
+
 from mlbench_kit.parse import parse_response
 
 CFG = "configs/infer/tiny-cpu.yaml"

@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from mlbench_kit.errors import MLBenchError
+from conftest import REPO_ROOT, run_cli
 from mlbench_kit.slurm.render import jobs, render
 from mlbench_kit.slurm.spec import load_sweep
 
-from conftest import REPO_ROOT, run_cli
+from mlbench_kit.errors import MLBenchError
 
 SAMPLE = REPO_ROOT / "examples" / "sample"
 

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO_ROOT
 from test_train import _adapter, _assert_same, _interrupt, _launch, _steps
 

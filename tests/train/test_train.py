@@ -13,11 +13,17 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from safetensors.torch import load_file
-
 from conftest import REPO_ROOT, run_cli
 from mlbench_kit.train.config import load_train_config
-from mlbench_kit.train.data import IGNORE, collate, epoch_batches, load_examples, pack, token_losses
+from mlbench_kit.train.data import (
+    IGNORE,
+    collate,
+    epoch_batches,
+    load_examples,
+    pack,
+    token_losses,
+)
+from safetensors.torch import load_file
 
 
 def _launch(model: Path, prep: Path, out: Path, *extra: str, config: str = "configs/accelerate/single.yaml",

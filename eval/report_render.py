@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 from mlbench_kit.io import write_atomic
 
 from .metrics import ERROR_CLASSES
-from .report import fmt_rate
+from .run_report import fmt_rate
 
 if TYPE_CHECKING:
-    from .compare import Reference, Setting
+    from .report_data import Reference, Setting
 
 EXTRA = ("param_hit_precision", "param_all_hit_rate", "type_accuracy")
 

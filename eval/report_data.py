@@ -1,17 +1,11 @@
-"""`mlbench report NAME=DIR...`: eval runs side by side — per setting (task 1–3), per repository, per type.
-
-Each DIR is an ``mlbench eval`` folder (its summary.json). Folders given the same NAME are one checkpoint: its
-tasks become the settings, and several folders of the same task (seeds) are averaged, the seed range shown.
-Published rows (``--reference``) are added to the tables, marked as quoted.
-"""
+"""What `mlbench report` reads: eval folders grouped into settings (checkpoint x task, seeds averaged) and
+published rows quoted from a reference file."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,8 +14,6 @@ import yaml
 
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.records import TASKS
-
-from .compare_render import write_csv, write_markdown, write_plots
 
 
 @dataclass
@@ -60,15 +52,6 @@ class Reference:
     task: int | None
     source: str
     values: dict[str, float]
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of ``mlbench report``."""
-    p.add_argument("runs", nargs="+", help="eval output folders (summary.json); NAME=DIR to label them, the same "
-                                           "NAME for a checkpoint's tasks and seeds")
-    p.add_argument("--out", required=True, help="folder for report.md, report.csv and the PNG plots")
-    p.add_argument("--reference", help="YAML of published rows to quote beside yours (configs/report/*.yaml)")
-    p.add_argument("--skip-missing", action="store_true", help="leave out folders without summary.json (sweeps)")
 
 
 def _task_of(summary: dict[str, Any]) -> int | None:
@@ -120,19 +103,3 @@ def load_reference(path: str) -> list[Reference]:
         table = f", table {row['table']}" if row.get("table") else ""
         refs.append(Reference(row["name"], row.get("task"), f"{source}{table}", values))
     return refs
-
-
-def run(args: argparse.Namespace) -> int:
-    """Write report.csv, the plots and report.md; returns the exit status."""
-    settings = load_settings(args.runs, args.skip_missing)
-    refs = load_reference(args.reference) if args.reference else []
-    out = Path(args.out)
-    ks = sorted({k for s in settings for summ in s.summaries for k in summ["ks"]})
-    write_csv(settings, refs, ks, out / "report.csv")
-    plots = write_plots(settings, ks, out)
-    write_markdown(settings, refs, ks, plots, out / "report.md")
-    runs = defaultdict(list)
-    for s in settings:
-        runs[s.run].append(s.task)
-    print(f"report: {len(runs)} run(s), {len(settings)} setting(s): {out / 'report.md'}", file=sys.stderr)
-    return 0
