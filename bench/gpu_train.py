@@ -74,7 +74,12 @@ def run_one(name: str, shape: dict, mode: str, folder: Path, lengths: list[int],
             device: str, loss_chunk: int = 4096, packed: bool = True, attention: str = "auto") -> dict:
     from mlbench_kit.train.config import TrainConfig
     from mlbench_kit.train.data import token_losses
-    from mlbench_kit.train.model import add_lora, load_base, resolve_attention, resolve_precision
+    from mlbench_kit.train.model import (
+        add_lora,
+        load_base,
+        resolve_attention,
+        resolve_precision,
+    )
     cfg = TrainConfig(model=str(folder), quantization="nf4" if mode == "qlora" else None, gradient_checkpointing=True)
     precision = resolve_precision("auto")
     attention = resolve_attention("auto") if attention == "auto" else attention
@@ -169,7 +174,7 @@ def main() -> None:
                 print(json.dumps(r), flush=True)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
-    print(f"\n| model | mode | tokens/s | peak GiB | MFU | device |\n|---|---|---|---|---|---|", file=sys.stderr)
+    print("\n| model | mode | tokens/s | peak GiB | MFU | device |\n|---|---|---|---|---|---|", file=sys.stderr)
     for r in results:
         print(f"| {r['model']} | {r['mode']} | {r['tokens_per_s']:.0f} | {r['peak_mem_gib']} | {r['mfu']} | "
               f"{r['device']} |", file=sys.stderr)

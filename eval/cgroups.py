@@ -254,3 +254,25 @@ def _field(text: str, key: str) -> int:
         if len(parts) == 2 and parts[0] == key and parts[1].isdigit():
             return int(parts[1])
     return 0
+
+
+def usable_cores() -> int:
+    """The cores this process may use: its CPU affinity, lowered to its cgroup's CPU quota where one is set (a
+    container limited to 2 CPUs on a 64-core host sees 64 cores in its affinity)."""
+    cores = len(os.sched_getaffinity(0))
+    if (ROOT / "cgroup.controllers").is_file():
+        files = [(d / "cpu.max", None) for d in (ROOT / _own_path("").lstrip("/"), ROOT)]
+    else:
+        files = [(d / "cpu.cfs_quota_us", d / "cpu.cfs_period_us") for d in (ROOT / "cpu" / _own_path("cpu").lstrip("/"),
+                                                                            ROOT / "cpu")]
+    for quota_file, period_file in files:
+        try:
+            if period_file is None:
+                quota, period = quota_file.read_text().split()[:2]
+            else:
+                quota, period = quota_file.read_text().strip(), period_file.read_text().strip()
+            if quota not in ("max", "-1"):
+                return max(1, min(cores, int(quota) // int(period)))
+        except (OSError, ValueError):
+            continue
+    return cores

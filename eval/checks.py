@@ -67,24 +67,104 @@ def option_values(tokens: list[str]) -> dict[str, list[str]]:
     return out
 
 
+_NUMBER = re.compile(r"(?<![\d.])[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+
+
+def number_in(text: str, value: float) -> bool:
+    """A number literal of this value occurs in ``text`` (``1e-3`` == ``0.001``; ``1`` is not in ``10``)."""
+    return any(_num(m) == value or _num(m.lstrip("+-")) == value for m in _NUMBER.findall(text))
+
+
+def _words(name: str) -> list[str]:
+    return [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w]
+
+
+def related(key: str, option: str) -> bool:
+    """Whether a loose parameter label can name an option: one contains the other, a word of one (3+ letters)
+    is in the other (``layer_number`` ~ ``repr_layers``, ``resolution size`` ~ ``loadSize``, ``number of
+    points`` ~ ``num_points``), or one is the other's initials (``learning rate`` ~ ``lr``)."""
+    a, b = _words(key), _words(option)
+    if not a or not b:
+        return False
+    ja, jb = "".join(a), "".join(b)
+    if ja in jb or jb in ja:
+        return True
+    if any(len(x) >= 3 and len(y) >= 3 and (x.startswith(y) or y.startswith(x)) for x in a for y in b):
+        return True
+    if any(len(x) >= 3 and x in jb for x in a) or any(len(y) >= 3 and y in ja for y in b):
+        return True
+    return "".join(w[0] for w in a) == jb or "".join(w[0] for w in b) == ja
+
+
+def _whole(text: str, value: str) -> bool:
+    return re.search(rf"(?<![A-Za-z0-9]){re.escape(value)}(?![A-Za-z0-9])", text, re.IGNORECASE) is not None
+
+
+def _owned(tokens: list[str]) -> list[tuple[str | None, str]]:
+    """Each token's text and the option it is a value of (None: an option name, a positional, a command)."""
+    out: list[tuple[str | None, str]] = []
+    owner = None
+    for tok in tokens:
+        if tok in ("&&", "||", ";", "|", "&"):
+            owner = None
+            out.append((None, tok))
+        elif tok.startswith("-") and _num(tok) is None:
+            name, eq, val = tok.lstrip("-").partition("=")
+            owner = None if eq else name
+            out.append((name, val) if eq else (None, tok))
+        else:
+            out.append((owner, tok))
+    return out
+
+
+def _norm(name: str) -> str:
+    return name.strip().lstrip("-").replace("_", "-").replace(" ", "-").lower()
+
+
 def param_hits_strict(output: str, arguments: dict[str, str]) -> dict[str, bool]:
-    """Per parameter, for shell outputs: the value must belong to the option of that name (numbers compare
-    numerically: ``1e-3`` == ``0.001``); keys like ``argument1`` (positional) need a whole-token match.
-    For Python code: the value must appear as a whole literal token (numbers numerically)."""
+    """Per parameter, the benchmark's substring check with its holes closed (its keys are loose labels, the
+    values are what counts):
+
+    - shell outputs are read as shell words, so a value in a ``# comment`` does not count;
+    - a value written as options (``--seed 42``) must be those options' values in the output;
+    - when an option of the key's name is given, the value must be that option's value (numbers compare
+      numerically; a string may be a whole part of it, ``PEMS`` of ``PEMS-SF``, or of a related option's
+      value, ``traffic`` of ``--data_path traffic.csv`` for ``data``);
+    - any other number must occur as a number literal of equal value (``1e-3`` == ``0.001``; ``1`` is not in
+      ``10``), and not as the bare value of an option the key cannot name (``--epochs 0.001`` does not give
+      ``lr: 0.001``; ``--repr_layers 25`` gives ``layer_number: 25``);
+    - any other string must occur case-insensitively, as in the benchmark; an empty value always holds.
+    """
     tokens = _shell_tokens(output) if runs_as_shell(output) else None
+    opts = option_values(tokens) if tokens is not None else {}
+    owned = [(_norm(o) if o else None, t) for o, t in _owned(tokens)] if tokens is not None else [(None, output)]
+    text = " ".join(tokens) if tokens is not None else output
     hits = {}
-    if tokens is not None:
-        opts = option_values(tokens)
-        for k, v in arguments.items():
-            key = k.lstrip("-").replace("_", "-").lower()
-            if key in opts:
-                hits[k] = any(_same_value(x, v) for x in opts[key])
-            else:
-                hits[k] = re.fullmatch(r"argument\d*", key) is not None and any(_same_value(t, v) for t in tokens)
-        return hits
-    words = re.findall(r"[\w.+-]+|\"[^\"]*\"|'[^']*'", output)
     for k, v in arguments.items():
-        hits[k] = any(_same_value(w, v) for w in words)
+        v = str(v).strip()
+        key = _norm(k)
+        num = _num(v.strip("'\""))
+        given = _shell_tokens(v) if v.startswith("-") and num is None else None
+        if not v:
+            hits[k] = True
+        elif given and given[0].startswith("-") and tokens is not None:
+            want = option_values(given)
+            flag = len(given) == 1 and "=" not in given[0]  # ``-u``: the option's presence is the value
+            hits[k] = all(name in opts and (flag or _same_value(" ".join(vals), " ".join(opts[name]))
+                                            or all(any(_same_value(x, y) for y in opts[name]) for x in vals))
+                          for name, vals in want.items())
+        elif key in opts:
+            own = opts[key]
+            if num is not None:
+                hits[k] = any(_same_value(x, v) for x in own) or _same_value(" ".join(own), v)
+            else:
+                hits[k] = any(_whole(x, v.strip("'\"")) for x in [*own, " ".join(own)]) or any(
+                    v.lower() in t.lower() for owner, t in owned if owner and owner != key and related(key, owner))
+        elif num is not None:
+            hits[k] = any(number_in(t, num) for owner, t in owned
+                          if owner is None or related(key, owner) or _num(t) is None)
+        else:
+            hits[k] = v.lower() in text.lower()
     return hits
 
 

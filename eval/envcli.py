@@ -188,7 +188,8 @@ def _validate(args: Namespace) -> int:
             recs = [json.loads(x) for x in (out / f"gold-{mode}" / "results.jsonl").open()]
         results[mode] = recs
     rows = [{"github_id": s.github_id, "id": s.id, "repo": s.repo, "type": s.type} for s in samples]
-    report = validate(results, rows, status)
+    defects = {(r.repo, i): why for r in recipes for i, why in r.gold_defects}
+    report = validate(results, rows, status, defects)
     report["recipes"] = {r.repo: r.hash for r in recipes}
     write_json_atomic(out / "validation.json", report)
     write_atomic(out / "validation.md", validation_markdown(report, status))

@@ -11,9 +11,10 @@
       - {path: data/pic.jpg, generate: picture}
       - {path: model/x.zip, url: https://..., sha256: ..., unpack: zip, kind: weights}
     notes: free text (what a user must add: GPUs, licences, data)
+    gold_defects: {261: "why the dataset's own answer cannot pass"}   # by row id; validation names them
 
 Every key is checked; an unknown key or a bad value is one error with the recipe's file:line. The recipe's
-hash (of everything but ``notes``) names its build, so a changed recipe builds anew and an unchanged one is
+hash (of everything but ``notes`` and ``gold_defects``) names its build, so a changed recipe builds anew and an unchanged one is
 never rebuilt.
 """
 
@@ -31,7 +32,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 from mlbench_kit.errors import MLBenchError
 
-_KEYS = {"repo", "checkout", "python", "apt", "pip", "setup", "assets", "env", "notes", "build_fails"}
+_KEYS = {"repo", "checkout", "python", "apt", "pip", "setup", "assets", "env", "notes", "build_fails", "gold_defects"}
 _ASSET_KEYS = {"path", "url", "sha256", "unpack", "generate", "kind", "copies"}
 ASSET_KINDS = ("data", "weights", "picture")
 GENERATORS = ("picture",)
@@ -66,13 +67,14 @@ class Recipe:
     env: tuple[tuple[str, str], ...] = ()  # variables the benchmark's commands rely on (e.g. GLUE_DIR)
     notes: str = ""
     build_fails: str | None = None  # why this recipe cannot build on a CPU-only Linux host, if it cannot
+    gold_defects: tuple[tuple[int, str], ...] = ()  # (row id, why its gold answer fails in any environment)
     where: str = field(default="", compare=False)  # file:line of the recipe
 
     @property
     def hash(self) -> str:
-        """12 hex digits naming this recipe's build (notes and location excluded)."""
+        """12 hex digits naming this recipe's build (notes, gold defects and location excluded)."""
         d = asdict(self)
-        for k in ("notes", "where"):
+        for k in ("notes", "gold_defects", "where"):
             d.pop(k)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -164,12 +166,18 @@ def load_recipe(path: str | Path) -> Recipe:
     env = doc.get("env") or {}
     if not isinstance(env, dict):
         raise MLBenchError("`env` maps variable names to values", at.get("env", str(p)))
+    defects = doc.get("gold_defects") or {}
+    if not isinstance(defects, dict) or not all(isinstance(k, int) and isinstance(v, str) and v.strip()
+                                                for k, v in defects.items()):
+        raise MLBenchError("`gold_defects` maps a row id (integer) to why its answer fails",
+                           at.get("gold_defects", str(p)))
     return Recipe(repo=str(doc["repo"]), github=str(co["github"]), commit=str(co["commit"]), python=python,
                   path=str(local) if local else None,
                   apt=_strs(doc.get("apt"), "apt", at.get("apt", str(p))), pip=pip,
                   setup=_strs(doc.get("setup"), "setup", at.get("setup", str(p))), assets=tuple(assets),
                   env=tuple(sorted((str(k), str(v)) for k, v in env.items())), notes=str(doc.get("notes") or ""),
-                  build_fails=doc.get("build_fails"), where=f"{p}:1")
+                  build_fails=doc.get("build_fails"), gold_defects=tuple(sorted(defects.items())),
+                  where=f"{p}:1")
 
 
 def _tree_digest(root: Path) -> str:

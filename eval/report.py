@@ -2,7 +2,8 @@
 
 Each DIR is an ``mlbench eval`` folder (its summary.json). Folders given the same NAME are one checkpoint: its
 tasks become the settings, and several folders of the same task (seeds) are averaged, the seed range shown.
-Published rows (``--reference``) are added to the tables, marked as quoted.
+Published rows (``--reference``) are added to the tables, marked as quoted: those of the tasks measured here
+(all of them with ``--all-reference``), with their per-type split where the paper gives one.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                            "NAME for a checkpoint's tasks and seeds")
     p.add_argument("--out", required=True, help="folder for report.md, report.csv and the PNG plots")
     p.add_argument("--reference", help="YAML of published rows to quote beside yours (configs/report/*.yaml)")
+    p.add_argument("--all-reference", action="store_true",
+                   help="quote every reference row, not only those of the tasks measured here")
     p.add_argument("--skip-missing", action="store_true", help="leave out folders without summary.json (sweeps)")
 
 
@@ -29,6 +32,9 @@ def run(args: argparse.Namespace) -> int:
     """Write report.csv, the plots and report.md; returns the exit status."""
     settings = load_settings(args.runs, args.skip_missing)
     refs = load_reference(args.reference) if args.reference else []
+    tasks = {s.task for s in settings}
+    if not args.all_reference and None not in tasks:
+        refs = [r for r in refs if r.task is None or r.task in tasks]
     out = Path(args.out)
     ks = sorted({k for s in settings for summ in s.summaries for k in summ["ks"]})
     write_csv(settings, refs, ks, out / "report.csv")

@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from mlbench_kit.config import read_yaml
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.records import TASKS
 
@@ -46,12 +45,14 @@ class Setting:
 
 @dataclass
 class Reference:
-    """A published row, quoted from a paper: never recomputed."""
+    """A published row, quoted from a paper: never recomputed. Values are fractions (a ``unit: percent`` file is
+    divided by 100 on load); ``per_type`` holds the row's Bash Script / Python Code split where the paper gives one."""
 
     name: str
     task: int | None
     source: str
     values: dict[str, float]
+    per_type: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def _task_of(summary: dict[str, Any]) -> int | None:
@@ -82,24 +83,59 @@ def load_settings(specs: list[str], skip_missing: bool = False) -> list[Setting]
     return list(settings.values())
 
 
+_ROW_KEYS = ("name", "task", "table", "paper_row", "per_type")
+
+
+def _rates(row: dict[str, Any], skip: tuple[str, ...], scale: float, where: str, hint: str) -> dict[str, float]:
+    out = {}
+    for k, v in row.items():
+        if k in skip or v is None or isinstance(v, dict):
+            continue
+        if not re.fullmatch(r"pass@\d+|param_hit_precision|param_all_hit_rate|type_accuracy", str(k)):
+            raise MLBenchError(f"unknown metric {k!r} in a quoted row", where,
+                               "use pass@k, param_hit_precision, param_all_hit_rate or type_accuracy")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= scale:
+            raise MLBenchError(f"{k}: {v!r} is not a rate in [0, {scale:g}]", where, hint)
+        out[str(k)] = float(v) / scale
+    return out
+
+
 def load_reference(path: str) -> list[Reference]:
-    """Rows from a reference YAML: ``source`` and ``rows: [{name, task, pass@1, ...}]``."""
-    p = Path(path)
-    if not p.is_file():
-        raise MLBenchError("reference file not found", path, "see configs/report/paper-rows.yaml for the format")
-    doc = yaml.safe_load(p.read_text()) or {}
-    source = doc.get("source")
+    """Rows from a reference YAML (format: configs/report/paper-rows.yaml): ``source``, optional ``version`` and
+    ``unit`` (``fraction``, the default, or ``percent`` as papers print), and ``rows: [{name, task, table,
+    paper_row, pass@1, ..., per_type: {<type>: {pass@1: ...}}}]``."""
+    raw, lines = read_yaml(path)
+    source = raw.get("source")
     if not source:
-        raise MLBenchError("a reference file needs `source:` (where the numbers are quoted from)", path)
+        raise MLBenchError("a reference file needs `source:` (where the numbers are quoted from)", lines.at("rows"))
+    unit = raw.get("unit", "fraction")
+    if unit not in ("fraction", "percent"):
+        raise MLBenchError(f"unit: {unit!r} is neither `fraction` nor `percent`", lines.at("unit"))
+    scale = 100.0 if unit == "percent" else 1.0
+    hint = ("values are percentages as printed (33.82)" if unit == "percent"
+            else "write rates as fractions (0.3382), or add `unit: percent` to quote percentages as printed")
+    if raw.get("version"):
+        source = f"{source} ({raw['version']})"
     refs = []
-    for i, row in enumerate(doc.get("rows") or []):
+    for i, row in enumerate(raw.get("rows") or []):
+        where = lines.at(("rows", str(i)))
         if not isinstance(row, dict) or "name" not in row:
-            raise MLBenchError(f"rows[{i}] needs `name`", path)
-        values = {k: float(v) for k, v in row.items() if k not in ("name", "task", "table") and v is not None}
-        bad = [k for k, v in values.items() if not 0 <= v <= 1]
-        if bad:
-            raise MLBenchError(f"rows[{i}] ({row['name']}): {bad} outside [0, 1]", path,
-                               "write rates as fractions (0.3382), not percentages")
+            raise MLBenchError(f"rows[{i}] needs `name`", where)
+        if row.get("task") is not None and row["task"] not in TASKS:
+            raise MLBenchError(f"rows[{i}] ({row['name']}): task {row['task']!r} is not one of {list(TASKS)}", where)
+        values = _rates(row, _ROW_KEYS, scale, where, hint)
+        per_type: dict[str, dict[str, float]] = {}
+        pt = row.get("per_type") or {}
+        if not isinstance(pt, dict):
+            raise MLBenchError(f"rows[{i}] ({row['name']}): per_type is a mapping of type -> rates", where)
+        for kind, rates in pt.items():
+            if kind in ("table", "paper_row"):
+                continue
+            if not isinstance(rates, dict):
+                raise MLBenchError(f"rows[{i}] ({row['name']}): per_type.{kind} is a mapping of rates", where)
+            per_type[str(kind)] = _rates(rates, (), scale, where, hint)
         table = f", table {row['table']}" if row.get("table") else ""
-        refs.append(Reference(row["name"], row.get("task"), f"{source}{table}", values))
+        if pt.get("table"):
+            table += f" (per type: table {pt['table']})"
+        refs.append(Reference(row["name"], row.get("task"), f"{source}{table}", values, per_type))
     return refs

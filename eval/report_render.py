@@ -39,8 +39,10 @@ def write_csv(settings: list[Setting], refs: list[Reference], ks: list[int], pat
                     w.writerow([s.run, s.task, len(s.summaries), kind, g[1] if g else "all", m, round(v, 4),
                                 *(rng if rng else ("", "")), "measured"])
     for r in refs:
-        for m, v in r.values.items():
-            w.writerow([r.name, r.task, "", "overall", "all", m, v, "", "", f"quoted: {r.source}"])
+        quoted = [("overall", "all", r.values)] + [("type", t, v) for t, v in r.per_type.items()]
+        for kind, group, values in quoted:
+            for m, v in values.items():
+                w.writerow([r.name, r.task, "", kind, group, m, round(v, 6), "", "", f"quoted: {r.source}"])
     write_atomic(path, buf.getvalue())
 
 
@@ -63,6 +65,7 @@ def write_markdown(settings: list[Setting], refs: list[Reference], ks: list[int]
     if refs:
         lines += ["", "Quoted rows are copied from their source, not recomputed here: "
                   + "; ".join(sorted({r.source for r in refs})) + "."]
+    lines += _paper_layout(settings, refs, ks)
     lines += ["", "## What the outputs get right", "",
               "param hit: share of the instruction's arguments found in an output; all params: outputs with every "
               "argument; type acc: outputs of the right kind (bash vs Python).", ""]
@@ -75,6 +78,11 @@ def write_markdown(settings: list[Setting], refs: list[Reference], ks: list[int]
         lines += _table([title] + [s.label for s in settings],
                         [[g] + [f"{fmt_rate(s.metric(first, (kind, g))[0])} / {fmt_rate(s.metric(last, (kind, g))[0])}"
                                 for s in settings] for g in groups])
+        if kind == "per_type" and any(r.per_type for r in refs):
+            lines += ["", "Quoted per type (the paper's split, not recomputed):", ""]
+            lines += _table(["quoted row", "task", "type"] + [f"Pass@{k}" for k in ks],
+                            [[f"{r.name} *(quoted)*", str(r.task or "–"), t] + [fmt_rate(v.get(f"pass@{k}")) for k in ks]
+                             for r in refs for t, v in r.per_type.items()])
     classes = sorted({c for s in settings for summ in s.summaries for c in summ["metrics"]["overall"]["error_classes"]})
     lines += ["", "## Error classes (outputs, summed over seeds)", ""]
     lines += _table(["class", "meaning"] + [s.label for s in settings],
@@ -91,6 +99,32 @@ def write_markdown(settings: list[Setting], refs: list[Reference], ks: list[int]
     lines += ["", "## Sources", ""] + [f"- {s.label}: " + ", ".join(f"`{d}`" for d in s.dirs) for s in settings]
     lines += [""] + [f"![{p}]({p})" for p in plots] + [""]
     write_atomic(path, "\n".join(lines))
+
+
+_PAPER_ORDER = {3: "Oracle Segment", 1: "Raw README", 2: "BM25 Retrieval"}  # Table 1's column groups
+
+
+def _paper_layout(settings: list[Setting], refs: list[Reference], ks: list[int]) -> list[str]:
+    """Table 1 of the paper: one row per run, Pass@k per task in its column order, in percent."""
+    tasks = [t for t in _PAPER_ORDER if any(x.task == t for x in [*settings, *refs])]
+    if not tasks:
+        return []
+    runs: dict[str, dict[int, Any]] = {}
+    for s in settings:
+        if s.task is not None:
+            runs.setdefault(s.run, {})[s.task] = {k: s.metric(f"pass@{k}")[0] for k in ks}
+    for r in refs:
+        if r.task is not None:
+            runs.setdefault(f"{r.name} *(quoted)*", {})[r.task] = {k: r.values.get(f"pass@{k}") for k in ks}
+
+    def pct(v: float | None) -> str:
+        return "/" if v is None else f"{100 * v:.2f}"
+
+    head = ["model"] + [f"{_PAPER_ORDER[t]} Pass@{k}" for t in tasks for k in ks]
+    rows = [[name] + [pct(cells.get(t, {}).get(k)) for t in tasks for k in ks] for name, cells in runs.items()]
+    return ["", "## As the paper's Table 1 (percent)", "",
+            "Runs as rows, the paper's settings as columns; `/` where a run has no such setting (as the paper "
+            "marks the settings it did not run)."] + [""] + _table(head, rows)
 
 
 def _gold(s: Setting) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import re
 import shlex
 import sys
@@ -33,6 +34,7 @@ from mlbench_kit.io import (
 )
 from mlbench_kit.records import EvalResult
 
+from .cgroups import usable_cores
 from .checks import check_output, runs_as_shell
 from .envs import EnvConfig
 from .generations import load_generations
@@ -70,6 +72,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mem-mb", type=int, default=8192, help="memory of one execution, its whole process tree")
     p.add_argument("--pids", type=int, default=512, help="processes of one execution at once")
     p.add_argument("--cpus", type=float, help="CPU quota of one execution in cores (default: none)")
+    p.add_argument("--threads", type=int,
+                   help="OMP/MKL threads of one execution (default: the --cpus quota, else the cores this process "
+                        "may use divided by --workers)")
     p.add_argument("--disk-mb", type=int, default=2048, help="what one execution may write into the repository "
                                                              "and its home")
     p.add_argument("--sandbox-uid", type=int, help="run as root: the uid untrusted code runs as (default 65534)")
@@ -87,6 +92,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="mlbench eval")
     add_arguments(p)
     return p.parse_args(argv)
+
+
+def default_threads(cpus: float | None, workers: int) -> int:
+    """Threads per execution: the CPU quota when one is set, else an equal share of the cores this process may
+    use among the executions that run at once."""
+    if cpus:
+        return max(1, math.ceil(cpus))
+    return max(1, usable_cores() // max(1, workers))
 
 
 def reference_timeout(github_id: int, as_shell: bool) -> float:
@@ -135,10 +148,12 @@ class ScoringRules:
     pids: int = 512
     cpus: float | None = None
     disk_mb: int = 2048
+    threads: int | None = None
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "ScoringRules":
-        return cls(a.mode, a.timeout, a.timeout_pass, a.static_gate, a.mem_mb, a.pids, a.cpus, a.disk_mb)
+        return cls(a.mode, a.timeout, a.timeout_pass, a.static_gate, a.mem_mb, a.pids, a.cpus, a.disk_mb,
+                   a.threads or default_threads(a.cpus, a.workers))
 
     @property
     def strict(self) -> bool:
@@ -165,7 +180,8 @@ class Scorer:
                 return self._cache[key], True
             r = self.rules
             wall = r.timeout or reference_timeout(s.github_id, as_shell)
-            limits = Limits(wall_s=wall, mem_mb=r.mem_mb, pids=r.pids, cpus=r.cpus, disk_mb=r.disk_mb)
+            limits = Limits(wall_s=wall, mem_mb=r.mem_mb, pids=r.pids, cpus=r.cpus, disk_mb=r.disk_mb,
+                            threads=r.threads)
             res = self.sandbox.run(Job(output, as_shell, env, s.path, exports), limits, drain=r.strict)
             if res.fault:
                 return res, False  # not cached: a fixed environment runs it again
@@ -243,7 +259,7 @@ def gold_ceiling(samples: list[Sample]) -> dict[str, dict[str, int]]:
 def _config(args: argparse.Namespace) -> dict[str, Any]:
     keys = ("data", "split", "generations", "gold", "mode", "backend", "parser", "timeout", "timeout_pass",
             "static_gate", "mem_mb", "pids", "cpus", "disk_mb")
-    return {k: getattr(args, k) for k in keys}
+    return {k: getattr(args, k) for k in keys} | {"threads": ScoringRules.from_args(args).threads}
 
 
 MAX_FAULTS = 10  # environment/sandbox faults before a run gives up: something is broken, not the model
@@ -257,7 +273,16 @@ def _execute(args: argparse.Namespace, samples: dict, gens: Any, out: Path) -> i
     for repo in repos:
         envs.for_repo(repo)  # fail before executing anything if a checkout is missing
     results_path = out / "results.jsonl"
-    done = {(r["github_id"], r["id"], r["idx"]) for r in read_jsonl_tolerant(results_path)}
+    records = read_jsonl_tolerant(results_path)
+    builds = {repo: envs.for_repo(repo).recipe for repo in repos}
+    stale = [r for r in records if builds.get(r.get("repo")) and r.get("env") != builds[r["repo"]]]
+    if stale:  # a rebuilt environment: its repositories' verdicts are scored again, never mixed with the old
+        names = sorted({r["repo"] for r in stale})
+        print(f"eval: {len(stale)} result(s) of {', '.join(names)} came from an older build of the environment; "
+              "scoring them again", file=sys.stderr)
+        records = [r for r in records if r not in stale]
+        write_jsonl_atomic(results_path, records)
+    done = {(r["github_id"], r["id"], r["idx"]) for r in records}
     todo = [(samples[k], i, o) for k, outs in gens.outputs.items() for i, o in enumerate(outs)
             if (k[0], k[1], i) not in done]
     with Sandbox(args.backend, uid=args.sandbox_uid, strict_limits=args.require_cgroups) as sandbox:
@@ -344,9 +369,12 @@ def run(args: argparse.Namespace) -> int:
                "executions": sum(r["executed"] and not r["cached"] for r in results),
                "cached_executions": sum(r["cached"] for r in results),
                "metrics": score_results(results, ks, ci=not args.no_ci), "gold_ceiling": gold_ceiling(scored),
-               "reference_would_drop": gens.reference_would_drop, "missing": gens.missing, "notes": notes}
+               "reference_would_drop": gens.reference_would_drop, "missing": gens.missing, "notes": notes,
+               "threads_per_execution": ScoringRules.from_args(args).threads}
     if args.validation:
         summary["gold_valid"] = _gold_valid_metrics(args.validation, results, ks, not args.no_ci)
+    if len(gens.outputs) <= PER_SAMPLE_MAX:
+        summary["per_sample"] = per_sample_outcomes(results, samples, gens.outputs)
     if n_faults:
         notes.insert(0, f"INCOMPLETE: {n_faults} generations hit environment or sandbox faults and are not scored "
                         f"(faults.jsonl); fix the environment and re-run the same command to score them")
@@ -357,6 +385,26 @@ def run(args: argparse.Namespace) -> int:
     print(f"eval: {o['samples']} samples, " + ", ".join(f"Pass@{k} {o[f'pass@{k}']:.3f}" for k in ks)
           + f"; report: {out / 'report.md'}", file=sys.stderr)
     return _fault_exit(out, n_faults) if n_faults else 0
+
+
+PER_SAMPLE_MAX = 60  # runs this small list every sample's outcome in report.md
+
+
+def per_sample_outcomes(results: list[dict[str, Any]], samples: dict, outputs: dict) -> list[dict[str, Any]]:
+    """Per sample: which outputs passed, and the best output with the arguments it got right (a passing one,
+    else the one with the most parameter hits), so a reader sees what the model got right."""
+    by: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    for r in results:
+        by[(r["github_id"], r["id"])].append(r)
+    out = []
+    for key, recs in sorted(by.items()):
+        recs.sort(key=lambda r: r["idx"])
+        best = max(recs, key=lambda r: (bool(r["passed"]), sum(r["param_hits"].values())))
+        s = samples[key]
+        out.append({"github_id": key[0], "id": key[1], "instruction": s.instruction, "gold": s.output,
+                    "passed": [bool(r["passed"]) for r in recs], "best": outputs[key][best["idx"]],
+                    "hits": best["param_hits"], "error_class": best["error_class"]})
+    return out
 
 
 def _gold_valid_metrics(path: str, results: list[dict[str, Any]], ks: list[int], ci: bool) -> dict[str, Any]:

@@ -31,7 +31,9 @@ def render_run_report(summary: dict[str, Any]) -> str:
     m = summary["metrics"]
     lines = [f"# ML-Bench execution report ({summary['mode']} mode, {summary['backend']} backend)", "",
              f"Generations: `{summary['generations']}`; {summary['n']} outputs per sample; "
-             f"{summary['executions']} executions run, {summary['cached_executions']} reused.", "",
+             f"{summary['executions']} executions run, {summary['cached_executions']} reused"
+             + (f", {summary['threads_per_execution']} OMP/MKL thread(s) each" if summary.get("threads_per_execution")
+                else "") + ".", "",
              head, sep, _row("**all**", m["overall"], ks)]
     lines += [_row(f"type: {t}", v, ks) for t, v in m["per_type"].items()]
     lines += [_row(r, v, ks) for r, v in m["per_repo"].items()]
@@ -54,6 +56,15 @@ def render_run_report(summary: dict[str, Any]) -> str:
               "| repository | rows | param ok | type ok | both |", "|---|---|---|---|---|"]
     for repo, c in g.items():
         lines.append(f"| {repo} | {c['rows']} | {c['param_ok']} | {c['type_ok']} | {c['both']} |")
+    if summary.get("per_sample"):
+        lines += ["", "## Per-sample outcomes", "",
+                  "Outputs passed (1 per output, in order), and the best output: the arguments it got right (+) and "
+                  "wrong (-).", "", "| id | passed | instruction | best output | arguments |", "|---|---|---|---|---|"]
+        for s in summary["per_sample"]:
+            marks = "".join("1" if p else "0" for p in s["passed"])
+            args = " ".join(("+" if ok else "-") + k for k, ok in s["hits"].items())
+            cell = lambda x: x.strip().replace("|", "\\|").replace("\n", " ; ")[:110]  # noqa: E731
+            lines.append(f"| {s['id']} | {marks} | {cell(s['instruction'])} | `{cell(s['best'])}` | {args} |")
     notes = summary["notes"]
     lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"

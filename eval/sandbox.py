@@ -71,6 +71,18 @@ class Limits:
     fsize_mb: int = 1024
     nofile: int = 1024
     log_bytes: int = 65536
+    threads: int | None = None  # OMP/MKL/BLAS threads of one execution; None: the libraries' defaults
+
+
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
+               "VECLIB_MAXIMUM_THREADS")
+
+
+def thread_vars(limits: Limits) -> dict[str, str]:
+    """The thread-count variables of one execution. Without them torch starts one thread per core of the host,
+    so the same answer's run time (and, at the benchmark's timeouts, its verdict) depends on the machine and on
+    how many executions share it."""
+    return {v: str(limits.threads) for v in THREAD_VARS} if limits.threads else {}
 
 
 @dataclass(frozen=True)
@@ -293,7 +305,7 @@ class Sandbox:
         workdir = os.path.normpath(os.path.join(f"{SANDBOX}/work", job.workdir))
         if not workdir.startswith(f"{SANDBOX}/work"):
             workdir = f"{SANDBOX}/work/.."  # a path escaping the repository: the runner reports it missing
-        env = self._env_vars(job.env) | {k: v for k, v in job.vars if k not in ("PATH", "HOME")}
+        env = self._env_vars(job.env) | thread_vars(limits) | {k: v for k, v in job.vars if k not in ("PATH", "HOME")}
         spec = {"argv": ["bash", f"{SANDBOX}/job/cmd.sh"] if job.as_shell else ["python", "temp.py"],
                 "workdir": workdir, "env": env, "interpreter": "python",
                 "temp_py": None if job.as_shell else f"{SANDBOX}/job/temp.py",
@@ -320,7 +332,8 @@ class Sandbox:
         reads while the command runs, so a command printing more than the pipe holds blocks (and, in compat
         mode, "passes" by still running at the limit)."""
         if self.backend == "local":
-            env = self._env_vars(job.env) | {k: v for k, v in job.vars if k not in ("PATH", "HOME")}
+            env = self._env_vars(job.env) | thread_vars(limits) | {k: v for k, v in job.vars
+                                                                   if k not in ("PATH", "HOME")}
             return _run_local(job, limits, self.root, drain, env)
         xid = uuid.uuid4().hex[:12]
         scratch, jobdir = self.root / xid, self.root / f"{xid}.job"

@@ -4,7 +4,7 @@ why it fails when it does. Rows whose own answer passes are *gold-valid*: what a
 Causes, first match wins: ``check`` (the answer fails the benchmark's parameter or type check itself),
 ``not built`` (the repository's environment could not be built here), ``network``, ``gpu``, ``weights``,
 ``data`` (a file or dataset the command reads), ``missing module``, ``answer`` (the answer itself is not valid
-code or misses a required flag), ``argument`` (exit 2, argparse), ``timeout`` (strict mode), ``other``.
+code or misses a required flag, or its recipe lists it under ``gold_defects``), ``argument`` (exit 2, argparse), ``timeout`` (strict mode), ``other``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from typing import Any
 CAUSES = ("check", "not built", "network", "gpu", "weights", "data", "missing module", "answer", "argument",
           "timeout", "other")
 _RULES = [
+    # the command names a script that is not in the repository at that path: the answer (or its row's path) is wrong
+    ("answer", r"can't open file '[^'\n]*\.(py|sh)'|bash: [^:\n]*\.sh: No such file or directory"),
     ("network", r"Temporary failure in name resolution|Failed to establish a new connection|Network is unreachable|"
                 r"ConnectionError|MaxRetryError|urlopen error|Name or service not known|OfflineModeIsEnabled|"
                 r"LocalEntryNotFoundError|cannot reach|Could not resolve host|connection (refused|reset)|"
@@ -42,14 +44,18 @@ _RULES = [
 ]
 
 
-def classify(rec: dict[str, Any], built: bool, build_reason: str = "") -> tuple[str | None, str]:
-    """``(cause, excerpt)`` for one gold result record; ``(None, '')`` when it passed."""
+def classify(rec: dict[str, Any], built: bool, build_reason: str = "", defect: str | None = None) \
+        -> tuple[str | None, str]:
+    """``(cause, excerpt)`` for one gold result record; ``(None, '')`` when it passed. ``defect``: why the
+    recipe says this row's answer cannot pass."""
     if rec.get("passed"):
         return None, ""
     if not built:
         return "not built", build_reason
     if not (rec.get("params_ok") and rec.get("type_ok")):
         return "check", f"param hits {rec.get('param_hits')}, type ok {rec.get('type_ok')}"
+    if defect:
+        return "answer", f"known gold defect: {defect}"
     log = rec.get("log") or ""
     if rec.get("timed_out"):
         return "timeout", log[-300:]
@@ -64,19 +70,22 @@ def classify(rec: dict[str, Any], built: bool, build_reason: str = "") -> tuple[
     return "other", log.strip()[-300:]
 
 
-def validate(results: dict[str, list[dict[str, Any]]], rows: list[dict[str, Any]], built: dict[str, str | None]) \
-        -> dict[str, Any]:
+def validate(results: dict[str, list[dict[str, Any]]], rows: list[dict[str, Any]], built: dict[str, str | None],
+             defects: dict[tuple[str, int], str] | None = None) -> dict[str, Any]:
     """Per-row verdicts and causes from eval result records per mode; ``built[repo]`` is None when built, else
-    the reason it is not."""
+    the reason it is not; ``defects[(repo, id)]``: the recipes' known gold defects."""
+    defects = defects or {}
     by_mode = {m: {(r["github_id"], r["id"]): r for r in recs} for m, recs in results.items()}
     out_rows = []
     for row in rows:
         key = (row["github_id"], row["id"])
         entry: dict[str, Any] = {"github_id": key[0], "id": key[1], "repo": row["repo"], "type": row["type"]}
+        if (row["repo"], row["id"]) in defects:
+            entry["defect"] = defects[(row["repo"], row["id"])]
         for mode, recs in by_mode.items():
             rec = recs.get(key, {"passed": False})
             reason = built.get(row["repo"], "no environment")
-            cause, excerpt = classify(rec, reason is None, reason or "")
+            cause, excerpt = classify(rec, reason is None, reason or "", defects.get((row["repo"], row["id"])))
             entry[mode] = {"passed": bool(rec.get("passed")), "cause": cause, "excerpt": excerpt,
                            "exit_code": rec.get("exit_code")}
         out_rows.append(entry)
@@ -116,16 +125,22 @@ def validation_markdown(report: dict[str, Any], built: dict[str, str | None]) ->
     lines += ["", "## Failing rows", "", "| github_id | id | repo | " + " | ".join(modes) + " | excerpt |",
               "|---|---|---|" + "---|" * len(modes) + "---|"]
     for r in report["rows"]:
-        if all(r[m]["passed"] for m in modes):
+        if all(r[m]["passed"] for m in modes) and not r.get("defect"):
             continue
-        excerpt = (r[modes[0]]["excerpt"] or r[modes[-1]]["excerpt"]).replace("|", "\\|").replace("\n", " ")[:160]
+        excerpt = r[modes[0]]["excerpt"] or r[modes[-1]]["excerpt"]
+        if r.get("defect") and not excerpt.startswith("known gold defect"):  # passed only by compat's timeout rule
+            excerpt = f"known gold defect: {r['defect']}"
+        excerpt = excerpt.replace("|", "\\|").replace("\n", " ")[:160]
         lines.append(f"| {r['github_id']} | {r['id']} | {r['repo']} | "
                      + " | ".join("pass" if r[m]["passed"] else r[m]["cause"] for m in modes) + f" | {excerpt} |")
     return "\n".join(lines) + "\n"
 
 
 def gold_valid(path: str | Path, mode: str = "compat") -> dict[tuple[int, int], str | None]:
-    """From ``validation.json``: per (github_id, id), None when gold-valid, else the cause of failure."""
+    """From ``validation.json``: per (github_id, id), None when gold-valid, else the cause of failure. A known
+    gold defect is never gold-valid, even where compat counted its run as a pass (it ran into the time limit
+    before it reached its error)."""
     doc = json.loads(Path(path).read_text())
     m = mode if mode in doc["modes"] else doc["modes"][0]
-    return {(r["github_id"], r["id"]): (None if r[m]["passed"] else r[m]["cause"]) for r in doc["rows"]}
+    return {(r["github_id"], r["id"]): ("answer" if r.get("defect") else None if r[m]["passed"] else r[m]["cause"])
+            for r in doc["rows"]}

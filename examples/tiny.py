@@ -86,26 +86,47 @@ def pretrain(model_dir: str | Path, texts: list[str], steps: int = 300, seq_len:
     return losses
 
 
-def main() -> None:
-    """`python examples/tiny.py --sample SAMPLES.jsonl --repos DIR --out DIR`: the demo's base model."""
-    import argparse
+def corpus(repos: str | Path, synthetic: str | Path | None, paired: list[str]) -> tuple[list[str], list[str]]:
+    """``(tokenizer texts, pretraining texts)`` of the demo's base model.
+
+    Both come from the fixture repositories (READMEs and source) and the synthetic pairs only; nothing reads the
+    sample's rows, so no test answer reaches the model before evaluation. Pretraining sees the pairs of the
+    ``paired`` repositories as plain request + fenced command (no README, no benchmark template: what a code
+    model has seen before fine-tuning), and the other pairs' requests and commands apart, shuffled."""
     import json
+    import random
+    repo_text = [f.read_text() for f in sorted(Path(repos).rglob("*")) if f.is_file()
+                 and (f.name.startswith("README") or f.suffix in (".py", ".sh"))]
+    synth = [json.loads(x) for f in sorted(Path(synthetic).glob("synthetic-*.jsonl")) for x in f.open()] \
+        if synthetic else []
+    pairs = [r for r in synth if r["github"].rsplit("/", 1)[-1] in paired]
+    single = [r for r in synth if r not in pairs]
+    tokenizer_texts = repo_text + [r["instruction"] + "\n" + r["output"] for r in synth]
+    texts = (repo_text + [r["instruction"] for r in single] + [r["output"] for r in single]
+             + [f"{r['instruction']}\n```\n{r['output']}\n```" for r in pairs])
+    random.Random(0).shuffle(texts)
+    return tokenizer_texts, texts
+
+
+def main() -> None:
+    """`python examples/tiny.py --repos DIR [--synthetic DIR] --out DIR`: the demo's base model (see corpus());
+    without --synthetic it reads the repositories alone (the sweep tests' models)."""
+    import argparse
     p = argparse.ArgumentParser(description=main.__doc__)
-    p.add_argument("--sample", required=True)
-    p.add_argument("--repos", required=True, help="fixture repositories (their README files are the corpus)")
+    p.add_argument("--repos", required=True, help="fixture repositories (their READMEs and source are the corpus)")
+    p.add_argument("--synthetic", help="folder of synthetic-*.jsonl (examples/synth.py)")
+    p.add_argument("--paired", nargs="*", default=[], help="repositories whose synthetic pairs pretraining sees paired")
     p.add_argument("--out", required=True)
     p.add_argument("--pretrain-steps", type=int, default=300)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2)
     a = p.parse_args()
-    rows = [json.loads(x) for x in open(a.sample)]
-    readmes = [f.read_text() for f in sorted(Path(a.repos).rglob("README*"))]
-    # the tokenizer sees everything a tokenizer of a real model would have; pretraining sees READMEs and
-    # instructions only, never an answer
-    build_tokenizer(readmes + [r["instruction"] + "\n" + r["output"] for r in rows], a.out, vocab_size=1200)
-    build_llama(a.out, a.out, hidden=128, layers=2, heads=2, max_positions=2048)
+    tok_texts, texts = corpus(a.repos, a.synthetic, a.paired)
+    build_tokenizer(tok_texts, a.out, vocab_size=1200)
+    build_llama(a.out, a.out, hidden=a.hidden, layers=a.layers, heads=a.hidden // 64, max_positions=2048)
     if a.pretrain_steps:
-        losses = pretrain(a.out, readmes + [r["instruction"] for r in rows], steps=a.pretrain_steps)
-        print(f"tiny: pretrained {a.pretrain_steps} steps on READMEs + instructions, "
-              f"loss {losses[0]:.2f} -> {sum(losses[-20:]) / 20:.2f}")
+        losses = pretrain(a.out, texts, steps=a.pretrain_steps)
+        print(f"tiny: pretrained {a.pretrain_steps} steps, loss {losses[0]:.2f} -> {sum(losses[-20:]) / 20:.2f}")
     print(f"tiny: model in {a.out}")
 
 

@@ -21,7 +21,7 @@ class Completion:
 
 
 class Backend(Protocol):
-    def generate(self, items: list[PromptItem]) -> list[list[Completion]]: ...
+    def generate(self, items: list[PromptItem], adapter: str | None = None) -> list[list[Completion]]: ...
 
     def close(self) -> None: ...
 
@@ -29,7 +29,7 @@ class Backend(Protocol):
 class VllmBackend:
     """Batches of prompts through one `vllm.LLM`; each prompt has its own seed so batching never changes samples."""
 
-    def __init__(self, model: str, cfg: InferConfig, max_model_len: int, adapter: str | None = None,
+    def __init__(self, model: str, cfg: InferConfig, max_model_len: int, adapters: dict[str, str] | None = None,
                  lora_rank: int | None = None, tokenizer: str | None = None) -> None:
         from vllm import LLM
         kwargs: dict[str, Any] = dict(model=model, tokenizer=tokenizer or model, max_model_len=max_model_len,
@@ -41,16 +41,16 @@ class VllmBackend:
             chunked = False
         if chunked is not None:
             kwargs["enable_chunked_prefill"] = chunked
-        if adapter:
-            kwargs.update(enable_lora=True, max_lora_rank=lora_rank, max_loras=1)
+        if adapters:
+            kwargs.update(enable_lora=True, max_lora_rank=lora_rank, max_loras=len(adapters))
         self.llm = LLM(**kwargs)
         self.cfg = cfg
-        self.lora = None
-        if adapter:
+        self.loras = {}
+        if adapters:  # several adapters of one base share the engine: it starts once (tens of seconds)
             from vllm.lora.request import LoRARequest
-            self.lora = LoRARequest("adapter", 1, adapter)
+            self.loras = {name: LoRARequest(name, i + 1, path) for i, (name, path) in enumerate(adapters.items())}
 
-    def generate(self, items: list[PromptItem]) -> list[list[Completion]]:
+    def generate(self, items: list[PromptItem], adapter: str | None = None) -> list[list[Completion]]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         s = self.cfg.sampling
@@ -58,7 +58,8 @@ class VllmBackend:
                                  max_tokens=s.max_tokens, seed=s.for_prompt(it.key), stop=list(s.stop) or None)
                   for it in items]
         prompts = [TokensPrompt(prompt_token_ids=list(it.token_ids)) for it in items]
-        outs = self.llm.generate(prompts, params, lora_request=self.lora, use_tqdm=False)
+        lora = self.loras[adapter] if adapter else None
+        outs = self.llm.generate(prompts, params, lora_request=lora, use_tqdm=False)
         return [[Completion(o.text, len(o.token_ids)) for o in out.outputs] for out in outs]
 
     def close(self) -> None:
@@ -73,44 +74,55 @@ def _has_cuda() -> bool:
 class HfBackend:
     """`transformers` generate, one prompt at a time with its own seed (n sequences per call)."""
 
-    def __init__(self, model: str, cfg: InferConfig, adapter: str | None = None, tokenizer: Any = None) -> None:
+    def __init__(self, model: str, cfg: InferConfig, adapters: dict[str, str] | None = None,
+                 tokenizer: Any = None) -> None:
         import torch
         from transformers import AutoModelForCausalLM
-        dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
-        self.model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
-        if adapter:
+
+        from mlbench_kit.hf import compute_dtype
+        self.model = AutoModelForCausalLM.from_pretrained(model, dtype=compute_dtype())
+        self.adapters = list(adapters or {})
+        if adapters:
             from peft import PeftModel
-            self.model = PeftModel.from_pretrained(self.model, adapter)
+            first, *rest = adapters.items()
+            self.model = PeftModel.from_pretrained(self.model, first[1], adapter_name=first[0])
+            for name, path in rest:
+                self.model.load_adapter(path, adapter_name=name)
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.model.to(self.device).eval()
         self.cfg, self.tok = cfg, tokenizer
 
-    def generate(self, items: list[PromptItem]) -> list[list[Completion]]:
-        import torch
+    def generate(self, items: list[PromptItem], adapter: str | None = None) -> list[list[Completion]]:
+        import contextlib
         s = self.cfg.sampling
-        results = []
-        for it in items:
-            torch.manual_seed(s.for_prompt(it.key))
-            ids = torch.tensor([list(it.token_ids)], device=self.device)
-            sample = s.temperature > 0
-            kw: dict[str, Any] = dict(max_new_tokens=s.max_tokens, num_return_sequences=s.n, do_sample=sample,
-                                      pad_token_id=self.tok.pad_token_id or self.tok.eos_token_id,
-                                      eos_token_id=self.tok.eos_token_id)
-            if sample:
-                kw.update(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k or None)
-            if s.stop:
-                kw.update(stop_strings=list(s.stop), tokenizer=self.tok)
-            with torch.no_grad():
-                out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kw)
-            new = out[:, ids.shape[1]:]
-            comps = []
-            for row in new.tolist():
-                if self.tok.eos_token_id in row:
-                    row = row[: row.index(self.tok.eos_token_id)]
-                row = [t for t in row if t != self.tok.pad_token_id]
-                comps.append(Completion(self.tok.decode(row, skip_special_tokens=True), len(row)))
-            results.append(comps)
-        return results
+        if self.adapters and adapter:
+            self.model.set_adapter(adapter)
+        with self.model.disable_adapter() if self.adapters and not adapter else contextlib.nullcontext():
+            return [self._one(it, s) for it in items]
+
+    def _one(self, it: PromptItem, s: Any) -> list[Completion]:
+        """n sequences for one prompt, with its own seed."""
+        import torch
+        torch.manual_seed(s.for_prompt(it.key))
+        ids = torch.tensor([list(it.token_ids)], device=self.device)
+        sample = s.temperature > 0
+        kw: dict[str, Any] = dict(max_new_tokens=s.max_tokens, num_return_sequences=s.n, do_sample=sample,
+                                  pad_token_id=self.tok.pad_token_id or self.tok.eos_token_id,
+                                  eos_token_id=self.tok.eos_token_id)
+        if sample:
+            kw.update(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k or None)
+        if s.stop:
+            kw.update(stop_strings=list(s.stop), tokenizer=self.tok)
+        with torch.no_grad():
+            out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kw)
+        new = out[:, ids.shape[1]:]
+        comps = []
+        for row in new.tolist():
+            if self.tok.eos_token_id in row:
+                row = row[: row.index(self.tok.eos_token_id)]
+            row = [t for t in row if t != self.tok.pad_token_id]
+            comps.append(Completion(self.tok.decode(row, skip_special_tokens=True), len(row)))
+        return comps
 
     def close(self) -> None:
         del self.model

@@ -68,7 +68,7 @@ class OpenAIBackend:
         choices = sorted(r.choices, key=lambda c: c.index)
         return [Completion(c.text, _tokens(r, s.n)) for c in choices]
 
-    def generate(self, items: list[PromptItem]) -> list[list[Completion]]:
+    def generate(self, items: list[PromptItem], adapter: str | None = None) -> list[list[Completion]]:
         return list(self.pool.map(self._one, items))
 
     def close(self) -> None:

@@ -38,6 +38,9 @@ from .sampling import InferConfig, load_config
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="base model: local folder or hub id (for openai: the served name)")
     p.add_argument("--adapter", help="PEFT LoRA adapter folder (from train/)")
+    p.add_argument("--adapters", nargs="+", metavar="NAME=DIR",
+                   help="several adapters of the same base in one engine: writes OUT/NAME/ per adapter")
+    p.add_argument("--with-base", action="store_true", help="with --adapters: the base model too, in OUT/base/")
     p.add_argument("--tokenizer", help="tokenizer folder or id (default: the model's)")
     p.add_argument("--prompts", required=True, help="`mlbench prep` output folder, or one task .jsonl file")
     p.add_argument("--split", default="test", help="split folder inside --prompts (default: test)")
@@ -114,30 +117,55 @@ def engine_dtype(cfg: InferConfig, adapter: str | None) -> str:
     return {"bf16": "bfloat16", "fp16": "float16"}.get(precision, "auto")
 
 
-def make_backend(args: argparse.Namespace, cfg: InferConfig, tokenizer: Any, max_model_len: int) -> Backend:
+def make_backend(args: argparse.Namespace, cfg: InferConfig, tokenizer: Any, max_model_len: int,
+                 adapters: dict[str, str]) -> Backend:
+    """The engine, with every adapter it has to serve loaded once."""
     if cfg.backend == "vllm":
         from .backends import VllmBackend
         rank = None
-        if args.adapter:
-            rank = engine_lora_rank(int(adapter_config(args.adapter)["r"]), cfg.max_lora_rank, args.adapter)
-        return VllmBackend(args.model, cfg, max_model_len, args.adapter, rank, args.tokenizer)
+        if adapters:
+            ranks = [int(adapter_config(a)["r"]) for a in adapters.values()]
+            rank = engine_lora_rank(max(ranks), cfg.max_lora_rank, next(iter(adapters.values())))
+        return VllmBackend(args.model, cfg, max_model_len, adapters, rank, args.tokenizer)
     if cfg.backend == "hf":
         from .backends import HfBackend
-        return HfBackend(args.model, cfg, args.adapter, tokenizer)
+        return HfBackend(args.model, cfg, adapters, tokenizer)
     from .openai_backend import OpenAIBackend
-    if args.adapter:
+    if adapters:
         raise MLBenchError("the openai backend cannot load an adapter itself", "--adapter",
                            "serve it (`vllm serve BASE --enable-lora --lora-modules NAME=DIR`) and pass --model NAME")
     return OpenAIBackend(args.model, cfg, send_token_ids=tokenizer is not None)
 
 
+def targets(args: argparse.Namespace) -> list[tuple[str | None, str | None, Path]]:
+    """What to generate for: ``(adapter name, adapter folder, output folder)``; the base model has no adapter."""
+    out = Path(args.out)
+    if not args.adapters:
+        if args.with_base:
+            raise MLBenchError("--with-base goes with --adapters", "--with-base")
+        return [("adapter" if args.adapter else None, args.adapter, out)]
+    if args.adapter:
+        raise MLBenchError("pass either --adapter DIR or --adapters NAME=DIR ...", "--adapter")
+    found = []
+    for spec in args.adapters:
+        name, eq, path = spec.partition("=")
+        if not eq or not name or not name.replace("-", "").replace("_", "").isalnum() or name == "base":
+            raise MLBenchError(f"--adapters takes NAME=DIR (NAME: letters, digits, - and _; not 'base'), got {spec!r}",
+                               "--adapters")
+        found.append((name, path, out / name))
+    if len({n for n, _, _ in found}) != len(found):
+        raise MLBenchError("adapter names must differ", "--adapters")
+    return ([(None, None, out / "base")] if args.with_base else []) + found
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the infer stage; returns the exit status."""
     cfg = load_config(args.config, _overrides(args))
-    out = Path(args.out)
-    if args.adapter:
-        adapter_config(args.adapter)
-        check_base(args.model, args.adapter, args.allow_base_mismatch)
+    todo_targets = targets(args)
+    adapters = {name: path for name, path, _ in todo_targets if path}
+    for path in adapters.values():
+        adapter_config(path)
+        check_base(args.model, path, args.allow_base_mismatch)
     tokenizer = _load_tokenizer(args.tokenizer or args.model, cfg.backend)
     tasks: dict[int, list[PromptItem]] = {}
     for t in args.task:
@@ -145,42 +173,46 @@ def run(args: argparse.Namespace) -> int:
         tasks[t] = encode(items, tokenizer) if tokenizer is not None else items
     longest = max((len(it.token_ids) for items in tasks.values() for it in items), default=0)
     max_model_len = context_length(cfg, longest, model_positions(args.model) if cfg.backend != "openai" else None)
-    cfg.dtype = engine_dtype(cfg, args.adapter)
+    cfg.dtype = engine_dtype(cfg, next(iter(adapters.values()), None))
     if tokenizer is not None:
         for items in tasks.values():
             check_lengths(items, cfg, max_model_len)
-    ident = {"model": model_identity(args.model), "adapter": adapter_identity(args.adapter) if args.adapter else None,
-             "backend": cfg.backend, "sampling": cfg.to_dict()["sampling"], "parser": cfg.parser}
-    claim_run_folder(out / "infer.json", {**ident, "prompts": str(Path(args.prompts).resolve()),
-                                          "split": args.split})
-    todo = {}
-    for t, items in tasks.items():
-        done = {(r["github_id"], r["id"]) for r in read_jsonl_tolerant(out / f"task{t}.jsonl")}
-        todo[t] = [it for it in items if it.key not in done]
-        print(f"infer: task {t}: {len(items)} prompts, {len(items) - len(todo[t])} already written",
-              file=sys.stderr)
-    if not any(todo.values()):
-        print(f"infer: nothing to do; generations in {out}/task*.jsonl", file=sys.stderr)
+    plan = []
+    for name, path, out in todo_targets:
+        ident = {"model": model_identity(args.model), "adapter": adapter_identity(path) if path else None,
+                 "backend": cfg.backend, "sampling": cfg.to_dict()["sampling"], "parser": cfg.parser}
+        claim_run_folder(out / "infer.json", {**ident, "prompts": str(Path(args.prompts).resolve()),
+                                              "split": args.split})
+        label = f"{name or 'base'}: " if len(todo_targets) > 1 else ""
+        for t, items in tasks.items():
+            done = {(r["github_id"], r["id"]) for r in read_jsonl_tolerant(out / f"task{t}.jsonl")}
+            todo = [it for it in items if it.key not in done]
+            print(f"infer: {label}task {t}: {len(items)} prompts, {len(items) - len(todo)} already written",
+                  file=sys.stderr)
+            if todo:
+                plan.append((name if path else None, ident, todo, out / f"task{t}.jsonl", f"{label}task {t}"))
+    if not plan:
+        print(f"infer: nothing to do; generations in {args.out}", file=sys.stderr)
         return 0
-    backend = make_backend(args, cfg, tokenizer, max_model_len)
+    backend = make_backend(args, cfg, tokenizer, max_model_len, adapters)
     try:
-        for t, items in todo.items():
-            generate_task(backend, items, cfg, ident, out / f"task{t}.jsonl", f"task {t}")
+        for adapter, ident, items, path, desc in plan:
+            generate_task(backend, items, cfg, ident, path, desc, adapter)
     finally:
         backend.close()
-    print(f"infer: generations in {out}/task*.jsonl (score with `mlbench eval --generations`)", file=sys.stderr)
+    print(f"infer: generations in {args.out} (score with `mlbench eval --generations`)", file=sys.stderr)
     return 0
 
 
 def generate_task(backend: Backend, items: list[PromptItem], cfg: InferConfig, ident: dict[str, Any],
-                  path: Path, desc: str) -> None:
+                  path: Path, desc: str, adapter: str | None = None) -> None:
     """Generate in batches and append each finished prompt's line; the bar shows output tokens/s."""
     n_tok, t0 = 0, time.perf_counter()
     bar = tqdm(total=len(items), desc=desc, unit="prompt", file=sys.stderr, disable=not items)
     with AppendLog(path) as log:
         for start in range(0, len(items), cfg.batch_size):
             batch = items[start: start + cfg.batch_size]
-            for it, comps in zip(batch, backend.generate(batch)):
+            for it, comps in zip(batch, backend.generate(batch, adapter)):
                 raw = [c.text for c in comps]
                 rec = GenerationRecord(it.github_id, it.id, [parse_response(r, cfg.parser) for r in raw],
                                        task=it.task, raw=raw, n_tokens=[c.n_tokens for c in comps],

@@ -42,6 +42,10 @@ class Lines:
             for k, v in node.value:
                 self.lines[path + (str(k.value),)] = f"{self.source}:{k.start_mark.line + 1}"
                 self._walk(v, path + (str(k.value),))
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                self.lines[path + (str(i),)] = f"{self.source}:{v.start_mark.line + 1}"
+                self._walk(v, path + (str(i),))
 
     def at(self, dotted: str | tuple[str, ...]) -> str:
         """The location of ``dotted`` (or of its nearest enclosing key)."""

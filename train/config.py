@@ -27,6 +27,7 @@ class DataConfig:
     task: int = 3
     split: Literal["id", "ood"] = "id"
     path: str | None = None  # a prep .jsonl file instead of prep_dir/<split>/task<t>.jsonl
+    extra: list[str] = field(default_factory=list)  # more prep .jsonl files for training only (never held out)
     eval_fraction: float = 0.05
     max_seq_len: int = 8192  # capped at the model's max_position_embeddings
     batching: Literal["packing", "grouped", "padding"] = "packing"

@@ -122,6 +122,10 @@ class LoRAFinetuneRecipe:
         if self.context_note:
             self.notes.append(self.context_note)
         self.train_set, self.eval_set = split_eval(examples, self.cfg.data.eval_fraction, self.cfg.seed)
+        for extra in self.cfg.data.extra:  # added to training only: the held-out set stays the split's own rows
+            more, notes = load_examples(Path(extra), self.tok, self.cfg.template, self.seq_len)
+            self.train_set += more
+            self.notes += [f"{extra}: {len(more)} extra training records"] + notes
         per_rank = len(self._epoch_batches(0))
         self.steps_per_epoch = math.ceil(per_rank / self.cfg.optim.grad_accum)
         o = self.cfg.optim

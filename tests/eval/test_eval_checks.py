@@ -40,6 +40,37 @@ def test_compat_vs_strict_parameter_checks():
     assert param_hits_strict("m = build_model('gat', hidden=16)", {"hidden": "16.0"}) == {"hidden": True}
 
 
+@pytest.mark.parametrize("output, arguments, compat, strict", [
+    # holes the benchmark's substring check leaves open
+    ("python train.py --epochs 10", {"epochs": "1"}, True, False),
+    ("python train.py --gpu 1 --embed_size 32", {"gpu": "3"}, True, False),  # dgl id 15's own answer
+    ("python gan.py --rel_avg_gan  # --lr 0.0001", {"lr": "0.0001"}, True, False),  # PyTorch-GAN id 7's
+    ("python train.py --epochs 0.001", {"lr": "0.001"}, True, False),
+    # what the benchmark's loose labels mean, kept
+    ("python extract.py esm2 x.fasta --repr_layers 25", {"layer_number": "25"}, True, True),
+    ("python train.py --name label2city_512 --loadSize 512", {"resolusion size": "512"}, True, True),
+    ("python train.py --lr 0.00001", {"learning rate": "1e-5"}, False, True),
+    ("python test_pcn.py --num_points 256 --seed 42", {"seed": "--seed 42", "number of points": "256"}, True, True),
+    ("python -u run.py --model_id PEMS-SF --data UEA", {"model_id": "PEMS", "data": "UEA"}, True, True),
+    ("python -u run.py --data custom --data_path traffic.csv", {"data": "traffic"}, True, True),
+    ("python -u eval_nsp.py ckpt.pt", {"argument1": "-u", "eval_file": "eval_nsp.py"}, True, True),
+    ("python main.py --drop_edge_p 0 0.5", {"drop_edge_p": "0 0.5"}, True, True),
+    ("python run_squad.py --predict_file=$SQUAD_DIR/dev-v2.0.json", {"version": "2.0"}, True, True),
+    ("python generate.py --save_samples", {"save_samples": ""}, True, True),
+])
+def test_strict_closes_holes_and_keeps_loose_labels(output, arguments, compat, strict):
+    assert all(param_hits_compat(output, arguments).values()) is compat
+    assert all(param_hits_strict(output, arguments).values()) is strict
+
+
+def test_strict_accepts_the_gold_answers_compat_accepts_but_three(shared):
+    rejected = [(s.repo, s.id) for s in load_samples(shared / "full.jsonl")
+                if all(param_hits_compat(s.output, s.arguments).values())
+                and not all(param_hits_strict(s.output, s.arguments).values())]
+    # each of the three is the answer's fault: a wrong --gpu, options in a comment, a value not in the command
+    assert rejected == [("dgl", 15), ("PyTorch-GAN", 7), ("Time-Series-Library", 236)]
+
+
 def test_type_check_is_the_benchmarks():
     assert check_output("python a.py --x 1", {}, "Bash Script", "compat").type_ok
     assert not check_output("python a.py", {}, "Bash Script", "compat").type_ok  # no trailing space: not a script

@@ -48,7 +48,7 @@ def test_scores_resumes_and_rescores(tmp_path, capsys):
     capsys.readouterr()
     assert _eval(gens, out) == 0
     err = capsys.readouterr().err
-    assert f"executed 7 (reused 0); " in err or "/7 new generations passed" in err, err
+    assert "executed 7 (reused 0); " in err or "/7 new generations passed" in err, err
     assert f"; {len(lines) - 7} done before" in err  # the kept records were not run again
     res2 = [json.loads(x) for x in (out / "results.jsonl").open()]
     assert sorted((r["id"], r["idx"]) for r in res2) == sorted((r["id"], r["idx"]) for r in res)

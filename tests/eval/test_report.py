@@ -71,9 +71,30 @@ def test_report_refuses_percentages_and_missing_runs(evals: dict[str, Path], tmp
     ref = tmp_path / "ref.yaml"
     ref.write_text("source: x\nrows:\n  - {name: p, task: 3, pass@1: 33.82}\n")
     r = run_cli("mlbench", "report", str(evals["a3"]), "--reference", ref, "--out", tmp_path / "o")
-    assert r.returncode == 2 and "outside [0, 1]" in r.stderr and "fractions" in r.stderr
+    assert r.returncode == 2 and "not a rate in [0, 1]" in r.stderr and "unit: percent" in r.stderr
     r = run_cli("mlbench", "report", str(tmp_path / "nothing"), "--out", tmp_path / "o")
     assert r.returncode == 2 and "no summary.json" in r.stderr
     r = run_cli("mlbench", "report", str(tmp_path / "nothing"), str(evals["a3"]), "--skip-missing", "--out",
                 tmp_path / "o")
     assert r.returncode == 0 and "skipped" in r.stderr
+
+
+@pytest.mark.integration
+def test_report_quotes_the_paper_rows_of_the_measured_tasks(evals: dict[str, Path], tmp_path: Path) -> None:
+    paper = REPO_ROOT / "configs" / "report" / "paper-rows.yaml"
+    out = tmp_path / "report"
+    r = run_cli("mlbench", "report", f"a={evals['a3']}", "--reference", paper, "--out", out)
+    assert r.returncode == 0, r.stderr
+    md = (out / "report.md").read_text()
+    # only task 3 was measured: the paper's 9 task-3 rows, percentages shown as fractions like the measured ones
+    assert "| CodeLlama-ID (paper) *(quoted)* | 3 |  |  | 0.177 | 0.235 | 0.308 |" in md
+    assert md.count("*(quoted)* | 3 |  |  |") == 9 and "*(quoted)* | 1 |" not in md
+    assert "| CodeLlama-ID (paper) *(quoted)* | 3 | Python Code | 0.283 | 0.522 | 0.717 |" in md
+    rows = list(csv.DictReader((out / "report.csv").open()))
+    assert {x["task"] for x in rows if x["source"].startswith("quoted")} == {"3"}
+    r = run_cli("mlbench", "report", f"a={evals['a3']}", "--reference", paper, "--all-reference", "--out", out)
+    assert r.returncode == 0 and "*(quoted)* | 1 |" in (out / "report.md").read_text()
+    table1 = md.split("## As the paper's Table 1 (percent)")[1]
+    assert "| model | Oracle Segment Pass@1 | Oracle Segment Pass@2 | Oracle Segment Pass@5 |" in table1
+    assert "| CodeLlama-ID (paper) *(quoted)* | 17.69 | 23.46 | 30.77 |" in table1
+    assert f"| a | {100 * 52 / 53:.2f} |" in table1

@@ -71,6 +71,15 @@ def test_runs_real_scripts_in_a_private_copy(box):
     assert [p.name for p in box[0].root.iterdir() if not p.name.startswith(("pristine", "seccomp"))] == []
 
 
+def test_thread_count_of_one_execution_is_the_limit_not_the_hosts_cores(box):
+    code = "import os\ntry:\n    import torch\nexcept ImportError:\n    torch = None\n" \
+           "print(os.environ.get('OMP_NUM_THREADS'), torch.get_num_threads() if torch else 1)"
+    r = run(box, code, shell=False, threads=1)
+    assert r.exit_code == 0 and r.log.split() == ["1", "1"], r.log  # torch: the host venv in bwrap
+    r = run(box, "echo ${OMP_NUM_THREADS:-unset} ${MKL_NUM_THREADS:-unset}")
+    assert r.log.split() == ["unset", "unset"]  # no limit given: the libraries' own defaults
+
+
 def test_network_is_unreachable_even_with_a_listener(box):
     srv = socket.create_server(("127.0.0.1", 0))
     port = srv.getsockname()[1]

@@ -139,7 +139,7 @@ def test_clear_errors(tmp_path, tiny_model_dir, real_prep, trained_adapter, tiny
     r = _infer(tiny_model_dir, real_prep, tmp_path / "a", "--adapter", trained_adapter, "--max-lora-rank", "4")
     assert r.returncode == 2 and "adapter rank 8 is above the engine's max_lora_rank 4" in r.stderr
     r = _infer(tiny_model_dir, real_prep, tmp_path / "b", "--backend", "hf", "--max-model-len", "40")
-    assert r.returncode == 2 and "longer than max_model_len" in r.stderr and "task3.jsonl:" in r.stderr
+    assert r.returncode == 2 and "longer than the context 40" in r.stderr and "task3.jsonl:" in r.stderr
     from tiny import build_llama
     other = build_llama(tiny_tokenizer_dir, tmp_path / "other", hidden=64, layers=1, heads=2)
     r = _infer(other, real_prep, tmp_path / "c", "--adapter", trained_adapter)

@@ -59,6 +59,18 @@ def test_sweep_file_errors_name_the_line(tmp_path: Path) -> None:
         assert e.value.where == f"{f}:{line}", (change, e.value.where, line)
 
 
+@pytest.mark.parametrize("name", ["paper", "tiny-cpu"])
+def test_the_training_launcher_is_srun_s_command_with_and_without_gpus(name: str) -> None:
+    # a blank line inside srun's continuation once left srun with no command (CPU sweeps: no --gpus-per-node), so
+    # the launcher ran outside the step and never received the USR1 that asks training to checkpoint
+    sweep = load_sweep(REPO_ROOT / f"configs/sweeps/{name}.yaml", REPO_ROOT)
+    text = render(sweep, next(j for j in jobs(sweep) if j.stage == "train"))
+    joined = re.sub(r"\\\n", " ", text)
+    srun = next(line for line in joined.splitlines() if line.startswith("srun "))
+    assert "bash -c" in srun and "accelerate.commands.launch" in srun and srun.rstrip().endswith("&"), srun
+    assert ("--gpus-per-node=" in srun) == (name == "paper")
+
+
 @pytest.mark.parametrize("name,cells,nodes", [("paper", 27, 1), ("paper-multinode", 27, 2)])
 @pytest.mark.integration
 def test_paper_sweeps_plan_and_render_valid_sbatch(name: str, cells: int, nodes: int, tmp_path: Path,
@@ -89,7 +101,7 @@ def _tiny_models(root: Path) -> dict[str, Path]:
     out = {}
     for name, steps in (("tiny-a", 40), ("tiny-b", 0)):
         out[name] = root / name
-        r = run_cli(sys.executable, str(REPO_ROOT / "examples" / "tiny.py"), "--sample", SAMPLE / "samples.jsonl",
+        r = run_cli(sys.executable, str(REPO_ROOT / "examples" / "tiny.py"),
                     "--repos", SAMPLE / "repos", "--out", out[name], "--pretrain-steps", str(steps))
         assert r.returncode == 0, r.stderr
     return out

@@ -228,8 +228,12 @@ def test_shipped_train_configs_resolve(path, tmp_path):
 
 @pytest.mark.parametrize("path", sorted((REPO_ROOT / "configs" / "accelerate").glob("*.yaml")), ids=lambda p: p.stem)
 def test_shipped_accelerate_configs_parse(path):
+    from accelerate.commands.config.config_args import ClusterConfig
+    parsed = ClusterConfig.from_yaml_file(str(path))  # accelerate's own loader: refuses unknown keys and types
     cfg = yaml.safe_load(path.read_text())
-    assert cfg["distributed_type"] in ("NO", "FSDP", "DEEPSPEED") and cfg["num_processes"] >= 1
+    assert parsed.distributed_type.value in ("NO", "MULTI_GPU", "FSDP", "DEEPSPEED") and parsed.num_processes >= 1
+    if cfg.get("use_cpu") or path.stem.endswith("-cpu"):
+        assert cfg.get("use_cpu") is True and path.stem.endswith("-cpu")  # a -cpu config that is not CPU-only
     if cfg["distributed_type"] == "FSDP":
         assert cfg["fsdp_config"]["fsdp_version"] == 2
 
