@@ -5,9 +5,10 @@
 2. Throughput: `mlbench eval --gold` (bwrap sandbox, N workers) against a sequential re-implementation of the
    benchmark's loop (same checks and verdict rules, no isolation, one shared working copy per repository), on
    the real gold answers of External-Attention-pytorch, PyTorch-GAN and Time-Series-Library, each in its built
-   environment. Verdicts must be identical.
+   environment, each execution with the same compute in both (``--cpus``, default one core: compat's "still
+   running at the limit passes" makes a verdict depend on it). Verdicts must be identical.
 
-    python bench/eval_speed.py --cache ~/.cache/mlbench --shared ../shared/mlbench [--workers 4]
+    python bench/eval_speed.py --cache ~/.cache/mlbench --shared ../shared/mlbench [--workers 2 --cpus 1]
 
 Build the environments first: mlbench env build External-Attention-pytorch PyTorch-GAN Time-Series-Library
 --tarballs ../shared/mlbench/repos
@@ -29,7 +30,7 @@ from pathlib import Path
 from mlbench_kit.eval.checks import check_output, runs_as_shell
 from mlbench_kit.eval.envs import EnvConfig
 from mlbench_kit.eval.run import prefix_exports, reference_timeout
-from mlbench_kit.eval.sandbox import Env, Job, Limits, Sandbox
+from mlbench_kit.eval.sandbox import Env, Job, Limits, Sandbox, thread_vars
 
 from mlbench_kit.cli import main as mlbench
 from mlbench_kit.dataset import load_samples
@@ -69,9 +70,11 @@ def workspace(dgl_tar: Path) -> None:
           f"{staged:.2f} s")
 
 
-def baseline(samples, envs: EnvConfig) -> tuple[dict, float]:
+def baseline(samples, envs: EnvConfig, cpus: int) -> tuple[dict, float]:
     """The benchmark's loop: one row after another, the command run in the repository with its environment's
-    interpreter first on PATH, stdout to a pipe nobody reads, exit 0 or still running at the limit passes."""
+    interpreter first on PATH, stdout to a pipe nobody reads, exit 0 or still running at the limit passes.
+    Each command is pinned to ``cpus`` cores (taskset) with as many threads: the compute one execution gets in
+    the measured run, so that the wall-clock limit means the same in both."""
     work = Path(tempfile.mkdtemp())
     verdicts = {}
     t0 = time.perf_counter()
@@ -88,12 +91,13 @@ def baseline(samples, envs: EnvConfig) -> tuple[dict, float]:
         cwd = repo / s.path
         vars_ = {"PATH": f"{env.prefix}/bin:/usr/bin:/bin", "HOME": str(work), "LANG": "C.UTF-8",
                  "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg",
-                 **dict(prefix_exports(s.prefix_code))}
+                 **thread_vars(Limits(threads=cpus)), **dict(prefix_exports(s.prefix_code))}
         if shell:
             argv = ["bash", "-c", s.output]
         else:
             (cwd / "temp.py").write_text(s.output)
             argv = ["python", "temp.py"]
+        argv = ["taskset", "-c", f"0-{cpus - 1}", *argv]
         p = subprocess.Popen(argv, cwd=cwd, env=vars_, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                              stdin=subprocess.DEVNULL, start_new_session=True)
         try:
@@ -114,7 +118,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cache", default=os.environ.get("MLBENCH_CACHE", str(Path.home() / ".cache" / "mlbench")))
     ap.add_argument("--shared", default=str(Path(__file__).resolve().parents[2] / "shared" / "mlbench"))
-    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--cpus", type=int, default=1,
+                    help="cores per execution in both runs (compat's wall-clock limit makes verdicts depend on it)")
     ap.add_argument("--skip-workspace", action="store_true")
     a = ap.parse_args()
     shared = Path(a.shared)
@@ -123,17 +129,18 @@ def main() -> None:
     envs_file = Path(a.cache) / "envs.yaml"
     envs = EnvConfig(envs_file)
     samples = [s for s in load_samples(shared / "full.jsonl") if s.repo in REPOS]
-    base, base_s = baseline(samples, envs)
+    base, base_s = baseline(samples, envs, a.cpus)
     out = Path(tempfile.mkdtemp()) / "eval"
     t0 = time.perf_counter()
     rc = mlbench(["eval", "--data", str(shared / "full.jsonl"), "--gold", "--envs", str(envs_file), "--repos",
-                  *REPOS, "--out", str(out), "--workers", str(a.workers), "--no-ci"])
+                  *REPOS, "--out", str(out), "--workers", str(a.workers), "--cpus", str(a.cpus), "--no-ci"])
     ours_s = time.perf_counter() - t0
     assert rc == 0, rc
     ours = {(r["github_id"], r["id"]): r["passed"] for r in map(json.loads, (out / "results.jsonl").open())}
     diff = sorted(k for k in base if base[k] != ours.get(k))
     print(f"throughput, {len(samples)} gold rows of {', '.join(REPOS)} on {os.cpu_count()} cores: baseline (sequential, "
-          f"no isolation) {base_s:.1f} s; mlbench eval (bwrap, {a.workers} workers) {ours_s:.1f} s: "
+          f"no isolation, {a.cpus} core(s)) {base_s:.1f} s; mlbench eval (bwrap, {a.workers} workers of {a.cpus} "
+          f"core(s)) {ours_s:.1f} s: "
           f"{base_s / ours_s:.2f}x; verdicts identical: {not diff} ({sum(base.values())} pass in both)"
           + (f"; differing rows: {diff}" if diff else ""))
     shutil.rmtree(out.parent, ignore_errors=True)

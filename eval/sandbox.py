@@ -383,14 +383,7 @@ class Sandbox:
             self._cleanup(scratch, jobdir, cg)
             return ExecResult(None, False, 0.0, 0, "", fault=f"SANDBOX: cannot start {argv[0]} ({exc})")
         os.close(report_w)
-        out_cap = _Capture(proc.stdout, limits.log_bytes) if drain else None
-        err_cap = None if drain else _Capture(proc.stderr, limits.log_bytes)
-        timed_out = False
-        try:
-            proc.wait(timeout=limits.wall_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        duration = time.monotonic() - t0
+        out_cap, err_cap, timed_out, duration = _capture_and_wait(proc, limits, drain, t0)
         self._kill(proc, cg, name)
         log = out_cap.text() if out_cap else _read_undrained(proc) + err_cap.text()
         raw = _read_report(report_r)
@@ -532,6 +525,20 @@ def _read_undrained(proc: subprocess.Popen) -> str:
     return data.decode("utf-8", errors="replace")
 
 
+def _capture_and_wait(proc: subprocess.Popen, limits: Limits, drain: bool, t0: float) \
+        -> tuple[_Capture | None, _Capture | None, bool, float]:
+    """Capture stdout+stderr (``drain``) or only stderr (the benchmark's undrained stdout), wait up to the wall
+    limit; ``(stdout capture, stderr capture, timed out, seconds since t0)``."""
+    out_cap = _Capture(proc.stdout, limits.log_bytes) if drain else None
+    err_cap = None if drain else _Capture(proc.stderr, limits.log_bytes)
+    try:
+        proc.wait(timeout=limits.wall_s)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    return out_cap, err_cap, timed_out, time.monotonic() - t0
+
+
 def _run_local(job: Job, limits: Limits, root: Path, drain: bool, env: dict[str, str]) -> ExecResult:
     """``--backend local --unsafe-local``: no isolation at all, a private copy of the checkout, a scrubbed
     environment; processes left behind are found by session id (a ``setsid`` daemon escapes this count)."""
@@ -554,14 +561,7 @@ def _run_local(job: Job, limits: Limits, root: Path, drain: bool, env: dict[str,
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT if drain else subprocess.PIPE, start_new_session=True)
-    out_cap = _Capture(proc.stdout, limits.log_bytes) if drain else None
-    err_cap = None if drain else _Capture(proc.stderr, limits.log_bytes)
-    timed_out = False
-    try:
-        proc.wait(timeout=limits.wall_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-    duration = time.monotonic() - t0
+    out_cap, err_cap, timed_out, duration = _capture_and_wait(proc, limits, drain, t0)
     survivors = 0
     for p in psutil.process_iter(["pid"]):
         try:
