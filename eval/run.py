@@ -153,7 +153,7 @@ class ScoringRules:
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "ScoringRules":
         return cls(a.mode, a.timeout, a.timeout_pass, a.static_gate, a.mem_mb, a.pids, a.cpus, a.disk_mb,
-                   a.threads or default_threads(a.cpus, a.workers))
+                   a.threads)
 
     @property
     def strict(self) -> bool:
@@ -258,8 +258,8 @@ def gold_ceiling(samples: list[Sample]) -> dict[str, dict[str, int]]:
 
 def _config(args: argparse.Namespace) -> dict[str, Any]:
     keys = ("data", "split", "generations", "gold", "mode", "backend", "parser", "timeout", "timeout_pass",
-            "static_gate", "mem_mb", "pids", "cpus", "disk_mb")
-    return {k: getattr(args, k) for k in keys} | {"threads": ScoringRules.from_args(args).threads}
+            "static_gate", "mem_mb", "pids", "cpus", "disk_mb", "threads")
+    return {k: getattr(args, k) for k in keys}
 
 
 MAX_FAULTS = 10  # environment/sandbox faults before a run gives up: something is broken, not the model
@@ -275,12 +275,12 @@ def _execute(args: argparse.Namespace, samples: dict, gens: Any, out: Path) -> i
     results_path = out / "results.jsonl"
     records = read_jsonl_tolerant(results_path)
     builds = {repo: envs.for_repo(repo).recipe for repo in repos}
-    stale = [r for r in records if builds.get(r.get("repo")) and r.get("env") != builds[r["repo"]]]
-    if stale:  # a rebuilt environment: its repositories' verdicts are scored again, never mixed with the old
-        names = sorted({r["repo"] for r in stale})
-        print(f"eval: {len(stale)} result(s) of {', '.join(names)} came from an older build of the environment; "
+    stale = [bool(builds.get(r.get("repo"))) and r.get("env") != builds[r["repo"]] for r in records]
+    if any(stale):  # a rebuilt environment: its repositories' verdicts are scored again, never mixed with the old
+        names = sorted({r["repo"] for r, old in zip(records, stale) if old})
+        print(f"eval: {sum(stale)} result(s) of {', '.join(names)} came from an older build of the environment; "
               "scoring them again", file=sys.stderr)
-        records = [r for r in records if r not in stale]
+        records = [r for r, old in zip(records, stale) if not old]
         write_jsonl_atomic(results_path, records)
     done = {(r["github_id"], r["id"], r["idx"]) for r in records}
     todo = [(samples[k], i, o) for k, outs in gens.outputs.items() for i, o in enumerate(outs)
@@ -329,6 +329,7 @@ def _execute(args: argparse.Namespace, samples: dict, gens: Any, out: Path) -> i
 def run(args: argparse.Namespace) -> int:
     """Run the eval stage; returns the exit status (3 when environment faults left generations unscored)."""
     out = Path(args.out)
+    args.threads = args.threads or default_threads(args.cpus, args.workers)  # resolved once: recorded and compared
     saved = out / "run.json"
     if saved.exists():
         claim_run_folder(saved, _config(args))  # refuse other settings before any work
@@ -370,7 +371,7 @@ def run(args: argparse.Namespace) -> int:
                "cached_executions": sum(r["cached"] for r in results),
                "metrics": score_results(results, ks, ci=not args.no_ci), "gold_ceiling": gold_ceiling(scored),
                "reference_would_drop": gens.reference_would_drop, "missing": gens.missing, "notes": notes,
-               "threads_per_execution": ScoringRules.from_args(args).threads}
+               "threads_per_execution": args.threads}
     if args.validation:
         summary["gold_valid"] = _gold_valid_metrics(args.validation, results, ks, not args.no_ci)
     if len(gens.outputs) <= PER_SAMPLE_MAX:

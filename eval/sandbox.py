@@ -282,6 +282,11 @@ class Sandbox:
         out |= {k: v for k, v in env.vars if k not in ("PATH", "HOME")}
         return out
 
+    def _job_env(self, job: Job, limits: Limits) -> dict[str, str]:
+        """One execution's variables: its environment's, the thread counts, then the sample's own exports."""
+        return self._env_vars(job.env) | thread_vars(limits) | {k: v for k, v in job.vars
+                                                                if k not in ("PATH", "HOME")}
+
     def _ro_binds(self, env: Env) -> tuple[str, ...]:
         paths = set(env.ro_paths)
         if env.prefix:
@@ -305,7 +310,7 @@ class Sandbox:
         workdir = os.path.normpath(os.path.join(f"{SANDBOX}/work", job.workdir))
         if not workdir.startswith(f"{SANDBOX}/work"):
             workdir = f"{SANDBOX}/work/.."  # a path escaping the repository: the runner reports it missing
-        env = self._env_vars(job.env) | thread_vars(limits) | {k: v for k, v in job.vars if k not in ("PATH", "HOME")}
+        env = self._job_env(job, limits)
         spec = {"argv": ["bash", f"{SANDBOX}/job/cmd.sh"] if job.as_shell else ["python", "temp.py"],
                 "workdir": workdir, "env": env, "interpreter": "python",
                 "temp_py": None if job.as_shell else f"{SANDBOX}/job/temp.py",
@@ -332,9 +337,7 @@ class Sandbox:
         reads while the command runs, so a command printing more than the pipe holds blocks (and, in compat
         mode, "passes" by still running at the limit)."""
         if self.backend == "local":
-            env = self._env_vars(job.env) | thread_vars(limits) | {k: v for k, v in job.vars
-                                                                   if k not in ("PATH", "HOME")}
-            return _run_local(job, limits, self.root, drain, env)
+            return _run_local(job, limits, self.root, drain, self._job_env(job, limits))
         xid = uuid.uuid4().hex[:12]
         scratch, jobdir = self.root / xid, self.root / f"{xid}.job"
         staged = self.backend in ("bwrap",) or (self.backend == "podman" and self.who.root)
