@@ -45,11 +45,19 @@ def _shell_tokens(output: str) -> list[str] | None:
         return None
 
 
+_SEPARATORS = ("&&", "||", ";", "|", "&")  # shell words that end a command's options
+
+
+def _is_option(tok: str) -> bool:
+    """``--name``, ``-n`` or ``--name=value``; ``-1`` and ``-1e-3`` are numbers."""
+    return tok.startswith("-") and _num(tok) is None
+
+
 def option_values(tokens: list[str]) -> dict[str, list[str]]:
     """``--name value`` / ``--name=value`` / ``-n value`` pairs (name without dashes, ``_`` == ``-``)."""
     out: dict[str, list[str]] = {}
     for i, tok in enumerate(tokens):
-        if not tok.startswith("-") or _num(tok) is not None:
+        if not _is_option(tok):
             continue
         name, eq, val = tok.lstrip("-").partition("=")
         key = name.replace("_", "-").lower()
@@ -58,9 +66,7 @@ def option_values(tokens: list[str]) -> dict[str, list[str]]:
             continue
         vals = []
         for nxt in tokens[i + 1:]:
-            if nxt.startswith("-") and _num(nxt) is None:
-                break
-            if nxt in ("&&", "||", ";", "|", "&"):
+            if _is_option(nxt) or nxt in _SEPARATORS:
                 break
             vals.append(nxt)
         out.setdefault(key, []).extend(vals or ["true"])
@@ -105,10 +111,10 @@ def _owned(tokens: list[str]) -> list[tuple[str | None, str]]:
     out: list[tuple[str | None, str]] = []
     owner = None
     for tok in tokens:
-        if tok in ("&&", "||", ";", "|", "&"):
+        if tok in _SEPARATORS:
             owner = None
             out.append((None, tok))
-        elif tok.startswith("-") and _num(tok) is None:
+        elif _is_option(tok):
             name, eq, val = tok.lstrip("-").partition("=")
             owner = None if eq else name
             out.append((name, val) if eq else (None, tok))

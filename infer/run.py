@@ -178,9 +178,10 @@ def run(args: argparse.Namespace) -> int:
         for items in tasks.values():
             check_lengths(items, cfg, max_model_len)
     plan = []
+    model, sampling = model_identity(args.model), cfg.to_dict()["sampling"]
     for name, path, out in todo_targets:
-        ident = {"model": model_identity(args.model), "adapter": adapter_identity(path) if path else None,
-                 "backend": cfg.backend, "sampling": cfg.to_dict()["sampling"], "parser": cfg.parser}
+        ident = {"model": model, "adapter": adapter_identity(path) if path else None, "backend": cfg.backend,
+                 "sampling": sampling, "parser": cfg.parser}
         claim_run_folder(out / "infer.json", {**ident, "prompts": str(Path(args.prompts).resolve()),
                                               "split": args.split})
         label = f"{name or 'base'}: " if len(todo_targets) > 1 else ""
