@@ -48,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     v.add_argument("--out", required=True, help="folder: validation.json, validation.md, eval runs per mode")
     v.add_argument("--modes", nargs="+", default=["compat", "strict"], choices=["compat", "strict"])
     v.add_argument("--workers", type=int, default=2)
+    v.add_argument("--cpus", type=float, default=1.0,
+                   help="CPU quota of one execution in cores (default 1; 0: none). Compat passes an answer still "
+                        "running at the limit, so without a quota a verdict depends on what runs beside it")
     v.add_argument("--backend", default="bwrap", choices=["bwrap", "podman"])
     bi = sub.add_parser("base-image", help="the podman base image from a Debian root filesystem (no registry)")
     bi.add_argument("--mirror", default="http://deb.debian.org/debian")
@@ -143,7 +146,7 @@ def _list(args: Namespace) -> int:
 
 def _check(args: Namespace) -> int:
     from .envs import EnvConfig
-    from .sandbox import Sandbox, check_backend
+    from .sandbox import Sandbox, check_backend, warm_summary
     cache = _cache(args)
     check_backend(args.backend, False)
     envs_file = cache / "envs.yaml"
@@ -155,8 +158,10 @@ def _check(args: Namespace) -> int:
     with Sandbox(args.backend) as sb:
         for name in names:
             try:
-                probe = sb.preflight(envs.for_repo(name), ["."])
-                print(f"{name:28} ok    python {probe['version']} ({probe['python']})")
+                env = envs.for_repo(name)
+                probe = sb.preflight(env, ["."])
+                print(f"{name:28} ok    python {probe['version']} ({probe['python']}); "
+                      f"{warm_summary(sb.warm(env))}")
             except MLBenchError as exc:
                 bad += 1
                 print(f"{name:28} FAIL  {exc.what.splitlines()[0]}")
@@ -181,7 +186,7 @@ def _validate(args: Namespace) -> int:
             eval_args = eval_run.parse(["--data", args.data, "--split", args.split, "--gold", "--envs",
                                         str(cache / "envs.yaml"), "--out", str(out / f"gold-{mode}"), "--mode", mode,
                                         "--workers", str(args.workers), "--backend", args.backend, "--no-ci",
-                                        "--repos", *built])
+                                        *(["--cpus", str(args.cpus)] if args.cpus else []), "--repos", *built])
             code = eval_run.run(eval_args)
             if code not in (0, 3):
                 return code
@@ -191,6 +196,7 @@ def _validate(args: Namespace) -> int:
     defects = {(r.repo, i): why for r in recipes for i, why in r.gold_defects}
     report = validate(results, rows, status, defects)
     report["recipes"] = {r.repo: r.hash for r in recipes}
+    report["settings"] = {"workers": args.workers, "cpus": args.cpus or None, "backend": args.backend}
     write_json_atomic(out / "validation.json", report)
     write_atomic(out / "validation.md", validation_markdown(report, status))
     for mode in args.modes:

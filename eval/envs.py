@@ -7,8 +7,9 @@
 
 Relative paths are relative to the YAML file. ``venv`` (or ``prefix``) is any environment with ``bin/python``;
 ``conda: NAME`` is looked up under ``conda_root`` (top-level key, or ``$CONDA_ROOT``); ``env:`` sets variables the
-repository's commands rely on. A repository that is not listed uses ``<repos_dir>/<repo>`` and the interpreter
-running mlbench.
+repository's commands rely on; ``warm: [torch]`` names the modules imported once before a run's first verdict
+(default: the common heavy ones; ``[]`` for none). A repository that is not listed uses ``<repos_dir>/<repo>``
+and the interpreter running mlbench.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from mlbench_kit.errors import MLBenchError
 
 from .sandbox import Env
 
-_KEYS = {"checkout", "venv", "prefix", "conda", "image", "ro_paths", "recipe", "env"}
+_KEYS = {"checkout", "venv", "prefix", "conda", "image", "ro_paths", "recipe", "env", "warm"}
 _TOP = {"repos_dir", "conda_root", "repos"}
 
 
@@ -119,5 +120,9 @@ class EnvConfig:
         variables = spec.get("env") or {}
         if not isinstance(variables, dict):
             raise MLBenchError(f"`env` of repository {repo!r} maps variable names to values", where)
+        warm = spec.get("warm")
+        if warm is not None and not (isinstance(warm, list) and all(isinstance(m, str) for m in warm)):
+            raise MLBenchError(f"`warm` of repository {repo!r} is a list of module names", where, "e.g. warm: [torch]")
         return Env(repo, checkout, prefix, spec.get("image"), ro, spec.get("recipe"), where,
-                   tuple(sorted((str(k), str(v)) for k, v in variables.items())))
+                   tuple(sorted((str(k), str(v)) for k, v in variables.items())),
+                   None if warm is None else tuple(warm))

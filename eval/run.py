@@ -40,7 +40,16 @@ from .envs import EnvConfig
 from .generations import load_generations
 from .metrics import score_results
 from .run_report import render_run_report
-from .sandbox import BACKENDS, ExecResult, Job, Limits, Sandbox, check_backend
+from .sandbox import (
+    BACKENDS,
+    Env,
+    ExecResult,
+    Job,
+    Limits,
+    Sandbox,
+    check_backend,
+    warm_summary,
+)
 from .static_cli import check_command
 
 MODES = ("compat", "strict")
@@ -287,12 +296,23 @@ def _execute(args: argparse.Namespace, samples: dict, gens: Any, out: Path) -> i
             if (k[0], k[1], i) not in done]
     with Sandbox(args.backend, uid=args.sandbox_uid, strict_limits=args.require_cgroups) as sandbox:
         if todo:
+            used: dict[str, tuple[Env, dict[str, str]]] = {}  # repo -> (environment, its probe)
             for repo in repos:
                 workdirs = sorted({s.path for s, _, _ in todo if s.repo == repo})
                 if workdirs:
-                    probe = sandbox.preflight(envs.for_repo(repo), workdirs)
-                    print(f"eval: environment {repo}: python {probe['version']} ({probe['python']}) ok in the "
-                          f"{args.backend} sandbox; limits: {sandbox.limits_mode}", file=sys.stderr)
+                    env = envs.for_repo(repo)
+                    used[repo] = (env, sandbox.preflight(env, workdirs))
+            with ThreadPoolExecutor(max_workers=args.workers) as pool:  # seconds per environment: overlap them
+                warmed = dict(zip(used, pool.map(sandbox.warm, [env for env, _ in used.values()])))
+            for repo, (env, probe) in used.items():
+                warm = warmed[repo]
+                print(f"eval: environment {repo}: python {probe['version']} ({probe['python']}) ok in the "
+                      f"{args.backend} sandbox; limits: {sandbox.limits_mode}; {warm_summary(warm)}",
+                      file=sys.stderr)
+                if any(t.endswith("/source") for t in warm.values()):
+                    print(f"eval: warning: {repo}'s libraries have no bytecode and the sandbox cannot cache it: "
+                          "every execution compiles them again (seconds of each time limit). Run `mlbench env "
+                          "build` for built environments, or `python -m compileall` on your own", file=sys.stderr)
         claim_run_folder(out / "run.json", _config(args))
         faults: list[EvalResult] = []
         stop = threading.Event()

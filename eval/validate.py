@@ -112,7 +112,12 @@ def per_repo(rows: list[dict[str, Any]], modes: list[str]) -> dict[str, dict[str
 def validation_markdown(report: dict[str, Any], built: dict[str, str | None]) -> str:
     """The per-repository table and every failing row with its cause."""
     modes = report["modes"]
-    lines = ["# Gold validation", "", "| repository | env | rows | " + " | ".join(f"{m} pass" for m in modes)
+    lines = ["# Gold validation", ""]
+    if report.get("settings"):
+        st = report["settings"]
+        lines += [f"{st['backend']} sandbox, {st['workers']} workers, "
+                  + (f"a quota of {st['cpus']:g} core(s) per execution" if st["cpus"] else "no CPU quota"), ""]
+    lines += ["| repository | env | rows | " + " | ".join(f"{m} pass" for m in modes)
              + " | causes of failure (" + modes[0] + ") |", "|---|---|---|" + "---|" * len(modes) + "---|"]
     for repo, t in report["per_repo"].items():
         env = "built" if built.get(repo, "no environment") is None else "not built"

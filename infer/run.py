@@ -54,13 +54,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         p.add_argument(f"--{name}", type=typ, help="override the config's value")
     p.add_argument("--stop", action="append", help="stop string (repeatable; overrides the config's list)")
     p.add_argument("--parser", choices=PARSERS, help="code extraction (default compat: the benchmark's)")
+    p.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"],
+                   help="engine precision (default auto: the adapters' training precision, else the model's)")
     p.add_argument("--limit", type=int, help="only the first N prompts per task (smoke runs)")
     p.add_argument("--allow-base-mismatch", action="store_true", help="skip the adapter/base model check")
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     keys = ("backend", "n", "temperature", "top_p", "top_k", "max_tokens", "seed", "batch_size", "max_model_len",
-            "tensor_parallel_size", "max_lora_rank", "stop", "parser")
+            "tensor_parallel_size", "max_lora_rank", "stop", "parser", "dtype")
     return {k: getattr(args, k) for k in keys}
 
 
@@ -106,15 +108,23 @@ def check_lengths(items: list[PromptItem], cfg: InferConfig, max_model_len: int)
                            "--max-tokens")
 
 
-def engine_dtype(cfg: InferConfig, adapter: str | None) -> str:
-    """auto: the precision the adapter was trained in (bf16 stays bf16: vLLM's own auto serves Llama-2 in fp16),
-    else the model config's."""
-    if cfg.dtype != "auto" or not adapter:
+def engine_dtype(cfg: InferConfig, adapters: list[str]) -> str:
+    """auto: the precision the adapters were trained in (bf16 stays bf16: vLLM's own auto serves Llama-2 in fp16),
+    else the model config's. One engine has one dtype, so adapters trained in different precisions need
+    ``--dtype``."""
+    if cfg.dtype != "auto" or not adapters:
         return cfg.dtype
     import json
-    meta = Path(adapter) / TRAIN_META
-    precision = json.loads(meta.read_text()).get("precision") if meta.is_file() else None
-    return {"bf16": "bfloat16", "fp16": "float16"}.get(precision, "auto")
+    found = {}
+    for adapter in adapters:
+        meta = Path(adapter) / TRAIN_META
+        precision = json.loads(meta.read_text()).get("precision") if meta.is_file() else None
+        found[adapter] = {"bf16": "bfloat16", "fp16": "float16"}.get(precision, "auto")
+    if len(set(found.values())) > 1:
+        listed = ", ".join(f"{a}: {d}" for a, d in found.items())
+        raise MLBenchError(f"the adapters were trained in different precisions ({listed}); one engine serves them "
+                           "all in one dtype", "--adapters", "pass --dtype bfloat16 (or float16), or run them apart")
+    return next(iter(found.values()))
 
 
 def make_backend(args: argparse.Namespace, cfg: InferConfig, tokenizer: Any, max_model_len: int,
@@ -173,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
         tasks[t] = encode(items, tokenizer) if tokenizer is not None else items
     longest = max((len(it.token_ids) for items in tasks.values() for it in items), default=0)
     max_model_len = context_length(cfg, longest, model_positions(args.model) if cfg.backend != "openai" else None)
-    cfg.dtype = engine_dtype(cfg, next(iter(adapters.values()), None))
+    cfg.dtype = engine_dtype(cfg, list(adapters.values()))
     if tokenizer is not None:
         for items in tasks.values():
             check_lengths(items, cfg, max_model_len)

@@ -99,3 +99,16 @@ def test_gold_and_raw_responses(tmp_path):
     assert main(["eval", "--data", str(SAMPLE), "--gold", "--envs", str(ENVS), "--out", str(tmp_path / "g")]) == 0
     gold = json.loads((tmp_path / "g" / "summary.json").read_text())["metrics"]["overall"]
     assert gold["samples"] == len(rows) and gold["pass@1"] == 1.0  # every dataset answer runs in its repository
+
+
+def test_libraries_without_bytecode_are_named_before_scoring(tmp_path, capsys):
+    """The sandbox mounts an environment read-only, so bytecode it lacks is compiled again by every execution."""
+    repo = tmp_path / "toybench"
+    shutil.copytree(REPO_ROOT / "examples" / "sample" / "repos" / "toybench", repo,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    envs = tmp_path / "envs.yaml"
+    envs.write_text(f"repos:\n  toybench: {{checkout: {repo}, warm: [toylib]}}\n")
+    assert main(["eval", "--data", str(SAMPLE), "--gold", "--envs", str(envs), "--repos", "toybench", "--out",
+                 str(tmp_path / "run"), "--no-ci"]) == 0
+    err = capsys.readouterr().err
+    assert "warm-up: toylib" in err and "(not compiled)" in err and "toybench's libraries have no bytecode" in err

@@ -2,6 +2,7 @@
 that runs here. Each case asserts containment: the verdict is right, the host is unchanged, the run completed."""
 
 import os
+import py_compile
 import shutil
 import socket
 import subprocess
@@ -15,7 +16,14 @@ import pytest
 from conftest import REPO_ROOT
 from mlbench_kit.eval import cgroups
 from mlbench_kit.eval.engines import Mounts, container_argv, seccomp_profile
-from mlbench_kit.eval.sandbox import Env, Job, Limits, Sandbox, check_backend
+from mlbench_kit.eval.sandbox import (
+    Env,
+    Job,
+    Limits,
+    Sandbox,
+    check_backend,
+    warm_summary,
+)
 from mlbench_kit.eval.static_cli import check_command
 
 from mlbench_kit.errors import MLBenchError
@@ -279,6 +287,27 @@ def test_venv_under_tmp_is_visible(tmp_venv):
         assert sb.preflight(env, ["./", "./examples/gnn"])["python"] == f"{tmp_venv}/bin/python"
         r = sb.run(Job("import sys; print(sys.prefix)", False, env, "./"), Limits())
     assert r.exit_code == 0 and str(tmp_venv) in r.log
+
+
+def test_warm_up_imports_what_is_installed_and_names_what_fails(tmp_venv, tmp_path):
+    """The heavy imports run once, in the sandbox, before the first verdict (from a cold page cache a PyTorch-GAN
+    answer took 7 s of its 10 s limit instead of 4), and a module that is installed but broken is named."""
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap not installed")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "heavylib.py").write_text("import time\ntime.sleep(0.3)\n")
+    py_compile.compile(str(repo / "heavylib.py"))
+    (repo / "sourcelib.py").write_text("x = 1\n")  # no bytecode: every execution would compile it again
+    (repo / "brokenlib.py").write_text("raise ImportError('needs a GPU')\n")
+    env = Env("toy", repo, prefix=str(tmp_venv), warm=("heavylib", "sourcelib", "brokenlib", "absentlib"))
+    with Sandbox("bwrap") as sb:
+        warm = sb.warm(env)
+        assert sb.warm(Env("toy", repo, prefix=str(tmp_venv), warm=())) == {}
+    assert set(warm) == {"heavylib", "sourcelib", "brokenlib"} and float(warm["heavylib"]) >= 0.3
+    assert warm["sourcelib"].endswith("/source") and warm["brokenlib"] == "!ImportError"
+    assert warm_summary(warm) == (f"warm-up: brokenlib FAILED (ImportError), heavylib {warm['heavylib']} s, "
+                                  f"sourcelib {warm['sourcelib'].split('/')[0]} s (not compiled)")
 
 
 def test_broken_environment_fails_preflight_and_mid_run_fault_is_not_a_verdict(tmp_path):

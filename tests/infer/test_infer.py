@@ -144,6 +144,14 @@ def test_clear_errors(tmp_path, tiny_model_dir, real_prep, trained_adapter, tiny
     other = build_llama(tiny_tokenizer_dir, tmp_path / "other", hidden=64, layers=1, heads=2)
     r = _infer(other, real_prep, tmp_path / "c", "--adapter", trained_adapter)
     assert r.returncode == 2 and "trained on another base model" in r.stderr and "hidden_size" in r.stderr
+    import shutil
+    for name, precision in (("bf", "bf16"), ("fp", "fp16")):  # one engine, one dtype: say so, do not pick one
+        shutil.copytree(trained_adapter, tmp_path / name)
+        meta = json.loads((tmp_path / name / "mlbench_train.json").read_text())
+        (tmp_path / name / "mlbench_train.json").write_text(json.dumps({**meta, "precision": precision}))
+    r = _infer(tiny_model_dir, real_prep, tmp_path / "e", "--adapters", f"bf={tmp_path / 'bf'}",
+               f"fp={tmp_path / 'fp'}")
+    assert r.returncode == 2 and "different precisions" in r.stderr and "bfloat16" in r.stderr, r.stderr
     chat = tmp_path / "chatprep"
     r = run_cli("mlbench", "prep", "--data", REPO_ROOT / "examples/sample/samples.jsonl", "--splits", "full",
                 "--tasks", "3", "--template", "chat", "--tokenizer", tiny_tokenizer_dir, "--no-hf", "--out", chat)
