@@ -309,7 +309,7 @@ def _execute(args: argparse.Namespace, samples: dict, gens: Any, out: Path) -> i
                 print(f"eval: environment {repo}: python {probe['version']} ({probe['python']}) ok in the "
                       f"{args.backend} sandbox; limits: {sandbox.limits_mode}; {warm_summary(warm)}",
                       file=sys.stderr)
-                if any(t.endswith("/source") for t in warm.values()):
+                if any(not w.compiled and not w.error for w in warm):
                     print(f"eval: warning: {repo}'s libraries have no bytecode and the sandbox cannot cache it: "
                           "every execution compiles them again (seconds of each time limit). Run `mlbench env "
                           "build` for built environments, or `python -m compileall` on your own", file=sys.stderr)

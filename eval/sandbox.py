@@ -58,7 +58,7 @@ _PODMAN_SECCOMP = Path("/usr/share/containers/seccomp.json")
 # Imported (when installed) by Sandbox.warm before a run's first verdict. Python 3.7 syntax: bert's env.
 WARM_MODULES = ("numpy", "scipy", "pandas", "sklearn", "PIL", "cv2", "matplotlib", "torch", "torchvision",
                 "tensorflow", "jax", "dgl", "transformers", "fairseq")
-_WARM_CODE = """import importlib, importlib.util, os, time
+_WARM_CODE = """import importlib, importlib.util, json, os, time
 out = []
 for m in %r:
     try:
@@ -71,10 +71,10 @@ for m in %r:
         mod = importlib.import_module(m)
         src = getattr(mod, "__file__", None) or ""
         compiled = not src.endswith(".py") or os.path.exists(importlib.util.cache_from_source(src))
-        out.append("%%s=%%.2f%%s" %% (m, time.time() - t, "" if compiled else "/source"))
+        out.append([m, round(time.time() - t, 2), compiled, None])
     except BaseException as e:
-        out.append("%%s=!%%s" %% (m, type(e).__name__))
-print("MLBENCH-WARM", *out, flush=True)
+        out.append([m, None, False, type(e).__name__])
+print("MLBENCH-WARM " + json.dumps(out), flush=True)
 """
 CONTAINER_PREFIX = "/opt/venv"
 
@@ -121,6 +121,16 @@ class Env:
     where: str = ""  # where it was configured (file:line), for errors
     vars: tuple[tuple[str, str], ...] = ()  # environment variables the repository's commands rely on
     warm: tuple[str, ...] | None = None  # modules Sandbox.warm imports before a run; None: WARM_MODULES
+
+
+@dataclass(frozen=True)
+class Warmed:
+    """One library :meth:`Sandbox.warm` imported: how long it took, whether it had bytecode, or why it failed."""
+
+    module: str
+    seconds: float | None = None  # None when the import failed
+    compiled: bool = True  # False: no bytecode, and the read-only sandbox cannot cache it, so every run compiles it
+    error: str | None = None  # the exception's type name, or why the warm-up itself failed
 
 
 @dataclass(frozen=True)
@@ -479,35 +489,39 @@ class Sandbox:
                                "written")
         return {"python": probe[1], "version": probe[2]}
 
-    def warm(self, env: Env) -> dict[str, str]:
-        """Import the environment's heavy libraries once inside the sandbox, before any verdict: module name ->
-        seconds it took (``/source`` appended where it has no bytecode), or ``!ErrorType`` where it failed to
-        import. From a cold page cache the first answer of an environment loads its libraries from disk (a
-        PyTorch-GAN answer took 7 s instead of 4), and at the benchmark's 10 s limit, where compat counts "still
-        running" as a pass, that can turn a failing answer into a pass. Not fatal: a module that fails here is
-        reported, and the answers that need it fail on their own."""
+    def warm(self, env: Env) -> list[Warmed]:
+        """Import the environment's heavy libraries once inside the sandbox, before any verdict, timing each.
+        From a cold page cache the first answer of an environment loads its libraries from disk (a PyTorch-GAN
+        answer took 7 s instead of 4), and at the benchmark's 10 s limit, where compat counts "still running" as
+        a pass, that can turn a failing answer into a pass. Not fatal: a module that fails here is reported, and
+        the answers that need it fail on their own."""
         modules = WARM_MODULES if env.warm is None else env.warm
         if not modules:
-            return {}
+            return []
         code = "python -c " + shlex.quote(warm_code(modules))
         res = self.run(Job(code, True, env, "."), Limits(wall_s=300, pids=256, disk_mb=64, tmp_mb=256, threads=1))
-        line = next((ln.split()[1:] for ln in res.log.splitlines() if ln.startswith("MLBENCH-WARM")), None)
+        line = next((ln[len("MLBENCH-WARM "):] for ln in res.log.splitlines() if ln.startswith("MLBENCH-WARM ")),
+                    None)
         if res.fault or res.timed_out or line is None:
             why = res.fault or ("did not finish in 300 s" if res.timed_out else f"exit {res.exit_code}")
-            return {"warm-up": f"!{why}"}
-        return dict(item.split("=", 1) for item in line if "=" in item)
+            return [Warmed("warm-up", error=why)]
+        try:
+            return [Warmed(str(m), None if t is None else float(t), bool(c), None if e is None else str(e))
+                    for m, t, c, e in json.loads(line)]
+        except (ValueError, TypeError):  # the environment's python printed something else on that line
+            return [Warmed("warm-up", error=f"unreadable report {line[:80]!r}")]
 
 
 def warm_code(modules: tuple[str, ...]) -> str:
-    """Python source that imports each installed module of ``modules`` and prints ``MLBENCH-WARM m=seconds``."""
+    """Python source that imports each installed module of ``modules`` and prints ``MLBENCH-WARM`` and a JSON list
+    of ``[module, seconds, compiled, error]``."""
     return _WARM_CODE % (tuple(modules),)
 
 
-def warm_summary(warm: dict[str, str]) -> str:
-    """One line for what :meth:`Sandbox.warm` found: the imports and their seconds, failures named."""
-    ok = [f"{m} {t.removesuffix('/source')} s" + (" (not compiled)" if t.endswith("/source") else "")
-          for m, t in warm.items() if not t.startswith("!")]
-    bad = [f"{m} FAILED ({t[1:]})" for m, t in warm.items() if t.startswith("!")]
+def warm_summary(warm: list[Warmed]) -> str:
+    """One line for what :meth:`Sandbox.warm` found: the imports and their seconds, failures named first."""
+    bad = [f"{w.module} FAILED ({w.error})" for w in warm if w.error]
+    ok = [f"{w.module} {w.seconds:.2f} s" + ("" if w.compiled else " (not compiled)") for w in warm if not w.error]
     return "warm-up: " + (", ".join(bad + ok) or "nothing to import")
 
 

@@ -2,6 +2,7 @@
 builds are idempotent and resumable, a real repository's environment is built and its gold rows validated."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -163,11 +164,17 @@ def test_generated_containerfile_and_apptainer_definition():
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 @pytest.mark.integration
-def test_real_repository_environment_and_gold_validation(tmp_path, shared):
+def test_real_repository_environment_and_gold_validation(tmp_path, shared, capsys):
     """External-Attention-pytorch from the shared tarball: built as a venv, its 24 gold rows validated."""
     cache, out = tmp_path / "cache", tmp_path / "val"
     assert main(["env", "build", "External-Attention-pytorch", "--cache", str(cache), "--tarballs",
                  str(shared / "repos")]) == 0
+    capsys.readouterr()
+    assert main(["env", "check", "External-Attention-pytorch", "--cache", str(cache)]) == 0
+    check = capsys.readouterr().out
+    # probed, and its libraries imported once in the sandbox, from bytecode the build compiled
+    assert re.search(r"External-Attention-pytorch +ok +python 3\.\d+.*warm-up: .*torch [\d.]+ s", check), check
+    assert "not compiled" not in check and "FAILED" not in check, check
     assert main(["env", "validate", "External-Attention-pytorch", "--cache", str(cache), "--data",
                  str(shared / "full.jsonl"), "--out", str(out), "--modes", "compat"]) == 0
     report = json.loads((out / "validation.json").read_text())

@@ -21,6 +21,7 @@ from mlbench_kit.eval.sandbox import (
     Job,
     Limits,
     Sandbox,
+    Warmed,
     check_backend,
     warm_summary,
 )
@@ -302,12 +303,14 @@ def test_warm_up_imports_what_is_installed_and_names_what_fails(tmp_venv, tmp_pa
     (repo / "brokenlib.py").write_text("raise ImportError('needs a GPU')\n")
     env = Env("toy", repo, prefix=str(tmp_venv), warm=("heavylib", "sourcelib", "brokenlib", "absentlib"))
     with Sandbox("bwrap") as sb:
-        warm = sb.warm(env)
-        assert sb.warm(Env("toy", repo, prefix=str(tmp_venv), warm=())) == {}
-    assert set(warm) == {"heavylib", "sourcelib", "brokenlib"} and float(warm["heavylib"]) >= 0.3
-    assert warm["sourcelib"].endswith("/source") and warm["brokenlib"] == "!ImportError"
-    assert warm_summary(warm) == (f"warm-up: brokenlib FAILED (ImportError), heavylib {warm['heavylib']} s, "
-                                  f"sourcelib {warm['sourcelib'].split('/')[0]} s (not compiled)")
+        warm = {w.module: w for w in sb.warm(env)}
+        assert sb.warm(Env("toy", repo, prefix=str(tmp_venv), warm=())) == []
+    assert set(warm) == {"heavylib", "sourcelib", "brokenlib"} and warm["heavylib"].seconds >= 0.3
+    assert warm["heavylib"].compiled and not warm["sourcelib"].compiled
+    assert warm["brokenlib"] == Warmed("brokenlib", None, False, "ImportError")
+    assert warm_summary(list(warm.values())) == (
+        f"warm-up: brokenlib FAILED (ImportError), heavylib {warm['heavylib'].seconds:.2f} s, "
+        f"sourcelib {warm['sourcelib'].seconds:.2f} s (not compiled)")
 
 
 def test_broken_environment_fails_preflight_and_mid_run_fault_is_not_a_verdict(tmp_path):
