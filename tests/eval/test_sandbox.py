@@ -280,12 +280,15 @@ def tmp_venv():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def test_venv_under_tmp_is_visible(tmp_venv):
+def test_venv_under_tmp_is_visible(tmp_venv, tmp_path):
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap not installed")
     env = Env("toybench", REPO, prefix=str(tmp_venv))
+    link = tmp_path / "venv-link"  # a venv reached through a symlink (was: python not found)
+    link.symlink_to(tmp_venv)
     with Sandbox("bwrap") as sb:
         assert sb.preflight(env, ["./", "./examples/gnn"])["python"] == f"{tmp_venv}/bin/python"
+        assert sb.preflight(Env("toybench", REPO, prefix=str(link)), ["./"])["python"] == f"{tmp_venv}/bin/python"
         r = sb.run(Job("import sys; print(sys.prefix)", False, env, "./"), Limits())
     assert r.exit_code == 0 and str(tmp_venv) in r.log
 
