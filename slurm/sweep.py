@@ -21,7 +21,7 @@ import yaml
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.io import AppendLog, read_jsonl_tolerant, write_atomic
 
-from .render import ArrayJob, done_marker, jobs, render
+from .render import ArrayJob, check_jobs, done_marker, jobs, render
 from .spec import Sweep, load_sweep
 
 ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED", "REQUEUE_HOLD",
@@ -52,6 +52,7 @@ def _pending_units(sweep: Sweep, job: ArrayJob) -> list:
 def plan(args: argparse.Namespace) -> int:
     sweep = load_sweep(args.sweep, args.root)
     all_jobs = jobs(sweep)
+    check_jobs(sweep, all_jobs)
     print(f"sweep {sweep.name}: {len(sweep.models)} model(s) x splits {sweep.cfg.splits} x tasks "
           f"{sweep.cfg.tasks} x seeds {sweep.cfg.seeds} = {len(sweep.cells())} cells; run folder {sweep.run_dir}")
     for job in all_jobs:
@@ -180,8 +181,9 @@ def submit(args: argparse.Namespace) -> int:
     n = len(_submissions(sweep)) + 1
     folder = sweep.run_dir / "submissions" / str(n)
     (sweep.run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    write_atomic(sweep.run_dir / "sweep.yaml", yaml.safe_dump(sweep.to_dict(), sort_keys=False))
     all_jobs = jobs(sweep)
+    check_jobs(sweep, all_jobs)  # before anything is written or submitted
+    write_atomic(sweep.run_dir / "sweep.yaml", yaml.safe_dump(sweep.to_dict(), sort_keys=False))
     todo = {j.name: _pending_units(sweep, j) for j in all_jobs}
     if not any(todo[name] for name in todo if name != "report") and (sweep.run_dir / "report" / "report.md").exists():
         print(f"sweep {sweep.name}: everything is done; report: {sweep.run_dir / 'report' / 'report.md'}")

@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import shutil
 import sys
 import time
@@ -41,6 +42,9 @@ from mlbench_kit.train.config import (
 
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.io import AppendLog, atomic_dir, claim_run_folder, write_json_atomic
+
+
+DEFAULT_CONFIG = "configs/train/codellama-7b-instruct.yaml"  # the paper's main open model (the card's command)
 
 
 class LoRAFinetuneRecipe:
@@ -443,7 +447,7 @@ def _trackers(cfg: TrainConfig) -> list[str]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``mlbench train`` and ``train/lora.py``."""
-    p.add_argument("--config", help="configs/train/<model>.yaml")
+    p.add_argument("--config", help=f"configs/train/<model>.yaml (default: {DEFAULT_CONFIG})")
     for key in SHORTCUTS:
         typ = {"task": int, "lr": float, "epochs": int, "max_steps": int, "seed": int, "max_seq_len": int,
                "grad_accum": int, "micro_batch_size": int}.get(key, str)
@@ -453,9 +457,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", default="auto", help="auto (newest complete checkpoint, default), none, or a path")
 
 
+def default_config() -> Path:
+    """``configs/train/codellama-7b-instruct.yaml``: in the working folder, else beside this checkout's code."""
+    here = Path(DEFAULT_CONFIG)
+    return here if here.is_file() else Path(__file__).resolve().parents[1] / DEFAULT_CONFIG
+
+
+def preflight(cfg: TrainConfig) -> None:
+    """What a run needs before anything is written: a model that can be loaded, then the prep records."""
+    from mlbench_kit.hf import check_model_available
+    check_model_available(str(cfg.model), "--model")
+    data = cfg.data_file()
+    if not data.is_file():
+        d = cfg.data
+        raise MLBenchError(f"no prep records for the {d.split} split, task {d.task}", str(data),
+                           f"run `mlbench prep --tasks {d.task} --template {cfg.template} --tokenizer {cfg.model} "
+                           f"--out {d.prep_dir} ...` first (see README, Data preparation), or pass --prep-dir DIR")
+
+
+def resolve_config(args: argparse.Namespace) -> TrainConfig:
+    """The run's config: ``--config`` (else the default), the shortcut flags, then ``--set``."""
+    return load_train_config(args.config or default_config(), {k: getattr(args, k, None) for k in SHORTCUTS},
+                             args.set)
+
+
 def run(args: argparse.Namespace) -> int:
     """Entry point shared by `accelerate launch train/lora.py` and `mlbench train`."""
-    cfg = load_train_config(args.config, {k: getattr(args, k, None) for k in SHORTCUTS}, args.set)
+    path = args.config or default_config()
+    cfg = resolve_config(args)
+    if os.environ.get("RANK", "0") == "0":
+        print(f"train: config {path}{'' if args.config else ' (the default; --config to choose)'}, model "
+              f"{cfg.model}, data {cfg.data_file()}, output {cfg.out}", file=sys.stderr, flush=True)
+    preflight(cfg)
     recipe = LoRAFinetuneRecipe(cfg, args.resume)
     if not recipe.setup():
         return 0

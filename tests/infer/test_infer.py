@@ -135,6 +135,33 @@ def test_openai_backend_against_a_real_vllm_server(tmp_path, tiny_model_dir, rea
 
 
 @pytest.mark.integration
+def test_a_4096_position_model_keeps_room_for_1024_new_tokens_on_real_task1_prompts(tmp_path, shared, tiny_model_dir):
+    """Llama-2's case in the paper sweep: prep's budget (4,096) counts prompt + answer, so task-1 prompts filled
+    about 4,000 tokens and infer refused every one (4,096 - 1,024 new tokens of room). Prep now cuts the README
+    context of the splits inference reads to leave that room; training splits keep the whole budget."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from mlbench_kit.hf import prompt_ids
+    assert AutoConfig.from_pretrained(tiny_model_dir).max_position_embeddings == 4096
+    prep = tmp_path / "prep"
+    r = run_cli("mlbench", "prep", "--data", shared / "full.jsonl", "--splits", "full", "--tasks", "1",
+                "--repos", "External-Attention-pytorch", "--template", "llama-inst", "--tokenizer", tiny_model_dir,
+                "--max-tokens", "4096", "--readmes", shared / "readmes", "--no-hf", "--out", prep)
+    assert r.returncode == 0, r.stderr[-3000:]
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    recs = _rows(prep / "full" / "task1.jsonl")
+    lengths = [len(prompt_ids(tok, x["prompt"], "llama-inst")) for x in recs]
+    assert len(recs) == 24 and all(x["truncated"] for x in recs)
+    assert 3000 < max(lengths) <= 4096 - 1024, max(lengths)  # cut to leave the room, and no further
+    assert json.loads((prep / "manifest.json").read_text())["max_prompt_tokens"] == 3072
+    r = run_cli("mlbench", "infer", "--model", tiny_model_dir, "--prompts", prep, "--split", "full", "--task", "1",
+                "--config", "configs/infer/paper.yaml", "--n", "1", "--out", tmp_path / "gen")
+    assert r.returncode == 0, r.stderr[-3000:]
+    gens = _rows(tmp_path / "gen" / "task1.jsonl")
+    assert len(gens) == 24 and max(n for g in gens for n in g["n_tokens"]) > 512  # long answers had their room
+
+
+@pytest.mark.integration
 def test_clear_errors(tmp_path, tiny_model_dir, real_prep, trained_adapter, tiny_tokenizer_dir):
     r = _infer(tiny_model_dir, real_prep, tmp_path / "a", "--adapter", trained_adapter, "--max-lora-rank", "4")
     assert r.returncode == 2 and "adapter rank 8 is above the engine's max_lora_rank 4" in r.stderr

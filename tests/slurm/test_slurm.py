@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO_ROOT, run_cli
-from mlbench_kit.slurm.render import jobs, render
+from mlbench_kit.slurm.render import check_jobs, jobs, render
 from mlbench_kit.slurm.spec import load_sweep
 
 from mlbench_kit.errors import MLBenchError
@@ -57,6 +57,40 @@ def test_sweep_file_errors_name_the_line(tmp_path: Path) -> None:
             load_sweep(f, REPO_ROOT)
         assert message in e.value.what, (change, e.value.what)
         assert e.value.where == f"{f}:{line}", (change, e.value.where, line)
+
+
+@pytest.mark.parametrize("path", sorted((REPO_ROOT / "configs/sweeps").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_cell_of_the_shipped_sweeps_passes_its_stage_s_own_checks(path: Path) -> None:
+    # each unit's command parsed by its stage's parser, train and infer configs loaded with the flags on top
+    sweep = load_sweep(path, REPO_ROOT)
+    all_jobs = jobs(sweep)
+    check_jobs(sweep, all_jobs)
+    units = {j.stage: len(j.units) for j in all_jobs}
+    assert units["prep"] == len(sweep.models) and units["report"] == 1
+
+
+def test_a_stage_option_typo_fails_at_plan_with_its_line(tmp_path: Path) -> None:
+    # `mdoe: strict` used to pass `sweep plan` and fail only when the eval jobs started, after prep, train and infer
+    text = (REPO_ROOT / "configs/sweeps/paper.yaml").read_text()
+    cases = [("  workers: 16\n", "  workers: 16\n  mdoe: strict\n", "  mdoe:", "unrecognized arguments: --mdoe"),
+             ("  max_tokens: 8192\n", "  max_tokens: 8192\n  tasks: [4]\n", "  tasks: [4]", "invalid choice: 4"),
+             ("  config: configs/infer/paper.yaml\n", "  config: configs/infer/paper.yaml\n  temperature: hot\n",
+              "  temperature:", "invalid float value: 'hot'"),
+             # Llama-2: 4,096 positions; prep must leave infer's 1,024 new tokens free, or every task-1 prompt fails
+             ("max_new_tokens: 1024}", "max_new_tokens: 512}", "    prep: {max_tokens",
+              "infer generates up to 1024 new tokens, but prep left room for 512")]
+    for old, new, line_text, message in cases:
+        assert old in text, old
+        changed = text.replace(old, new, 1)
+        f = tmp_path / "s.yaml"
+        f.write_text(changed)
+        line = next(i for i, ln in enumerate(changed.splitlines(), 1) if ln.startswith(line_text))
+        sweep = load_sweep(f, REPO_ROOT)
+        with pytest.raises(MLBenchError) as e:
+            check_jobs(sweep, jobs(sweep))
+        assert message in e.value.what and e.value.where == f"{f}:{line}", (message, e.value.what, e.value.where)
+        r = run_cli("mlbench", "sweep", "plan", f)  # the command says it too, before printing any plan
+        assert r.returncode == 2 and message in r.stderr and r.stdout == "", r.stderr
 
 
 @pytest.mark.parametrize("name", ["paper", "tiny-cpu"])

@@ -239,6 +239,34 @@ def test_shipped_accelerate_configs_parse(path):
 
 
 @pytest.mark.integration
+def test_the_card_command_verbatim_offline_then_with_a_local_model(tmp_path, tiny_model_dir, real_prep):
+    """`accelerate launch train/lora.py --task 3` from the repository root, as the model card prints it."""
+    card = [str(Path(sys.executable).with_name("accelerate")), "launch", "train/lora.py", "--task", "3"]
+    # offline: a closed port on loopback stands for the unreachable hub, an empty HF_HOME for an empty cache
+    offline = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf")}
+    offline.pop("HF_HUB_OFFLINE", None)
+    r = subprocess.run(card, cwd=REPO_ROOT, env=offline, capture_output=True, text=True, timeout=300)
+    ours = [ln for ln in r.stderr.splitlines() if ln.startswith(("train:", "error:", "  fix:"))]
+    assert r.returncode != 0 and ours[0].startswith(
+        "train: config configs/train/codellama-7b-instruct.yaml (the default; --config to choose), model "
+        "codellama/CodeLlama-7b-Instruct-hf, data prep/id_train/task3.jsonl"), r.stderr[-3000:]
+    assert ours[1].startswith("error: codellama/CodeLlama-7b-Instruct-hf: ") and "cannot be reached" in ours[1]
+    assert "--model DIR" in ours[2] and len(ours) == 3, ours
+    assert not (REPO_ROOT / "runs/train/codellama-task3-id-s42").exists()  # nothing half-written
+    # a local model but no prep folder: the next clear error, naming the file and how to make it
+    r = subprocess.run(card + ["--model", str(tiny_model_dir), "--prep-dir", str(tmp_path / "none")], cwd=REPO_ROOT,
+                       env=offline, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and f"error: {tmp_path / 'none'}/id_train/task3.jsonl: no prep records" in r.stderr
+    # with --model and a prep folder, the same command trains (the default CodeLlama config: llama-inst prompts)
+    out = tmp_path / "run"
+    r = subprocess.run(card + ["--model", str(tiny_model_dir), "--prep-dir", str(real_prep), "--output-dir", str(out),
+                               "--max-steps", "1", "--grad-accum", "1", "--max-seq-len", "512"],
+                       cwd=REPO_ROOT, env=offline, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (out / "adapter" / "adapter_config.json").is_file() and len(_steps(out)) == 1
+
+
+@pytest.mark.integration
 def test_bad_config_and_mismatched_template_fail_clearly(tmp_path, tiny_model_dir, real_prep):
     r = run_cli("mlbench", "train", "--config", "configs/train/tiny-cpu.yaml", "--model", tiny_model_dir,
                 "--set", "optim.lr_typo=1")

