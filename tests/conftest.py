@@ -53,6 +53,23 @@ def run_cli(*argv: str, env: dict | None = None, timeout: int = 600):
     return subprocess.run(cmd, cwd=REPO_ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
+def run_session(cmd: list[str], timeout: int, **kw) -> "subprocess.CompletedProcess":
+    """Run ``cmd`` in a session of its own; on timeout kill the whole session (a script's vLLM engine and
+    training processes too, which a plain ``subprocess.run`` timeout would leave running), then fail."""
+    import signal
+    import subprocess
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            **kw)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(map(str, cmd))} ran past {timeout} s; its session was killed\n"
+                    f"{out[-2000:]}{err[-2000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer_dir: Path) -> Path:
     """A random-init Llama (head_dim 64, as vLLM's CPU attention needs) with the tokenizer trained on real rows."""

@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, REPO_ROOT, SAMPLE, run_cli
+from conftest import EXAMPLES, REPO_ROOT, SAMPLE, run_cli, run_session
 
 DEMO_PREP = ["--splits", "full", "--readmes", str(SAMPLE / "repos"), "--build-splits", "--ood-repos", "toyvision",
              "--id-test-fraction", "0.3"]  # what scripts/demo.sh passes
@@ -73,8 +73,8 @@ def test_demo_from_a_copy_under_tmp_passes_after_fine_tuning():
     root = Path(f"/tmp/mlbench-demo-{uuid.uuid4().hex[:8]}")
     try:
         _copy_tree(root)
-        r = subprocess.run(["bash", "scripts/demo.sh"], cwd=root, capture_output=True, text=True, timeout=2400,
-                           env={k: v for k, v in os.environ.items() if not k.startswith("VIRTUAL_ENV")})
+        r = run_session(["bash", "scripts/demo.sh"], timeout=2400, cwd=root,
+                        env={k: v for k, v in os.environ.items() if not k.startswith("VIRTUAL_ENV")})
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         lines = [x for x in r.stdout.splitlines() if x.strip()]
         assert len(lines) <= 40, "\n".join(lines)  # a quiet first run: stages, the table, where things are

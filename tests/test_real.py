@@ -8,11 +8,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, run_session
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -26,9 +25,9 @@ def test_real_model_quick_run_end_to_end(tmp_path, shared):
     run = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if not k.startswith("VIRTUAL_ENV")}
     env.update(MLBENCH_CACHE=str(tmp_path / "cache"), NLTK_DATA=str(shared / "nltk_data"))
-    r = subprocess.run(["bash", "scripts/real.sh", "--quick", "--data", str(shared / "full.jsonl"), "--repos",
-                        str(shared / "repos"), "--run", str(run)], cwd=REPO_ROOT, env=env, capture_output=True,
-                       text=True, timeout=1500)
+    cmd = ["bash", "scripts/real.sh", "--quick", "--data", str(shared / "full.jsonl"), "--repos", str(shared / "repos"),
+           "--run", str(run)]
+    r = run_session(cmd, timeout=1500, cwd=REPO_ROOT, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert [ln.split("]")[0] for ln in r.stdout.splitlines() if ln.startswith("real [")] == \
         [f"real [{i}/8" for i in range(1, 9)]
@@ -62,7 +61,5 @@ def test_real_model_quick_run_end_to_end(tmp_path, shared):
                  "## Time per stage"):
         assert part in report, part
     # a second run finds every stage done
-    r = subprocess.run(["bash", "scripts/real.sh", "--quick", "--data", str(shared / "full.jsonl"), "--repos",
-                        str(shared / "repos"), "--run", str(run)], cwd=REPO_ROOT, env=env, capture_output=True,
-                       text=True, timeout=300)
+    r = run_session(cmd, timeout=300, cwd=REPO_ROOT, env=env)
     assert r.returncode == 0 and r.stdout.count(" done\n") == 8, r.stdout
