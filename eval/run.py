@@ -220,6 +220,7 @@ class Scorer:
                 return rec
             exec_ok = (res.exit_code == 0 or res.timed_out) if not strict else (
                 (res.exit_code == 0 or (res.timed_out and a.timeout_pass)) and res.survivors == 0)
+            exec_ok = exec_ok and res.limit != "memory"  # an OOM fails, even one the program outlived
             rec.executed, rec.exit_code, rec.signal, rec.timed_out = True, res.exit_code, res.signal, res.timed_out
             rec.survivors, rec.limit, rec.duration, rec.cached = res.survivors, res.limit, res.duration, cached
             rec.log, rec.usage = _clip(res.log), res.usage or None

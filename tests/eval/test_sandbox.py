@@ -14,8 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import REPO_ROOT
-from mlbench_kit.eval import cgroups
-from mlbench_kit.eval.engines import Mounts, container_argv, seccomp_profile
+from mlbench_kit.eval import cgroups, seccomp
+from mlbench_kit.eval.engines import Mounts, container_argv
 from mlbench_kit.eval.sandbox import (
     Env,
     Job,
@@ -353,16 +353,18 @@ def test_backends_refuse_clearly():
         sb.run(Job("ls", True, Env("toybench", REPO), "./"), Limits())
 
 
-def test_seccomp_profile_blocks_namespaces():
-    default = Path("/usr/share/containers/seccomp.json")
-    if not default.is_file():
-        pytest.skip("no container seccomp profile installed")
-    prof = seccomp_profile(default)
-    allow = {n for r in prof["syscalls"] if r["action"] == "SCMP_ACT_ALLOW" and not r.get("args")
-             for n in r["names"]}
-    assert not {"unshare", "clone", "clone3", "mount", "ptrace", "setns"} & allow
-    clone = [r for r in prof["syscalls"] if r["names"] == ["clone"]][0]
-    assert clone["args"][0]["value"] & 0x10000000  # CLONE_NEWUSER is masked out
+def test_one_seccomp_policy_for_every_engine(tmp_path):
+    """podman's JSON profile and bwrap's BPF program are both derived from eval/seccomp.py's rules."""
+    prof = seccomp.podman_profile()
+    assert prof["defaultAction"] == "SCMP_ACT_ALLOW"
+    denied = {n for r in prof["syscalls"] if not r.get("args") for n in r["names"]}
+    assert {"unshare", "clone"} - denied == {"unshare", "clone"}  # their flags decide
+    assert {"clone3", "mount", "ptrace", "setns", "add_key", "request_key", "io_uring_setup", "bpf"} <= denied
+    assert [r.name for r in seccomp.rules()] == [n for r in prof["syscalls"] for n in r["names"]]
+    clone = [r for r in prof["syscalls"] if r["names"] == ["clone"]]
+    assert {r["args"][0]["value"] for r in clone} >= {0x10000000, 0x20000000}  # CLONE_NEWUSER, CLONE_NEWPID
+    seccomp.write_bpf(tmp_path / "f.bpf")
+    assert (tmp_path / "f.bpf").stat().st_size % 8 == 0 and (tmp_path / "f.bpf").stat().st_size > 8 * len(prof["syscalls"])
 
 
 def test_local_backend_runs_with_consent(tmp_path):
