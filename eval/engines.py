@@ -14,7 +14,6 @@ builds argv lists or script text and runs nothing; :mod:`.sandbox` runs them.
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 from dataclasses import dataclass
