@@ -23,6 +23,8 @@ SANDBOX = "/sandbox"
 REPORT_FD = 3  # the runner's report pipe (bwrap, podman)
 NONCE_ENV = "MLBENCH_REPORT_NONCE"  # engines that cannot pass a pipe: the report goes to stderr under this nonce
 SECCOMP_FD = 4  # bwrap reads the compiled seccomp policy from it
+_MASKED_PROC = ("/proc/keys", "/proc/key-users", "/proc/kcore", "/proc/timer_list", "/proc/sched_debug",
+                "/proc/latency_stats")
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/etc")
 
 
@@ -111,6 +113,8 @@ def bwrap_argv(m: Mounts, tmp_mb: int, runner_python: str, seccomp: bool = True)
             "--ro-bind", f"{s}/job/passwd", "/etc/passwd", "--ro-bind", f"{s}/job/group", "/etc/group",
             "--size", str(tmp_mb * 2**20), "--tmpfs", "/tmp", "--dev", "/dev",
             "--size", str(tmp_mb * 2**20), "--tmpfs", "/dev/shm", "--proc", "/proc"]
+    for p in _MASKED_PROC:  # as the OCI runtimes mask them: /proc/keys lists other executions' keys by name
+        argv += ["--ro-bind", f"{s}/job/empty", p] if os.path.exists(p) else []  # reads as empty, as in runc
     for i, dest in sorted(enumerate(m.ro_binds), key=lambda x: x[1].count("/")):
         argv += ["--ro-bind", f"{s}/ro/{i}", dest]
     argv += ["--bind", f"{s}/work", f"{SANDBOX}/work", "--bind", f"{s}/home", f"{SANDBOX}/home",

@@ -364,6 +364,7 @@ class Sandbox:
         (jobdir / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\nsandbox:x:1000:1000:sandbox:/sandbox/home:"
                                        "/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n")
         (jobdir / "group").write_text("root:x:0:\nsandbox:x:1000:\nnogroup:x:65534:\n")
+        (jobdir / "empty").write_text("")  # bwrap binds it over the /proc files runc masks
         for f in jobdir.iterdir():
             f.chmod(0o444)
         if copy:

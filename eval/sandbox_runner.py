@@ -119,24 +119,37 @@ def _full(paths: list[str]) -> list[str]:
     return out
 
 
-def _at_size(paths: list[str], size: int, max_entries: int = 20000) -> list[str]:
-    """Regular files of at least ``size`` bytes under ``paths`` (a write stopped by RLIMIT_FSIZE leaves one
-    of exactly that size); at most ``max_entries`` entries are looked at."""
-    out, seen = [], 0
-    for root in paths:
-        for dirpath, dirnames, filenames in os.walk(root):
-            for name in filenames:
-                seen += 1
-                try:
-                    st = os.lstat(os.path.join(dirpath, name))
-                except OSError:
-                    continue
-                if st.st_size >= size and (st.st_mode & 0o170000) == 0o100000:
-                    out.append(os.path.join(dirpath, name))
-            seen += len(dirnames)
-            if seen > max_entries or len(out) > 8:
-                return out
-    return out
+def _at_size(paths: list, size: int, max_entries: int = 20000) -> bool:
+    """Whether a regular file of at least ``size`` bytes is under ``paths`` (a write stopped by RLIMIT_FSIZE
+    leaves one of exactly that size). Iterative and bounded: at most ``max_entries`` entries, any depth."""
+    stack, seen = list(paths), 0
+    while stack and seen < max_entries:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for e in it:
+                    seen += 1
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(e.path)
+                    elif e.is_file(follow_symlinks=False) and e.stat(follow_symlinks=False).st_size >= size:
+                        return True
+        except OSError:
+            continue
+    return False
+
+
+def _evidence(report: dict, spec: dict) -> None:
+    """What the generation left behind: survivors, full mounts, a file at the size limit. Each part is bounded,
+    and none can fail the report: a verdict without one piece of evidence beats a fault."""
+    writable = spec.get("writable", [])
+    fsize = spec.get("rlimits", {}).get("RLIMIT_FSIZE")
+    for key, probe in (("survivors", lambda: len(_alive())), ("full", lambda: _full(writable)),
+                       ("at_fsize", lambda: bool(fsize) and _at_size(writable, fsize))):
+        try:
+            report[key] = probe()
+        except Exception:  # noqa: BLE001 - e.g. out of memory in an OOM-filled cgroup
+            pass
+    if report["survivors"] is None:
+        report["survivors"] = 0
 
 
 def main() -> int:
@@ -173,7 +186,6 @@ def main() -> int:
         err = os.read(errr, 4096)
         os.close(errr)
         _reap()
-        alive = _alive()
         if err:
             report["fault"] = json.loads(err)
         elif os.WIFEXITED(status):
@@ -184,10 +196,7 @@ def main() -> int:
                                    "detail": f"{spec.get('interpreter', 'python')} is not on the sandbox PATH"}
         else:
             report["signal"] = os.WTERMSIG(status)
-        report["survivors"] = len(alive)
-        report["full"] = _full(spec.get("writable", []))
-        fsize = spec.get("rlimits", {}).get("RLIMIT_FSIZE")
-        report["at_fsize"] = bool(fsize and _at_size(spec.get("writable", []), fsize))
+        _evidence(report, spec)
     except BaseException as exc:  # noqa: BLE001 - reported to the host as a sandbox fault
         report["fault"] = {"kind": "runner", "detail": f"{type(exc).__name__}: {exc}"}
     try:
