@@ -48,7 +48,7 @@ def load_generations(path: str | Path, samples: dict[tuple[int, int], Sample], p
         where = f"{path}:{ln}"
         try:
             key = (int(row["github_id"]), int(row["id"]))
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):  # OverflowError: 1e400
             raise MLBenchError("each line needs integer `github_id` and `id`", where) from None
         if key not in samples:
             raise MLBenchError(f"unknown sample github_id={key[0]} id={key[1]} (not in the dataset)", where,

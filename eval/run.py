@@ -254,12 +254,12 @@ def _error_class(rec: EvalResult, gate: bool, cli_ok: bool, output: str) -> str:
         return "E2"
     if rec.limit:
         return f"LIMIT_{rec.limit.upper()}"
-    if syntax_error(output, runs_as_shell(output)):
-        return "E4"
     if rec.timed_out:
         return "TIMEOUT"
     if rec.survivors and rec.exit_code == 0:
         return "BACKGROUND"
+    if syntax_error(output, runs_as_shell(output)):
+        return "E4"
     return "E2" if not cli_ok else "E5"
 
 
@@ -456,7 +456,7 @@ def per_sample_outcomes(results: list[dict[str, Any]], samples: dict, outputs: d
         best = max(recs, key=lambda r: (bool(r["passed"]), sum(r["param_hits"].values())))
         s = samples[key]
         out.append({"github_id": key[0], "id": key[1], "instruction": s.instruction, "gold": s.output,
-                    "passed": [bool(r["passed"]) for r in recs], "best": outputs[key][best["idx"]],
+                    "passed": [bool(r["passed"]) for r in recs], "best": _clip(outputs[key][best["idx"]]),
                     "hits": best["param_hits"], "error_class": best["error_class"]})
     return out
 

@@ -28,6 +28,9 @@ def read_jsonl(path: str | Path, errors: str = "strict") -> Iterator[tuple[int, 
             except json.JSONDecodeError as exc:
                 raise MLBenchError(f"bad JSON ({exc.msg} at column {exc.colno})", f"{path}:{lineno}",
                                    "each line must be one JSON object") from None
+            except RecursionError:
+                raise MLBenchError("bad JSON (nested too deeply)", f"{path}:{lineno}",
+                                   "each line must be one JSON object") from None
             if not isinstance(obj, dict):
                 raise MLBenchError(f"expected a JSON object, got {type(obj).__name__}", f"{path}:{lineno}")
             yield lineno, obj
