@@ -451,6 +451,21 @@ def test_keyrings_and_io_uring_are_out_of_reach(box):
         libc.syscall(250, 3, key)  # KEYCTL_REVOKE
 
 
+INT80_KEYCTL = """import ctypes, mmap
+code = bytes.fromhex("53b82001000031dbb9fdffffff31d2cd805bc3")  # keyctl(GET_KEYRING_ID, @s) by int 0x80 (i386)
+buf = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+buf.write(code)
+print('i386-keyctl', ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(buf)))())
+"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the i386 ABI of x86_64")
+def test_compat_abi_does_not_bypass_the_policy(box):
+    """The same system call through the i386 ABI (``int 0x80``) meets the same rules."""
+    r = run(box, INT80_KEYCTL, shell=False)
+    assert r.exit_code == 0 and int(r.log.split("i386-keyctl")[1].split()[0]) < 0, r.log  # refused, no keyring id
+
+
 @pytest.mark.parametrize("stream", ["stderr", "stderr-small-writes"])
 def test_output_flood_is_bounded_like_bwrap(box, stream):
     """300 MB to stderr fails fast on every backend (podman's log used to keep it all on the host disk and reach
