@@ -128,6 +128,8 @@ def _at_size(paths: list, size: int, max_entries: int = 20000) -> bool:
             with os.scandir(stack.pop()) as it:
                 for e in it:
                     seen += 1
+                    if seen > max_entries:  # one folder of a million entries counts too
+                        return False
                     if e.is_dir(follow_symlinks=False):
                         stack.append(e.path)
                     elif e.is_file(follow_symlinks=False) and e.stat(follow_symlinks=False).st_size >= size:

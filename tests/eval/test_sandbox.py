@@ -415,6 +415,20 @@ def test_exit_status_alone_names_no_limit(box):
         assert r.fault is None and r.exit_code == code and r.limit is None, (code, r.limit)
 
 
+DEEP_FSIZE = """import os
+for _ in range(1500):  # deeper than a recursive walk goes (os.walk raised RecursionError: a runner fault)
+    os.mkdir('a')
+    os.chdir('a')
+os.execv('/bin/sh', ['sh', '-c', 'head -c 9000000 /dev/zero > big; exit 153'])
+"""
+
+
+def test_file_size_evidence_at_any_depth(box):
+    """A shell's 153 counts as the file-size limit only with the file at the limit, found however deep."""
+    r = run(box, DEEP_FSIZE, shell=False, fsize_mb=8)
+    assert r.fault is None and r.exit_code == 153 and r.limit == "fsize", (r.fault, r.limit, r.log[-300:])
+
+
 @pytest.mark.parametrize("shell", [True, False], ids=["through-bash", "python"])
 def test_cpu_limit_from_what_happened(box, shell):
     code = "python -c 'while True: pass'" if shell else "while True:\n    pass\n"
