@@ -458,7 +458,8 @@ def test_keyrings_and_io_uring_are_out_of_reach(box):
     try:
         r = run(box, KEYS_PY % {"m": marker}, shell=False)
         calls = {ln.split()[0]: ln.split()[1:] for ln in r.log.splitlines()[:4]}
-        assert calls == {name: ["-1", "1"] for name in ("keyctl", "add_key", "request_key", "io_uring")}, r.log
+        refused = {name: r == "-1" and e in ("1", "38") for name, (r, e) in calls.items()}  # EPERM or ENOSYS
+        assert refused == dict.fromkeys(("keyctl", "add_key", "request_key", "io_uring"), True), r.log
         assert marker not in r.log and "host-secret" not in r.log
         assert f"planted-{marker}" not in Path("/proc/keys").read_text()
     finally:
