@@ -148,8 +148,8 @@ def _evidence(report: dict, spec: dict) -> None:
                        ("at_fsize", lambda: bool(fsize) and _at_size(writable, fsize))):
         try:
             report[key] = probe()
-        except Exception:  # noqa: BLE001 - e.g. out of memory in an OOM-filled cgroup
-            pass
+        except Exception as exc:  # noqa: BLE001 - e.g. out of memory in an OOM-filled cgroup
+            report.setdefault("unproven", []).append(f"{key}: {type(exc).__name__}")
     if report["survivors"] is None:
         report["survivors"] = 0
 

@@ -24,6 +24,8 @@ import platform
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlbench_kit.errors import MLBenchError
+
 KEYCTL_JOIN_SESSION_KEYRING = 1
 # clone/unshare flags that create namespaces: NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET, NEWTIME
 NS_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000, 0x00000080)
@@ -89,8 +91,10 @@ def write_bpf(path: Path) -> None:
     """Compile the policy with libseccomp into the BPF program bwrap loads (``--seccomp FD``)."""
     try:
         import pyseccomp as sc
-    except ImportError as exc:  # a dependency of the project: only a broken install lacks it
-        raise RuntimeError("pyseccomp is not installed (pip install -e .)") from exc
+    except (ImportError, OSError) as exc:  # a dependency of the project, over the system's libseccomp2
+        raise MLBenchError(f"cannot compile the sandbox's seccomp policy: {exc}", "--backend bwrap",
+                           "install the project's dependencies (bash scripts/setup.sh) and libseccomp2 "
+                           "(apt-get install libseccomp2)") from None
     f = sc.SyscallFilter(defaction=sc.ALLOW)
     for name, _ in _arches():
         try:
