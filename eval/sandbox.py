@@ -569,17 +569,16 @@ def _report_from_log(log: str, nonce: str) -> tuple[bytes, str]:
 
 
 def _limit_hit(rep: dict, code: object, sig: object, limits: Limits) -> str | None:
-    """The per-process limit an execution ran into, from what the runner saw: the signal its child died of, or
-    a shell's exit status backed by evidence of the limit (a file at the size limit; CPU seconds at the CPU
-    limit, from the rusage of everything the child waited for). An exit status alone proves nothing: any
-    program may ``exit 153``."""
-    if sig == signal.SIGXFSZ or (code == 128 + signal.SIGXFSZ and rep.get("at_fsize") is True):
+    """The per-process limit an execution ran into, from what the runner saw: the signal its child died of (or
+    a shell's exit status for it) backed by evidence of the limit (a file at the size limit; CPU seconds at the
+    CPU limit, from the rusage of everything the child waited for). A status or a signal alone proves nothing:
+    any program may ``exit 153`` or send itself SIGXFSZ."""
+    if (sig == signal.SIGXFSZ or code == 128 + signal.SIGXFSZ) and rep.get("at_fsize") is True:
         return "fsize"
     cpu = rep.get("cpu_s")
     # rusage is sampled: it may read a little under the limit the kernel enforced on exact run time
     used_up = isinstance(cpu, (int, float)) and cpu >= 0.9 * limits.cpu_s
-    if sig == signal.SIGXCPU or (used_up and (sig == signal.SIGKILL or code in (128 + signal.SIGXCPU,
-                                                                                 128 + signal.SIGKILL))):
+    if used_up and (sig in (signal.SIGXCPU, signal.SIGKILL) or code in (128 + signal.SIGXCPU, 128 + signal.SIGKILL)):
         return "cpu"
     if rep.get("full"):
         return "disk"

@@ -7,6 +7,7 @@ import os
 import py_compile
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -409,10 +410,14 @@ def test_memory_no_process_maps_is_a_memory_verdict(box, attack):
     assert r.usage["peak_mem_mb"] <= 160
 
 
-def test_exit_status_alone_names_no_limit(box):
+def test_exit_status_or_signal_alone_names_no_limit(box):
     for code in (152, 153, 137):  # 128 + SIGXCPU, SIGXFSZ, SIGKILL, printed by the generation itself
         r = run(box, f"exit {code}")
         assert r.fault is None and r.exit_code == code and r.limit is None, (code, r.limit)
+    for sig in ("SIGXFSZ", "SIGXCPU"):  # sent to itself, no limit reached
+        r = run(box, f"import os, signal\nsignal.signal(signal.{sig}, signal.SIG_DFL)\n"
+                     f"os.kill(os.getpid(), signal.{sig})\n", shell=False)
+        assert r.fault is None and r.signal == getattr(signal, sig) and r.limit is None, (sig, r.limit)
 
 
 DEEP_FSIZE = """import os
