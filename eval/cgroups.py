@@ -118,6 +118,14 @@ class ExecCgroup:
                 (self.dirs["memory"] / "memory.memsw.limit_in_bytes").write_text(mem)
             except OSError:
                 pass  # swap accounting off: memory alone is the limit
+        if self.version == "v2" and (self.dirs[""] / "memory.oom.group").exists():
+            # an OOM kills the whole execution at once (a process with oom_score_adj -1000, the runner, excepted)
+            (self.dirs[""] / "memory.oom.group").write_text("1")
+        elif self.version == "v1" and (self.dirs["memory"] / "memory.kmem.tcp.limit_in_bytes").exists():
+            try:  # v1 counts socket buffers only once a limit turns their accounting on
+                (self.dirs["memory"] / "memory.kmem.tcp.limit_in_bytes").write_text(mem)
+            except OSError:
+                pass
         self._write("pids", "pids.max", "pids.max", str(pids))
         if cpus:
             period = 100_000
@@ -170,11 +178,13 @@ class ExecCgroup:
     def hit(self) -> list[str]:
         """The limits the execution ran into: 'memory' (an OOM), 'pids' (a refused fork).
 
+        'memory' is any OOM situation of the cgroup, whether the kernel killed a process or found none it may
+        kill (the runner is exempt): memory no process maps (tmpfs files, SysV shm, memfds) still fills it.
         On cgroup v1 refused forks are counted in the task's own cgroup only (for a container, its child
         cgroup, gone by now), so there the peak decides: as many processes at once as allowed."""
         out = []
         mem = self._read("memory", "memory.events" if self.version == "v2" else "memory.oom_control")
-        if _field(mem, "oom_kill") > 0 or self._oom_events() > 0:
+        if _field(mem, "oom_kill") > 0 or _field(mem, "oom") > 0 or self._oom_events() > 0:
             out.append("memory")
         pids_max = _int(self._read("pids", "pids.max"))
         if _field(self._read("pids", "pids.events"), "max") > 0 or (
@@ -204,11 +214,12 @@ class ExecCgroup:
                 pass
             return
         for d in self.dirs.values():
-            for pid in self._pids(d):
-                try:
-                    os.kill(pid, 9)
-                except (ProcessLookupError, PermissionError):
-                    pass
+            for procs in d.glob("**/cgroup.procs"):  # with the container engine's own child cgroups
+                for pid in self._pids(procs.parent):
+                    try:
+                        os.kill(pid, 9)
+                    except (ProcessLookupError, PermissionError):
+                        pass
 
     @staticmethod
     def _pids(d: Path) -> list[int]:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+import builtins
 import re
 import shlex
+import subprocess
+import symtable
 from dataclasses import dataclass
 
 
@@ -56,20 +60,22 @@ def _is_option(tok: str) -> bool:
 def option_values(tokens: list[str]) -> dict[str, list[str]]:
     """``--name value`` / ``--name=value`` / ``-n value`` pairs (name without dashes, ``_`` == ``-``)."""
     out: dict[str, list[str]] = {}
-    for i, tok in enumerate(tokens):
-        if not _is_option(tok):
-            continue
-        name, eq, val = tok.lstrip("-").partition("=")
-        key = name.replace("_", "-").lower()
-        if eq:
-            out.setdefault(key, []).append(val)
-            continue
-        vals = []
-        for nxt in tokens[i + 1:]:
-            if _is_option(nxt) or nxt in _SEPARATORS:
-                break
-            vals.append(nxt)
-        out.setdefault(key, []).extend(vals or ["true"])
+    dest: list[str] | None = None  # the option being read and how many values it had before (one pass: linear)
+    start = 0
+    for tok in [*tokens, "&&"]:  # a separator at the end closes the last option
+        if dest is not None and (_is_option(tok) or tok in _SEPARATORS):
+            if len(dest) == start:
+                dest.append("true")  # a flag
+            dest = None
+        if _is_option(tok):
+            name, eq, val = tok.lstrip("-").partition("=")
+            values = out.setdefault(name.replace("_", "-").lower(), [])
+            if eq:
+                values.append(val)
+            else:
+                dest, start = values, len(values)
+        elif dest is not None and tok not in _SEPARATORS:
+            dest.append(tok)
     return out
 
 
@@ -190,3 +196,43 @@ def check_output(output: str, arguments: dict[str, str], sample_type: str, mode:
     """Run the parameter and type checks of ``mode`` (``compat`` or ``strict``)."""
     hits = param_hits_compat(output, arguments) if mode == "compat" else param_hits_strict(output, arguments)
     return StaticChecks(hits, type_ok(output, sample_type))
+
+
+def _undefined_names(tree: ast.Module, code: str) -> set[str]:
+    """Names the module reads as globals and never binds anywhere (nor are builtins): the paper counts "the use
+    of undefined variables" among syntax errors (E4). Empty when a star import could bind anything."""
+    if any(isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names) for n in ast.walk(tree)):
+        return set()
+    used, bound = set(), set(dir(builtins))
+    tables = [symtable.symtable(code, "temp.py", "exec")]
+    while tables:
+        t = tables.pop()
+        tables.extend(t.get_children())
+        top = t.get_type() == "module"
+        for sym in t.get_symbols():
+            if top or sym.is_global():
+                if sym.is_referenced():
+                    used.add(sym.get_name())
+                if sym.is_assigned() or sym.is_imported() or (top and sym.is_namespace()):
+                    bound.add(sym.get_name())
+    return {n for n in used - bound if not n.startswith("__")}
+
+
+def syntax_error(output: str, as_shell: bool) -> str | None:
+    """Why ``output`` itself is not a valid program (E4), from a real parse rather than from anything it printed:
+    ``bash -n`` for a shell command; for Python code, the compiler, then names read but never defined.
+    ``None`` when it parses."""
+    if as_shell:
+        try:
+            r = subprocess.run(["bash", "-n"], input=(output + "\n").encode(), capture_output=True, timeout=10,
+                               check=False, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return r.stderr.decode(errors="replace").strip()[:300] or "bash -n failed" if r.returncode else None
+    try:
+        tree = ast.parse(output, "temp.py")
+        compile(tree, "temp.py", "exec", dont_inherit=True)
+        undefined = _undefined_names(tree, output)
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        return f"{type(exc).__name__}: {exc}"[:300]
+    return f"undefined names: {', '.join(sorted(undefined)[:5])}" if undefined else None

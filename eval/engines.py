@@ -14,7 +14,6 @@ builds argv lists or script text and runs nothing; :mod:`.sandbox` runs them.
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 from dataclasses import dataclass
@@ -23,8 +22,9 @@ from pathlib import Path
 SANDBOX = "/sandbox"
 REPORT_FD = 3  # the runner's report pipe (bwrap, podman)
 NONCE_ENV = "MLBENCH_REPORT_NONCE"  # engines that cannot pass a pipe: the report goes to stderr under this nonce
-# clone/unshare flags that create namespaces (CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET)
-_NS_FLAGS = 0x7E020000
+SECCOMP_FD = 4  # bwrap reads the compiled seccomp policy from it
+_MASKED_PROC = ("/proc/keys", "/proc/key-users", "/proc/kcore", "/proc/timer_list", "/proc/sched_debug",
+                "/proc/latency_stats")
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/etc")
 
 
@@ -49,7 +49,7 @@ class Mounts:
 
 
 def stage_script(m: Mounts, who: Identity, cgroup_procs: list[str], report_fd: int, engine_argv: list[str],
-                 drop: bool = True) -> str:
+                 drop: bool = True, seccomp_bpf: Path | None = None) -> str:
     """The shell script run in a fresh mount namespace (``unshare --mount``; ``--user`` too when not root).
 
     It joins the execution's cgroups, mounts the size-capped tmpfs over ``scratch``, binds the read-only
@@ -61,6 +61,8 @@ def stage_script(m: Mounts, who: Identity, cgroup_procs: list[str], report_fd: i
     s = q(str(m.scratch))
     owner = f",uid={who.uid},gid={who.gid}" if who.root else ""
     lines = ["set -eu"]
+    if who.root:  # the runner is never the OOM killer's victim where we may (CAP_SYS_RESOURCE) lower it
+        lines.append("echo -1000 2>/dev/null > /proc/self/oom_score_adj || true")
     lines += [f"echo $$ > {q(p)}" for p in cgroup_procs]
     lines += [f"mount -t tmpfs -o size={m.disk_mb}m,mode=0700{owner} mlbench {s}",
               f"cd {s}", "mkdir upper ovw work home job ro lower", f"cp -p {q(str(m.job))}/* job/"]  # files 0444
@@ -75,7 +77,8 @@ def stage_script(m: Mounts, who: Identity, cgroup_procs: list[str], report_fd: i
     drop = (["setpriv", f"--reuid={who.uid}", f"--regid={who.gid}", "--clear-groups", "--inh-caps=-all",
              "--bounding-set=-all"] if who.root and drop else [])
     lines.append("exec " + " ".join(q(a) for a in drop + engine_argv) + f" {REPORT_FD}>&{report_fd}"
-                 + (f" {report_fd}>&-" if report_fd != REPORT_FD else ""))
+                 + (f" {report_fd}>&-" if report_fd != REPORT_FD else "")
+                 + (f" {SECCOMP_FD}<{q(str(seccomp_bpf))}" if seccomp_bpf else ""))  # last: may reuse report_fd
     return "\n".join(lines) + "\n"
 
 
@@ -95,9 +98,10 @@ def _system_binds() -> list[str]:
     return argv
 
 
-def bwrap_argv(m: Mounts, tmp_mb: int, runner_python: str) -> list[str]:
+def bwrap_argv(m: Mounts, tmp_mb: int, runner_python: str, seccomp: bool = True) -> list[str]:
     """bubblewrap: every namespace new (network too), an unprivileged uid in a user namespace of its own,
-    no capabilities, no nested user namespaces, system folders and the environment read-only, then the runner.
+    no capabilities, no nested user namespaces, the seccomp policy of :mod:`.seccomp` (read from fd
+    ``SECCOMP_FD``), system folders and the environment read-only, then the runner.
 
     Mount order matters: ``/tmp`` and ``/dev`` come before the environment's binds, so a virtualenv under
     ``/tmp`` is not hidden by the sandbox's own ``/tmp``; the root is remounted read-only last.
@@ -109,11 +113,14 @@ def bwrap_argv(m: Mounts, tmp_mb: int, runner_python: str) -> list[str]:
             "--ro-bind", f"{s}/job/passwd", "/etc/passwd", "--ro-bind", f"{s}/job/group", "/etc/group",
             "--size", str(tmp_mb * 2**20), "--tmpfs", "/tmp", "--dev", "/dev",
             "--size", str(tmp_mb * 2**20), "--tmpfs", "/dev/shm", "--proc", "/proc"]
+    for p in _MASKED_PROC:  # as the OCI runtimes mask them: /proc/keys lists other executions' keys by name
+        argv += ["--ro-bind", f"{s}/job/empty", p] if os.path.exists(p) else []  # reads as empty, as in runc
     for i, dest in sorted(enumerate(m.ro_binds), key=lambda x: x[1].count("/")):
         argv += ["--ro-bind", f"{s}/ro/{i}", dest]
     argv += ["--bind", f"{s}/work", f"{SANDBOX}/work", "--bind", f"{s}/home", f"{SANDBOX}/home",
              "--ro-bind", f"{s}/job", f"{SANDBOX}/job", "--remount-ro", "/dev", "--remount-ro", "/",
              "--chdir", f"{SANDBOX}/work", "--setenv", "PATH", "/usr/bin:/bin"]
+    argv += ["--seccomp", str(SECCOMP_FD)] if seccomp else []
     return argv + runner_argv(runner_python)
 
 
@@ -136,7 +143,11 @@ def container_argv(engine: str, image: str, name: str, m: Mounts, mem_mb: int, p
     s = str(m.scratch)
     argv = [engine, "run", "--rm", "--name", name]
     if engine == "podman":
-        argv += ["--runtime", "runc"]  # crun fails on cgroup-v1 hybrid hosts
+        # crun fails on cgroup-v1 hybrid hosts; passthrough: the container's stdout/stderr are our pipes, as in
+        # bwrap (no conmon copy, no log file on the host disk outside every limit)
+        argv += ["--runtime", "runc", "--log-driver", "passthrough"]
+    else:
+        argv += ["--log-driver", "none"]
     argv += ["--network", "none", "--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--read-only",
              "--user", f"{uid}:{uid}", "--hostname", "sandbox", "--ulimit", "nofile=1024:1024",
              "--ulimit", "nproc=4096:4096", "--tmpfs", f"/tmp:rw,size={tmp_mb}m,mode=1777", "--shm-size", f"{tmp_mb}m"]
@@ -168,23 +179,3 @@ def apptainer_argv(image: str, job: Path, src: str) -> list[str]:
             "--net", "--network", "none", "--no-privs", "--writable-tmpfs", "--bind", f"{src}:{SANDBOX}/src:ro",
             "--bind", f"{job}:{SANDBOX}/job:ro", "--pwd", "/", image,
             *runner_argv("python3", "stderr")]
-
-
-def seccomp_profile(default: Path) -> dict:
-    """The container engine's default seccomp profile, tightened: no new namespaces (so no nested user
-    namespace), no ``clone3`` (ENOSYS makes libc fall back to ``clone``, whose flags can be checked), no
-    ``mount``, ``ptrace``, ``setns`` or ``keyctl``."""
-    prof = json.loads(default.read_text())
-    banned = {"clone", "clone3", "unshare", "mount", "umount", "umount2", "ptrace", "setns", "keyctl", "add_key",
-              "request_key", "pivot_root", "fsopen", "fsmount", "open_tree", "move_mount"}
-    rules = []
-    for rule in prof["syscalls"]:
-        names = [n for n in rule.get("names", []) if n not in banned or rule.get("action") != "SCMP_ACT_ALLOW"]
-        if names:
-            rules.append({**rule, "names": names})
-    for name in ("clone", "unshare"):
-        rules.append({"names": [name], "action": "SCMP_ACT_ALLOW",
-                      "args": [{"index": 0, "value": _NS_FLAGS, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}]})
-    rules.append({"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38})
-    prof["syscalls"] = rules
-    return prof

@@ -9,7 +9,7 @@ Relative paths are relative to the YAML file. ``venv`` (or ``prefix``) is any en
 ``conda: NAME`` is looked up under ``conda_root`` (top-level key, or ``$CONDA_ROOT``); ``env:`` sets variables the
 repository's commands rely on; ``warm: [torch]`` names the modules imported once before a run's first verdict
 (default: the common heavy ones; ``[]`` for none). A repository that is not listed uses ``<repos_dir>/<repo>``
-and the interpreter running mlbench.
+and the base interpreter of the Python running mlbench (never its venv).
 """
 
 from __future__ import annotations

@@ -23,6 +23,18 @@ class Generations:
     reference_would_drop: list[dict] = field(default_factory=list)
     missing: list[tuple[int, int]] = field(default_factory=list)
     tasks: set[int] = field(default_factory=set)  # the `task` field of infer's records, when present
+    invalid_unicode: list[tuple[int, int]] = field(default_factory=list)  # rows with text no UTF-8 can hold
+
+
+def valid_text(text: str) -> str:
+    """``text`` with every code point UTF-8 cannot encode (a lone surrogate such as ``"\\ud800"``, which JSON
+    allows, or an undecodable byte read back as one) replaced by U+FFFD, so the hash, the sandbox's files and
+    every report can write it."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
 
 
 def load_generations(path: str | Path, samples: dict[tuple[int, int], Sample], parser: str = "compat",
@@ -31,11 +43,12 @@ def load_generations(path: str | Path, samples: dict[tuple[int, int], Sample], p
     outputs: dict[tuple[int, int], list[str]] = {}
     lines: dict[tuple[int, int], int] = {}
     tasks: set[int] = set()
-    for ln, row in read_jsonl(path):
+    invalid: list[tuple[int, int]] = []
+    for ln, row in read_jsonl(path, errors="surrogateescape"):
         where = f"{path}:{ln}"
         try:
             key = (int(row["github_id"]), int(row["id"]))
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):  # OverflowError: 1e400
             raise MLBenchError("each line needs integer `github_id` and `id`", where) from None
         if key not in samples:
             raise MLBenchError(f"unknown sample github_id={key[0]} id={key[1]} (not in the dataset)", where,
@@ -52,7 +65,10 @@ def load_generations(path: str | Path, samples: dict[tuple[int, int], Sample], p
             outs = [outs]
         if not isinstance(outs, list) or not outs or not all(isinstance(x, str) for x in outs):
             raise MLBenchError("`output` must be a non-empty list of strings", where)
-        outputs[key], lines[key] = outs, ln
+        clean = [valid_text(x) for x in outs]
+        if clean != outs:
+            invalid.append(key)
+        outputs[key], lines[key] = clean, ln
         if isinstance(row.get("task"), int):
             tasks.add(row["task"])
     if not outputs:
@@ -61,4 +77,4 @@ def load_generations(path: str | Path, samples: dict[tuple[int, int], Sample], p
     drop = [{"github_id": k[0], "id": k[1], "line": lines[k], "outputs": len(v)}
             for k, v in outputs.items() if len(v) != REFERENCE_N]
     missing = sorted(set(samples) - set(outputs))
-    return Generations(outputs, n_expected, drop, missing, tasks)
+    return Generations(outputs, n_expected, drop, missing, tasks, invalid)

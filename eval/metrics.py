@@ -11,7 +11,7 @@ from typing import Any, Callable
 ERROR_CLASSES = {
     "E1": "type mismatch / hallucinated form (bash vs python)",
     "E2": "missing or unknown parameter",
-    "E4": "syntax error",
+    "E4": "syntax error: the output does not parse (Python's compiler, bash -n) or reads undefined names",
     "E5": "runtime error (non-zero exit)",
     "TIMEOUT": "still running at the time limit (strict mode)",
     "BACKGROUND": "left processes running after exit (strict mode)",
@@ -20,6 +20,7 @@ ERROR_CLASSES = {
     "LIMIT_DISK": "filled the execution's writable space",
     "LIMIT_FSIZE": "wrote a file over the per-file size limit",
     "LIMIT_CPU": "used up its CPU-time limit",
+    "OVERSIZE": "an output over the length cap: not parsed, not executed",
 }
 
 

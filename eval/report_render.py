@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from mlbench_kit.io import write_atomic
 
 from .metrics import ERROR_CLASSES
-from .run_report import fmt_rate
+from .run_report import fmt_rate, md_code, md_text
 
 if TYPE_CHECKING:
     from .report_data import Reference, Setting
@@ -47,7 +47,8 @@ def write_csv(settings: list[Setting], refs: list[Reference], ks: list[int], pat
 
 
 def _table(head: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
+    return ["| " + " | ".join(map(md_text, head)) + " |", "|" + "---|" * len(head)] + [
+        "| " + " | ".join(map(md_text, r)) + " |" for r in rows]
 
 
 def write_markdown(settings: list[Setting], refs: list[Reference], ks: list[int], plots: list[str],
@@ -96,7 +97,8 @@ def write_markdown(settings: list[Setting], refs: list[Reference], ks: list[int]
     lines += _table(["setting", "rows", "param ok", "type ok", "both"],
                     [[s.label] + [str(_gold(s)[k]) for k in ("rows", "param_ok", "type_ok", "both")]
                      for s in settings])
-    lines += ["", "## Sources", ""] + [f"- {s.label}: " + ", ".join(f"`{d}`" for d in s.dirs) for s in settings]
+    lines += ["", "## Sources", ""] + [f"- {md_text(s.label)}: " + ", ".join(md_code(str(d)) for d in s.dirs)
+                                       for s in settings]
     lines += [""] + [f"![{p}]({p})" for p in plots] + [""]
     write_atomic(path, "\n".join(lines))
 

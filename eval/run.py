@@ -14,7 +14,7 @@ import re
 import shlex
 import sys
 import threading
-from collections import defaultdict
+from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,11 +35,11 @@ from mlbench_kit.io import (
 from mlbench_kit.records import EvalResult
 
 from .cgroups import usable_cores
-from .checks import check_output, runs_as_shell
+from .checks import check_output, runs_as_shell, syntax_error, type_ok
 from .envs import EnvConfig
 from .generations import load_generations
 from .metrics import score_results
-from .run_report import render_run_report
+from .run_report import fmt_rate, render_run_report
 from .sandbox import (
     BACKENDS,
     Env,
@@ -53,7 +53,9 @@ from .sandbox import (
 from .static_cli import check_command
 
 MODES = ("compat", "strict")
-_SYNTAX = re.compile(r"SyntaxError|IndentationError|syntax error near unexpected token|unexpected EOF")
+# 18x the longest gold answer (3,511 characters): a longer output is a failure, neither parsed nor run, so no
+# generation can hold the harness (the checks run on the host, outside the sandbox's limits)
+MAX_OUTPUT_CHARS = 65536
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -201,8 +203,15 @@ class Scorer:
     def score(self, s: Sample, idx: int, output: str) -> EvalResult:
         """The verdict on one generation (``fault`` set, and no verdict, when the environment failed)."""
         a, strict = self.rules, self.rules.strict
-        checks = check_output(output, s.arguments, s.type, a.mode)
         env = self.envs.for_repo(s.repo)
+        if len(output) > MAX_OUTPUT_CHARS:
+            rec = EvalResult(s.github_id, s.id, idx, s.repo, s.type, _sha(output), a.mode,
+                             {k: False for k in s.arguments}, False, type_ok(output, s.type), env=env.recipe,
+                             log=f"output of {len(output)} characters, over the cap of {MAX_OUTPUT_CHARS}: "
+                                 "not parsed, not executed")
+            rec.passed, rec.error_class = False, "OVERSIZE"
+            return rec
+        checks = check_output(output, s.arguments, s.type, a.mode)
         cli = None
         if runs_as_shell(output):
             rep = check_command(output, env.checkout / s.path, root=env.checkout)
@@ -220,11 +229,12 @@ class Scorer:
                 return rec
             exec_ok = (res.exit_code == 0 or res.timed_out) if not strict else (
                 (res.exit_code == 0 or (res.timed_out and a.timeout_pass)) and res.survivors == 0)
+            exec_ok = exec_ok and res.limit != "memory"  # an OOM fails, even one the program outlived
             rec.executed, rec.exit_code, rec.signal, rec.timed_out = True, res.exit_code, res.signal, res.timed_out
             rec.survivors, rec.limit, rec.duration, rec.cached = res.survivors, res.limit, res.duration, cached
             rec.log, rec.usage = _clip(res.log), res.usage or None
         rec.passed = bool(gate and exec_ok)
-        rec.error_class = None if rec.passed else _error_class(rec, gate, cli_ok)
+        rec.error_class = None if rec.passed else _error_class(rec, gate, cli_ok, output)
         return rec
 
 
@@ -235,19 +245,21 @@ def _clip(log: str, head: int = 1500, tail: int = 2500) -> str:
     return log[:head] + f"\n[... {len(log) - head - tail} characters ...]\n" + log[-tail:]
 
 
-def _error_class(rec: EvalResult, gate: bool, cli_ok: bool) -> str:
+def _error_class(rec: EvalResult, gate: bool, cli_ok: bool, output: str) -> str:
+    """Why a generation failed, from what happened (checks, the cgroup, the runner, a parse of the output), never
+    from text the generation printed."""
     if not rec.type_ok:
         return "E1"
     if not rec.params_ok or not gate:
         return "E2"
     if rec.limit:
         return f"LIMIT_{rec.limit.upper()}"
-    if _SYNTAX.search(rec.log):
-        return "E4"
     if rec.timed_out:
         return "TIMEOUT"
     if rec.survivors and rec.exit_code == 0:
         return "BACKGROUND"
+    if syntax_error(output, runs_as_shell(output)):
+        return "E4"
     return "E2" if not cli_ok else "E5"
 
 
@@ -375,6 +387,9 @@ def run(args: argparse.Namespace) -> int:
         raise MLBenchError("no results to score", str(results_path), "run without --rescore first")
     ks = sorted(k for k in args.k if k <= gens.n) or [1]
     scored = [samples[k] for k in gens.outputs]
+    unscored = unscored_samples(results, gens.outputs)
+    apart = {(u["github_id"], u["id"]) for u in unscored}
+    results = [r for r in results if (r["github_id"], r["id"]) not in apart]
     notes = [f"{len(gens.missing)} dataset rows have no generations and are not scored "
              f"(first: {gens.missing[:5]})" if gens.missing else "every dataset row has generations",
              f"{len(gens.reference_would_drop)} rows have a number of outputs other than 5: the benchmark's "
@@ -396,19 +411,37 @@ def run(args: argparse.Namespace) -> int:
         summary["gold_valid"] = _gold_valid_metrics(args.validation, results, ks, not args.no_ci)
     if len(gens.outputs) <= PER_SAMPLE_MAX:
         summary["per_sample"] = per_sample_outcomes(results, samples, gens.outputs)
+    if gens.invalid_unicode:
+        notes.append(f"{len(gens.invalid_unicode)} rows hold text UTF-8 cannot encode (lone surrogates, bytes that "
+                     f"are not UTF-8): scored with U+FFFD in their place (first: {gens.invalid_unicode[:5]})")
     if n_faults:
         notes.insert(0, f"INCOMPLETE: {n_faults} generations hit environment or sandbox faults and are not scored "
                         f"(faults.jsonl); fix the environment and re-run the same command to score them")
+    if unscored:
+        notes.insert(0, f"INCOMPLETE: Pass@k is over {len(gens.outputs) - len(unscored)} of {len(gens.outputs)} "
+                        f"samples; {len(unscored)} samples with outputs not scored are reported apart (`unscored`), "
+                        "never scored over their remaining outputs")
     summary["faults"] = n_faults
+    summary["unscored"] = unscored
     write_json_atomic(out / "summary.json", summary)
     write_atomic(out / "report.md", render_run_report(summary))
     o = summary["metrics"]["overall"]
-    print(f"eval: {o['samples']} samples, " + ", ".join(f"Pass@{k} {o[f'pass@{k}']:.3f}" for k in ks)
-          + f"; report: {out / 'report.md'}", file=sys.stderr)
+    print(f"eval: {o['samples']} samples" + (f" ({len(unscored)} unscored, apart)" if unscored else "") + ", "
+          + ", ".join(f"Pass@{k} {fmt_rate(o[f'pass@{k}'])}" for k in ks) + f"; report: {out / 'report.md'}",
+          file=sys.stderr)
     return _fault_exit(out, n_faults) if n_faults else 0
 
 
 PER_SAMPLE_MAX = 60  # runs this small list every sample's outcome in report.md
+
+
+def unscored_samples(results: list[dict[str, Any]], outputs: dict[tuple[int, int], list[str]]) -> list[dict[str, int]]:
+    """Samples with an output that has no verdict (a fault, a stopped run). They stay out of Pass@k: scored over
+    the outputs left, a failing output that faulted would leave the score, and a sample's Pass@1 would be another
+    output's."""
+    have = Counter((r["github_id"], r["id"]) for r in results)
+    return [{"github_id": k[0], "id": k[1], "scored_outputs": have[k], "outputs": len(v)}
+            for k, v in sorted(outputs.items()) if have[k] < len(v)]
 
 
 def per_sample_outcomes(results: list[dict[str, Any]], samples: dict, outputs: dict) -> list[dict[str, Any]]:
@@ -423,7 +456,7 @@ def per_sample_outcomes(results: list[dict[str, Any]], samples: dict, outputs: d
         best = max(recs, key=lambda r: (bool(r["passed"]), sum(r["param_hits"].values())))
         s = samples[key]
         out.append({"github_id": key[0], "id": key[1], "instruction": s.instruction, "gold": s.output,
-                    "passed": [bool(r["passed"]) for r in recs], "best": outputs[key][best["idx"]],
+                    "passed": [bool(r["passed"]) for r in recs], "best": _clip(outputs[key][best["idx"]]),
                     "hits": best["param_hits"], "error_class": best["error_class"]})
     return out
 

@@ -2,9 +2,31 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .metrics import ERROR_CLASSES
+
+# C0/C1 controls, DEL, line/paragraph separators and bidirectional overrides: a terminal or a viewer would act on
+# them (CR rewrites a line, ESC starts a sequence, U+202E reverses text)
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def md_text(text: str, limit: int | None = None) -> str:
+    """``text`` as one markdown table cell: newlines as `` ; ``, ``|`` escaped, every control character shown as
+    an escape (``\\x1b``), cut to ``limit`` characters."""
+    text = text.strip().replace("\r\n", "\n").replace("\n", " ; ")
+    text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256 else f"\\u{ord(m.group()):04x}",
+                        text)
+    text = text.replace("|", "\\|")
+    return text[:limit] if limit else text
+
+
+def md_code(text: str, limit: int | None = None) -> str:
+    """``text`` as an inline code span inside a table cell (fenced by more backticks than it holds)."""
+    text = md_text(text, limit)
+    ticks = "`" * (max((len(r) for r in re.findall("`+", text)), default=0) + 1)
+    return f"{ticks} {text} {ticks}"
 
 
 def fmt_rate(v: float | None, rng: tuple | list | None = None) -> str:
@@ -15,7 +37,7 @@ def fmt_rate(v: float | None, rng: tuple | list | None = None) -> str:
 
 
 def _row(name: str, m: dict[str, Any], ks: list[int]) -> str:
-    cells = [name, str(m["samples"])]
+    cells = [md_text(name), str(m["samples"])]
     for k in ks:
         cells.append(fmt_rate(m[f"pass@{k}"], m.get(f"pass@{k}_ci95")))
     cells += [f"{m['param_hit_precision']:.3f}" if m["param_hit_precision"] is not None else "",
@@ -29,8 +51,14 @@ def render_run_report(summary: dict[str, Any]) -> str:
     head = "| group | samples | " + " | ".join(f"Pass@{k} [95% CI]" for k in ks) + " | param hit | type acc |"
     sep = "|" + "---|" * (4 + len(ks))
     m = summary["metrics"]
-    lines = [f"# ML-Bench execution report ({summary['mode']} mode, {summary['backend']} backend)", "",
-             f"Generations: `{summary['generations']}`; {summary['n']} outputs per sample; "
+    unscored = summary.get("unscored") or []
+    lines = [f"# ML-Bench execution report ({summary['mode']} mode, {summary['backend']} backend)", ""]
+    if unscored:
+        lines += [f"**INCOMPLETE**: Pass@k below is over {m['overall']['samples']} samples; {len(unscored)} samples "
+                  "with outputs that have no verdict (environment or sandbox faults) are reported apart, never "
+                  "scored over their remaining outputs: " + ", ".join(f"{u['github_id']}/{u['id']}"
+                                                                       for u in unscored[:10]) + ".", ""]
+    lines += [f"Generations: {md_code(str(summary['generations']))}; {summary['n']} outputs per sample; "
              f"{summary['executions']} executions run, {summary['cached_executions']} reused"
              + (f", {summary['threads_per_execution']} OMP/MKL thread(s) each" if summary.get("threads_per_execution")
                 else "") + ".", "",
@@ -62,9 +90,9 @@ def render_run_report(summary: dict[str, Any]) -> str:
                   "wrong (-).", "", "| id | passed | instruction | best output | arguments |", "|---|---|---|---|---|"]
         for s in summary["per_sample"]:
             marks = "".join("1" if p else "0" for p in s["passed"])
-            args = " ".join(("+" if ok else "-") + k for k, ok in s["hits"].items())
-            cell = lambda x: x.strip().replace("|", "\\|").replace("\n", " ; ")[:110]  # noqa: E731
-            lines.append(f"| {s['id']} | {marks} | {cell(s['instruction'])} | `{cell(s['best'])}` | {args} |")
+            args = md_text(" ".join(("+" if ok else "-") + k for k, ok in s["hits"].items()))
+            lines.append(f"| {s['id']} | {marks} | {md_text(s['instruction'], 110)} | {md_code(s['best'], 110)} "
+                         f"| {args} |")
     notes = summary["notes"]
-    lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
+    lines += ["", "## Notes", ""] + [f"- {md_text(n)}" for n in notes]
     return "\n".join(lines) + "\n"

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from mlbench_kit.errors import MLBenchError
 
-from . import cgroups
+from . import cgroups, seccomp
 from .engines import (
     NONCE_ENV,
     SANDBOX,
@@ -42,7 +42,6 @@ from .engines import (
     apptainer_argv,
     bwrap_argv,
     container_argv,
-    seccomp_profile,
     stage_script,
     unshare_argv,
 )
@@ -51,9 +50,7 @@ BACKENDS = ("bwrap", "podman", "docker", "apptainer", "local")
 PIPE_BUF = 65536
 RUNNER = Path(__file__).with_name("sandbox_runner.py")
 REPORT_CAP = 16384
-SIG_LIMITS = {signal.SIGXFSZ: "fsize", signal.SIGXCPU: "cpu"}
 DEFAULT_UID = 65534  # as root, untrusted code runs as nobody:nogroup (never as host root)
-_PODMAN_SECCOMP = Path("/usr/share/containers/seccomp.json")
 
 # Imported (when installed) by Sandbox.warm before a run's first verdict. Python 3.7 syntax: bert's env.
 WARM_MODULES = ("numpy", "scipy", "pandas", "sklearn", "PIL", "cv2", "matplotlib", "torch", "torchvision",
@@ -206,9 +203,10 @@ def check_backend(backend: str, unsafe_local: bool) -> None:
 
 
 def _interpreter_dirs() -> list[str]:
-    """Folders the interpreter running mlbench needs (the default environment): its install and its venv."""
-    paths = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)}
-    return sorted(p for p in paths if not p.startswith(("/usr", "/bin", "/lib")))
+    """The folder of the default environment: the base install of the interpreter running mlbench. Never
+    mlbench's own venv (its packages, its ``setup.log``): an environment that wants it names it as ``venv:``."""
+    base = os.path.realpath(sys.base_prefix)
+    return [] if base.startswith(("/usr", "/bin", "/lib")) else [base]
 
 
 def _owned_by(root: Path, uid: int) -> bool:
@@ -246,10 +244,14 @@ class Sandbox:
         self.staged_s = 0.0
         self._runner_python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else os.path.realpath(
             sys.executable)
-        self._seccomp: Path | None = None
-        if backend == "podman" and _PODMAN_SECCOMP.is_file():
+        self._seccomp: Path | None = None  # one policy (eval/seccomp.py): JSON for containers, BPF for bwrap
+        if backend in ("podman", "docker"):
             self._seccomp = self.root / "seccomp.json"
-            self._seccomp.write_text(json.dumps(seccomp_profile(_PODMAN_SECCOMP)))
+            self._seccomp.write_text(json.dumps(seccomp.podman_profile()))
+        elif backend == "bwrap":
+            self._seccomp = self.root / "seccomp.bpf"
+            seccomp.write_bpf(self._seccomp)
+        if self._seccomp is not None:
             self._seccomp.chmod(0o644)
 
     @property
@@ -301,7 +303,7 @@ class Sandbox:
     def _env_vars(self, env: Env) -> dict[str, str]:
         if self.backend in ("bwrap", "local"):
             # resolved, as _ro_binds mounts it: a venv reached through a symlink is not under its link's path
-            prefix = os.path.realpath(env.prefix or sys.prefix)
+            prefix = os.path.realpath(env.prefix or sys.base_prefix)
         else:  # images built by `mlbench env build --image` hold the environment in /opt/venv
             prefix = CONTAINER_PREFIX
         path = "/usr/local/bin:/usr/bin:/bin"
@@ -362,6 +364,7 @@ class Sandbox:
         (jobdir / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\nsandbox:x:1000:1000:sandbox:/sandbox/home:"
                                        "/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n")
         (jobdir / "group").write_text("root:x:0:\nsandbox:x:1000:\nnogroup:x:65534:\n")
+        (jobdir / "empty").write_text("")  # bwrap binds it over the /proc files runc masks
         for f in jobdir.iterdir():
             f.chmod(0o444)
         if copy:
@@ -406,7 +409,8 @@ class Sandbox:
             # bwrap's whole tree joins the cgroup; podman's CLI stays out of it (the container goes in via
             # --cgroup-parent), so the engine's own memory is not charged to the generation
             procs = cg.procs_files if cg and self.backend == "bwrap" else []
-            script.write_text(stage_script(m, self.who, procs, report_w, engine, drop=self.backend == "bwrap"))
+            script.write_text(stage_script(m, self.who, procs, report_w, engine, drop=self.backend == "bwrap",
+                                           seccomp_bpf=self._seccomp if self.backend == "bwrap" else None))
             argv = unshare_argv(self.who, script)
         else:
             argv = engine
@@ -427,11 +431,15 @@ class Sandbox:
         raw = _read_report(report_r)
         if not staged:  # engines without a pipe: the report is the stderr line carrying our nonce
             raw, log = _report_from_log(log, nonce)
-        res = _result(raw, timed_out, duration, log, proc.returncode)
+        res = _result(raw, timed_out, duration, log, proc.returncode, limits)
         if cg is not None:
             hit = cg.hit()
             res.usage = cg.usage()
-            if hit and res.limit is None and not res.fault:
+            if "memory" in hit:
+                # an OOM is the generation's doing and a verdict, even when it took the runner or the report
+                # with it (memory no process maps, tmpfs files or SysV shm, stays charged to the cgroup)
+                res.limit, res.fault = "memory", None
+            elif hit and res.limit is None and not res.fault:
                 res.limit = hit[0]
         self._cleanup(scratch, jobdir, cg)
         return res
@@ -441,7 +449,8 @@ class Sandbox:
             os.killpg(proc.pid, signal.SIGKILL)  # bwrap: its PID 1 dies with it, and the namespace with that
         except ProcessLookupError:
             pass
-        if self.backend in ("podman", "docker") and proc.poll() is None:
+        if self.backend in ("podman", "docker") and (proc.poll() is None or cg is None):
+            # passthrough: the container outlives its CLI; without our cgroup to kill, the engine must remove it
             subprocess.run([self.backend, "rm", "-f", "-t", "0", name], capture_output=True)
         proc.wait()
         if cg is not None:
@@ -559,7 +568,25 @@ def _report_from_log(log: str, nonce: str) -> tuple[bytes, str]:
     return line.encode(), log[:i].rstrip("\n")
 
 
-def _result(raw: bytes, timed_out: bool, duration: float, log: str, returncode: int | None) -> ExecResult:
+def _limit_hit(rep: dict, code: object, sig: object, limits: Limits) -> str | None:
+    """The per-process limit an execution ran into, from what the runner saw: the signal its child died of (or
+    a shell's exit status for it) backed by evidence of the limit (a file at the size limit; CPU seconds at the
+    CPU limit, from the rusage of everything the child waited for). A status or a signal alone proves nothing:
+    any program may ``exit 153`` or send itself SIGXFSZ."""
+    if (sig == signal.SIGXFSZ or code == 128 + signal.SIGXFSZ) and rep.get("at_fsize") is True:
+        return "fsize"
+    cpu = rep.get("cpu_s")
+    # rusage is sampled: it may read a little under the limit the kernel enforced on exact run time
+    used_up = isinstance(cpu, (int, float)) and cpu >= 0.9 * limits.cpu_s
+    if used_up and (sig in (signal.SIGXCPU, signal.SIGKILL) or code in (128 + signal.SIGXCPU, 128 + signal.SIGKILL)):
+        return "cpu"
+    if rep.get("full"):
+        return "disk"
+    return None
+
+
+def _result(raw: bytes, timed_out: bool, duration: float, log: str, returncode: int | None,
+            limits: Limits) -> ExecResult:
     """Turn the runner's report into a result; anything unexpected is a sandbox fault, never a verdict."""
     base = dict(timed_out=timed_out, duration=round(duration, 3), log=log)
     if timed_out:
@@ -580,11 +607,7 @@ def _result(raw: bytes, timed_out: bool, duration: float, log: str, returncode: 
     code, sig, surv = rep.get("exit"), rep.get("signal"), rep.get("survivors")
     if not (isinstance(code, int) or isinstance(sig, int)) or not isinstance(surv, int):
         return ExecResult(None, survivors=0, fault="SANDBOX: an incomplete report from the runner", **base)
-    limit = SIG_LIMITS.get(sig) if isinstance(sig, int) else None
-    if limit is None and isinstance(code, int) and code - 128 in SIG_LIMITS:
-        limit = SIG_LIMITS[code - 128]
-    if limit is None and rep.get("full"):
-        limit = "disk"
+    limit = _limit_hit(rep, code, sig, limits)
     exit_code = code if isinstance(code, int) else 128 + sig
     return ExecResult(exit_code, survivors=surv, signal=sig if isinstance(sig, int) else None, limit=limit, **base)
 

@@ -18,11 +18,19 @@ import signal
 import sys
 
 PR_SET_DUMPABLE = 4
+KEYCTL_JOIN_SESSION_KEYRING = 1
+_KEYCTL = {"x86_64": 250, "aarch64": 219}  # the keyctl system call's number
 
 
 def _harden() -> None:
-    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+    nr = _KEYCTL.get(os.uname().machine)
+    if nr is not None:
+        # a new, empty anonymous session keyring for this execution (the only keyctl the seccomp policy allows);
+        # where it fails, keyctl is blocked altogether and no keyring is reachable either
+        libc.syscall(nr, KEYCTL_JOIN_SESSION_KEYRING, None)
     # SIG_DFL everywhere: the kernel then drops every signal sent to PID 1 from inside its namespace
     for sig in range(1, signal.NSIG):
         try:
@@ -46,9 +54,15 @@ def _child(spec: dict, errw: int) -> None:
     import resource
     try:
         os.setsid()
+        try:  # the OOM killer's first choice is always the generation, never the runner (raising is unprivileged)
+            with open("/proc/self/oom_score_adj", "w") as fh:
+                fh.write("1000")
+        except OSError:
+            pass
         for name, value in spec.get("rlimits", {}).items():
             lim = getattr(resource, name)
-            resource.setrlimit(lim, (value, value))
+            # CPU: a hard limit one second above the soft one, so the soft limit's SIGXCPU comes first
+            resource.setrlimit(lim, (value, value + 1 if name == "RLIMIT_CPU" else value))
         try:
             os.chdir(spec["workdir"])
         except OSError as exc:
@@ -105,11 +119,47 @@ def _full(paths: list[str]) -> list[str]:
     return out
 
 
+def _at_size(paths: list, size: int, max_entries: int = 20000) -> bool:
+    """Whether a regular file of at least ``size`` bytes is under ``paths`` (a write stopped by RLIMIT_FSIZE
+    leaves one of exactly that size). Iterative and bounded: at most ``max_entries`` entries, any depth."""
+    stack, seen = list(paths), 0
+    while stack and seen < max_entries:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for e in it:
+                    seen += 1
+                    if seen > max_entries:  # one folder of a million entries counts too
+                        return False
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(e.path)
+                    elif e.is_file(follow_symlinks=False) and e.stat(follow_symlinks=False).st_size >= size:
+                        return True
+        except OSError:
+            continue
+    return False
+
+
+def _evidence(report: dict, spec: dict) -> None:
+    """What the generation left behind: survivors, full mounts, a file at the size limit. Each part is bounded,
+    and none can fail the report: a verdict without one piece of evidence beats a fault."""
+    writable = spec.get("writable", [])
+    fsize = spec.get("rlimits", {}).get("RLIMIT_FSIZE")
+    for key, probe in (("survivors", lambda: len(_alive())), ("full", lambda: _full(writable)),
+                       ("at_fsize", lambda: bool(fsize) and _at_size(writable, fsize))):
+        try:
+            report[key] = probe()
+        except Exception as exc:  # noqa: BLE001 - e.g. out of memory in an OOM-filled cgroup
+            report.setdefault("unproven", []).append(f"{key}: {type(exc).__name__}")
+    if report["survivors"] is None:
+        report["survivors"] = 0
+
+
 def main() -> int:
     spec_path, channel = sys.argv[1], sys.argv[2]
     nonce = os.environ.pop("MLBENCH_REPORT_NONCE", "")
     report_fd = 2 if channel == "stderr" else int(channel)
-    report: dict = {"v": 1, "exit": None, "signal": None, "survivors": None, "fault": None, "full": []}
+    report: dict = {"v": 1, "exit": None, "signal": None, "survivors": None, "fault": None, "full": [],
+                    "cpu_s": None, "at_fsize": False}
     try:
         _harden()
         with open(spec_path, encoding="utf-8") as fh:
@@ -129,15 +179,15 @@ def main() -> int:
         status = None
         while status is None:
             try:
-                p, st = os.waitpid(-1, 0)
+                p, st, ru = os.wait4(-1, 0)
             except InterruptedError:
                 continue
-            if p == pid:
+            if p == pid:  # its rusage counts the descendants it waited for: the evidence of RLIMIT_CPU
                 status = st
+                report["cpu_s"] = round(ru.ru_utime + ru.ru_stime, 3)
         err = os.read(errr, 4096)
         os.close(errr)
         _reap()
-        alive = _alive()
         if err:
             report["fault"] = json.loads(err)
         elif os.WIFEXITED(status):
@@ -148,8 +198,7 @@ def main() -> int:
                                    "detail": f"{spec.get('interpreter', 'python')} is not on the sandbox PATH"}
         else:
             report["signal"] = os.WTERMSIG(status)
-        report["survivors"] = len(alive)
-        report["full"] = _full(spec.get("writable", []))
+        _evidence(report, spec)
     except BaseException as exc:  # noqa: BLE001 - reported to the host as a sandbox fault
         report["fault"] = {"kind": "runner", "detail": f"{type(exc).__name__}: {exc}"}
     try:

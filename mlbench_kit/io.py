@@ -13,12 +13,13 @@ from typing import Any, Iterable, Iterator
 from .errors import MLBenchError
 
 
-def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield ``(line_number, object)`` for each non-blank line; bad JSON raises with file:line."""
+def read_jsonl(path: str | Path, errors: str = "strict") -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(line_number, object)`` for each non-blank line; bad JSON raises with file:line. ``errors``:
+    how bytes that are not UTF-8 decode (``surrogateescape`` keeps them, for the reader to replace)."""
     path = Path(path)
     if not path.is_file():
         raise MLBenchError("file not found", str(path), "check the path")
-    with path.open(encoding="utf-8") as fh:
+    with path.open(encoding="utf-8", errors=errors) as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
@@ -26,6 +27,9 @@ def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise MLBenchError(f"bad JSON ({exc.msg} at column {exc.colno})", f"{path}:{lineno}",
+                                   "each line must be one JSON object") from None
+            except RecursionError:
+                raise MLBenchError("bad JSON (nested too deeply)", f"{path}:{lineno}",
                                    "each line must be one JSON object") from None
             if not isinstance(obj, dict):
                 raise MLBenchError(f"expected a JSON object, got {type(obj).__name__}", f"{path}:{lineno}")

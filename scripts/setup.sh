@@ -10,7 +10,8 @@ fail() { echo "setup: FAILED: $1 (log: $LOG)" >&2; tail -n 15 "$LOG" >&2; exit 1
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || { step "creating .venv with $("$PY" --version 2>&1)"; "$PY" -m venv .venv; }
 : > "$LOG"
-# System packages, as root where apt exists: bubblewrap is eval's sandbox, podman + runc its container backend
+# System packages, as root where apt exists: bubblewrap is eval's sandbox (its seccomp policy is compiled with
+# libseccomp2, which apt itself depends on), podman + runc its container backend
 # (mmdebstrap makes base images without a registry), git clones repositories, slurm-wlm and munge run the
 # one-node Slurm cluster of the sweep tests (slurm/cluster.sh)
 missing=()

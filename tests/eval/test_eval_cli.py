@@ -77,6 +77,8 @@ def test_strict_mode_static_gate(tmp_path):
     ('{"github_id": 101, "id": 9001, "output": ["a"]}\n{"github_id": 101, "id": 9001, "output": ["a"]}',
      "duplicate line"),
     ('{"github_id": 101, "id": 9001, "output": ["a"]', "bad JSON"),
+    ('{"github_id": 101, "id": 1e400, "output": ["a"]}', "integer `github_id` and `id`"),  # crashed: OverflowError
+    ('{"github_id": 101, "id": 9001, "output": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
 ])
 def test_bad_generations_fail_with_file_line(tmp_path, capsys, line, message):
     gens = tmp_path / "g.jsonl"

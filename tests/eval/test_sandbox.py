@@ -1,21 +1,28 @@
 """The sandbox, tried as an attacker would: one case per class of the hostile review (issue 12), on every backend
 that runs here. Each case asserts containment: the verdict is right, the host is unchanged, the run completed."""
 
+import ctypes
+import json
 import os
 import py_compile
+import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 
 import psutil
 import pytest
 from conftest import REPO_ROOT
-from mlbench_kit.eval import cgroups
-from mlbench_kit.eval.engines import Mounts, container_argv, seccomp_profile
+from mlbench_kit.cli import main as cli_main
+from mlbench_kit.eval import cgroups, seccomp
+from mlbench_kit.eval.checks import check_output
+from mlbench_kit.eval.engines import Mounts, container_argv
 from mlbench_kit.eval.sandbox import (
     Env,
     Job,
@@ -353,16 +360,18 @@ def test_backends_refuse_clearly():
         sb.run(Job("ls", True, Env("toybench", REPO), "./"), Limits())
 
 
-def test_seccomp_profile_blocks_namespaces():
-    default = Path("/usr/share/containers/seccomp.json")
-    if not default.is_file():
-        pytest.skip("no container seccomp profile installed")
-    prof = seccomp_profile(default)
-    allow = {n for r in prof["syscalls"] if r["action"] == "SCMP_ACT_ALLOW" and not r.get("args")
-             for n in r["names"]}
-    assert not {"unshare", "clone", "clone3", "mount", "ptrace", "setns"} & allow
-    clone = [r for r in prof["syscalls"] if r["names"] == ["clone"]][0]
-    assert clone["args"][0]["value"] & 0x10000000  # CLONE_NEWUSER is masked out
+def test_one_seccomp_policy_for_every_engine(tmp_path):
+    """podman's JSON profile and bwrap's BPF program are both derived from eval/seccomp.py's rules."""
+    prof = seccomp.podman_profile()
+    assert prof["defaultAction"] == "SCMP_ACT_ALLOW"
+    denied = {n for r in prof["syscalls"] if not r.get("args") for n in r["names"]}
+    assert {"unshare", "clone"} - denied == {"unshare", "clone"}  # their flags decide
+    assert {"clone3", "mount", "ptrace", "setns", "add_key", "request_key", "io_uring_setup", "bpf"} <= denied
+    assert [r.name for r in seccomp.rules()] == [n for r in prof["syscalls"] for n in r["names"]]
+    clone = [r for r in prof["syscalls"] if r["names"] == ["clone"]]
+    assert {r["args"][0]["value"] for r in clone} >= {0x10000000, 0x20000000}  # CLONE_NEWUSER, CLONE_NEWPID
+    seccomp.write_bpf(tmp_path / "f.bpf")
+    assert (tmp_path / "f.bpf").stat().st_size % 8 == 0 and (tmp_path / "f.bpf").stat().st_size > 8 * len(prof["syscalls"])
 
 
 def test_local_backend_runs_with_consent(tmp_path):
@@ -372,3 +381,262 @@ def test_local_backend_runs_with_consent(tmp_path):
                        Env("toybench", REPO), "./"), Limits())
     assert r.exit_code == 0 and "done" in r.log  # it wrote out/model.json ...
     assert sorted(str(p.relative_to(REPO)) for p in REPO.rglob("*")) == before  # ... into a copy, not the checkout
+
+
+# -- issue 21: memory no process maps, one seccomp policy, a harness no generation can crash ----------------------
+
+SYSV_SHM = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.shmat.restype = ctypes.c_void_p\n"
+            "size = 120 * 2**20\nsid = libc.shmget(0, ctypes.c_size_t(size), 0o1600)\naddr = libc.shmat(sid, None, 0)\n"
+            "ctypes.memset(addr, 1, size)\nlibc.shmdt(ctypes.c_void_p(addr))\n")  # left behind, mapped by nobody
+MEMFD = ("import os\nfd = os.memfd_create('fill', 0)\nfor _ in range(120):\n    os.write(fd, b'x' * 2**20)\n"
+         "os.execv('/bin/sleep', ['sleep', '5'])\n")  # a tiny process holding 120 MB of unmapped memory
+CONTAINER_LOGS = Path("/var/lib/containers/storage/overlay-containers")
+TRIGGER = "head -c 100000000 /dev/zero > /tmp/more"  # then a tiny process needs memory: the OOM killer runs
+UNMAPPED = {  # fill the cgroup with memory no process maps, leave only tiny processes: the runner was the victim
+    "shm-file": f"head -c 120000000 /dev/zero > /dev/shm/fill; {TRIGGER}; exit 1",
+    "tmp-file": f"head -c 120000000 /dev/zero > /tmp/fill; {TRIGGER}; exit 1",
+    "workspace-file": f"head -c 120000000 /dev/zero > fill; {TRIGGER}; exit 1",
+    "honest-tmp-then-exit-0": "head -c 900000000 /dev/zero > /tmp/cache; exit 0",
+    "sysv-shm": f"python -c {shlex.quote(SYSV_SHM)}; {TRIGGER}; exit 1",
+    "memfd": f"python -c {shlex.quote(MEMFD)} & sleep 1; {TRIGGER}; exit 1",
+}
+
+
+@needs_cgroups
+@pytest.mark.parametrize("attack", list(UNMAPPED), ids=list(UNMAPPED))
+def test_memory_no_process_maps_is_a_memory_verdict(box, attack):
+    r = run_bounded(box, UNMAPPED[attack], mem_mb=160, tmp_mb=1024, disk_mb=1024)
+    assert r.fault is None and r.limit == "memory", (r.fault, r.limit, r.exit_code, r.log[-300:])
+    assert r.usage["peak_mem_mb"] <= 160
+
+
+def test_exit_status_or_signal_alone_names_no_limit(box):
+    for code in (152, 153, 137):  # 128 + SIGXCPU, SIGXFSZ, SIGKILL, printed by the generation itself
+        r = run(box, f"exit {code}")
+        assert r.fault is None and r.exit_code == code and r.limit is None, (code, r.limit)
+    for sig in ("SIGXFSZ", "SIGXCPU"):  # sent to itself, no limit reached
+        r = run(box, f"import os, signal\nsignal.signal(signal.{sig}, signal.SIG_DFL)\n"
+                     f"os.kill(os.getpid(), signal.{sig})\n", shell=False)
+        assert r.fault is None and r.signal == getattr(signal, sig) and r.limit is None, (sig, r.limit)
+
+
+DEEP_FSIZE = """import os
+for _ in range(1500):  # deeper than a recursive walk goes (os.walk raised RecursionError: a runner fault)
+    os.mkdir('a')
+    os.chdir('a')
+os.execv('/bin/sh', ['sh', '-c', 'head -c 9000000 /dev/zero > big; exit 153'])
+"""
+
+
+def test_file_size_evidence_at_any_depth(box):
+    """A shell's 153 counts as the file-size limit only with the file at the limit, found however deep."""
+    r = run(box, DEEP_FSIZE, shell=False, fsize_mb=8)
+    assert r.fault is None and r.exit_code == 153 and r.limit == "fsize", (r.fault, r.limit, r.log[-300:])
+
+
+@pytest.mark.parametrize("shell", [True, False], ids=["through-bash", "python"])
+def test_cpu_limit_from_what_happened(box, shell):
+    code = "python -c 'while True: pass'" if shell else "while True:\n    pass\n"
+    r = run(box, code, shell=shell, cpu_s=1, wall_s=20)
+    assert not r.timed_out and r.limit == "cpu", (r.exit_code, r.signal, r.limit)
+
+
+KEYS_PY = """import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+def call(nr, *args):
+    r = libc.syscall(nr, *args)
+    return r, ctypes.get_errno() if r < 0 else 0
+print('keyctl', *call(250, 0, -3, 0))  # KEYCTL_GET_KEYRING_ID of the session keyring
+print('add_key', *call(248, b'user', b'planted-%(m)s', b'x', 1, -3))
+print('request_key', *call(249, b'user', b'%(m)s', None, 0))
+print('io_uring', *call(425, 1, ctypes.create_string_buffer(120)))
+print(open('/proc/keys').read())
+"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="system call numbers of x86_64")
+def test_keyrings_and_io_uring_are_out_of_reach(box):
+    libc = ctypes.CDLL(None, use_errno=True)
+    marker = f"mlbench-{uuid.uuid4().hex[:8]}"
+    key = libc.syscall(248, b"user", marker.encode(), b"host-secret", 11, -3)  # into our session keyring
+    assert key > 0
+    try:
+        r = run(box, KEYS_PY % {"m": marker}, shell=False)
+        calls = {ln.split()[0]: ln.split()[1:] for ln in r.log.splitlines()[:4]}
+        refused = {name: r == "-1" and e in ("1", "38") for name, (r, e) in calls.items()}  # EPERM or ENOSYS
+        assert refused == dict.fromkeys(("keyctl", "add_key", "request_key", "io_uring"), True), r.log
+        assert marker not in r.log and "host-secret" not in r.log
+        assert f"planted-{marker}" not in Path("/proc/keys").read_text()
+    finally:
+        libc.syscall(250, 3, key)  # KEYCTL_REVOKE
+
+
+INT80_KEYCTL = """import ctypes, mmap
+code = bytes.fromhex("53b82001000031dbb9fdffffff31d2cd805bc3")  # keyctl(GET_KEYRING_ID, @s) by int 0x80 (i386)
+buf = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+buf.write(code)
+print('i386-keyctl', ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(buf)))())
+"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the i386 ABI of x86_64")
+def test_compat_abi_does_not_bypass_the_policy(box):
+    """The same system call through the i386 ABI (``int 0x80``) meets the same rules."""
+    r = run(box, INT80_KEYCTL, shell=False)
+    assert r.exit_code == 0 and int(r.log.split("i386-keyctl")[1].split()[0]) < 0, r.log  # refused, no keyring id
+
+
+@pytest.mark.parametrize("stream", ["stderr", "stderr-small-writes"])
+def test_output_flood_is_bounded_like_bwrap(box, stream):
+    """300 MB to stderr fails fast on every backend (podman's log used to keep it all on the host disk and reach
+    the timeout, where compat counts a pass)."""
+    sb, env = box
+    code = {"stderr": "import sys\nsys.stderr.write('x' * 300_000_000)\nsys.exit(1)\n",
+            "stderr-small-writes": "import os\nfor _ in range(3_000_000):\n    os.write(2, b'x' * 64)\n"
+                                   "raise SystemExit(1)\n"}[stream]
+    logs, done = [], threading.Event()
+
+    def watch() -> None:  # the largest container log on the host's disk while it runs
+        while not done.wait(0.05):
+            logs.append(max((p.stat().st_size for p in CONTAINER_LOGS.glob("*/userdata/ctr.log")), default=0))
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    r = sb.run(Job(code, False, env, "./"), Limits(wall_s=10), drain=False)
+    done.set()
+    t.join()
+    assert not r.timed_out and r.exit_code == 1 and r.fault is None and len(r.log) < 80_000
+    assert max(logs, default=0) < 2**20  # nothing of it kept on the host's disk
+
+
+def test_default_environment_never_mounts_mlbenchs_venv(box):
+    sb = box[0]
+    if sb.backend != "bwrap":
+        pytest.skip("a container runs its image's interpreter")
+    venv = os.path.realpath(sys.prefix)
+    if venv == os.path.realpath(sys.base_prefix):
+        pytest.skip("mlbench does not run from a venv here")
+    r = run(box, f"ls {venv} 2>&1; cat /proc/self/mountinfo; python -c 'import sys; print(sys.prefix)'")
+    assert r.exit_code == 0 and venv not in r.log.replace(f"ls: cannot access '{venv}'", ""), r.log
+
+
+# -- the harness: verdicts from what happened, scores that no fault or text can bend ----------------------------
+
+SAMPLE = REPO_ROOT / "examples" / "sample" / "samples.jsonl"
+ENVS = REPO_ROOT / "configs" / "eval" / "sample.yaml"
+
+
+def _rows(*ids):
+    return [r for r in map(json.loads, SAMPLE.open()) if r["id"] in ids]
+
+
+def _eval(tmp_path, gens: dict, *extra, backend="bwrap"):
+    """``mlbench eval`` on the embedded sample's rows ``gens`` answers ({id: [outputs]}); returns the exit status
+    and the run folder."""
+    rows = _rows(*gens)
+    data, path, out = tmp_path / "data.jsonl", tmp_path / "gens.jsonl", tmp_path / "run"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path.write_text("".join(json.dumps({"github_id": r["github_id"], "id": r["id"], "output": gens[r["id"]]}) + "\n"
+                            for r in rows))
+    rc = cli_main(["eval", "--data", str(data), "--generations", str(path), "--envs", str(ENVS), "--out", str(out),
+                   "--no-ci", "--backend", backend, *extra])
+    return rc, out
+
+
+@needs_cgroups
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_oom_attack_cannot_leave_pass_at_k(tmp_path, backend, base_image):
+    """Four failing answers that get the runner OOM-killed, then the gold: Pass@1 stays 0 (it was 1.0, the four
+    answers being faults, kept out of the results)."""
+    if backend == "podman" and base_image is None:
+        pytest.skip("podman needs root, podman and mmdebstrap")
+    gold = _rows(9001)[0]["output"]
+    attack = [f"{gold}; head -c 120000000 /dev/zero > /dev/shm/f{i}; head -c 100000000 /dev/zero > /tmp/g; exit 1"
+              for i in range(4)]
+    rc, out = _eval(tmp_path, {9001: [*attack, gold]}, "--mem-mb", "160", backend=backend)
+    summary = json.loads((out / "summary.json").read_text())
+    o = summary["metrics"]["overall"]
+    assert rc == 0 and summary["faults"] == 0 and summary["unscored"] == []
+    assert o["pass@1"] == 0.0 and o["unbiased_pass@1"] == pytest.approx(0.2) and o["pass@5"] == 1.0
+    assert o["error_classes"] == {"LIMIT_MEMORY": 4}
+
+
+def test_a_sample_with_an_unscored_output_is_reported_apart(tmp_path, capsys):
+    """A run that stopped on faults: the sample missing a verdict is not scored over the outputs it has left."""
+    good = [r["output"] for r in _rows(9001, 9002)]
+    rc, out = _eval(tmp_path, {9001: ["exit 1", *[good[0]] * 4], 9002: [good[1]] * 5})
+    assert rc == 0
+    results = (out / "results.jsonl").read_text().splitlines()
+    kept = [ln for ln in results if not (json.loads(ln)["id"] == 9001 and json.loads(ln)["idx"] == 0)]
+    (out / "results.jsonl").write_text("\n".join(kept) + "\n")  # its first, failing, output has no verdict
+    rc, out = _eval(tmp_path, {9001: ["exit 1", *[good[0]] * 4], 9002: [good[1]] * 5}, "--rescore")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["unscored"] == [{"github_id": 101, "id": 9001, "scored_outputs": 4, "outputs": 5}]
+    assert summary["metrics"]["overall"]["samples"] == 1 and summary["metrics"]["overall"]["pass@1"] == 1.0
+    assert summary["notes"][0].startswith("INCOMPLETE: Pass@k is over 1 of 2 samples")
+    assert "**INCOMPLETE**" in (out / "report.md").read_text().split("\n")[2]
+    assert "(1 unscored, apart)" in capsys.readouterr().err
+
+
+def test_hostile_text_never_crashes_or_stalls_the_harness(tmp_path):
+    """A lone surrogate, terminal controls, a 1.5 MB answer and a printed 'SyntaxError', in strict mode."""
+    gold, py = _rows(9001)[0]["output"], _rows(9016)[0]["output"]
+    hostile = f"{gold} # \ud800 \r\x1b[2J\x07\u202e"
+    huge = gold + " --lr 0.05" * 150_000
+    printed = 'print("SyntaxError: invalid syntax gcn 64 2")\nraise SystemExit(1)\n'
+    t0 = time.monotonic()
+    rc, out = _eval(tmp_path, {9001: [hostile, huge, huge + " ", gold + "\x00", gold],
+                               9016: [printed, py + "\nprint(", py + "\nprint(undefined_name)", py, py]},
+                    "--mode", "strict")
+    assert rc == 0 and time.monotonic() - t0 < 60
+    res = {(r["id"], r["idx"]): r for r in map(json.loads, (out / "results.jsonl").open(encoding="utf-8"))}
+    assert res[(9001, 0)]["passed"] and res[(9001, 1)]["error_class"] == "OVERSIZE"
+    assert [res[(9016, i)]["error_class"] for i in range(3)] == ["E5", "E4", "E4"]
+    report = (out / "report.md").read_bytes().decode("utf-8")
+    assert not set(report) & {"\r", "\x1b", "\x07", "\x00", "\u202e"} and "\\x1b[2J" in report
+    summary = json.loads((out / "summary.json").read_bytes().decode("utf-8"))
+    assert "\ufffd" in summary["per_sample"][0]["best"] and any("U+FFFD" in n for n in summary["notes"])
+
+
+def test_strict_check_is_linear_in_the_options():
+    t0 = time.monotonic()
+    checks = check_output("python train.py" + " --lr 0.1" * 120_000, {"lr": "0.1", "epochs": "2"}, "Bash Script",
+                          "strict")
+    assert time.monotonic() - t0 < 10 and checks.param_hits == {"lr": True, "epochs": False}
+
+
+CROSS = {  # answer -> limits: scored on every backend, the verdicts must agree
+    "honest": ("python train.py --dataset cora --epochs 1", {}),
+    "honest-python": ("from toylib import build_model\nprint(build_model('gcn', hidden=8).describe())", {}),
+    "exit-153": ("exit 153", {}),
+    "exit-152": ("exit 152", {}),
+    "stderr-flood": ("python -c \"import sys; sys.stderr.write('x' * 300000000); sys.exit(1)\"", {}),
+    "stdout-undrained": ("python -c \"print('x' * 300000)\"; exit 1", {}),
+    "oom-unmapped": (UNMAPPED["shm-file"], {"mem_mb": 160, "tmp_mb": 1024}),
+    "fork-bomb": ("for i in $(seq 200); do sleep 5 & done; wait", {"pids": 48}),
+    "disk": ("head -c 60000000 /dev/zero > /tmp/x || exit 9", {"tmp_mb": 32}),
+    "fsize": ("head -c 20000000 /dev/zero > big", {"fsize_mb": 8}),
+    "cpu": ("python -c 'while True: pass'", {"cpu_s": 1}),
+    "keyring": (KEYS_PY % {"m": "x"} + "raise SystemExit(0 if 'planted' in open('/proc/keys').read() else 4)", {}),
+    "daemon": ("(setsid sleep 30 &); exit 0", {}),
+}
+
+
+@needs_cgroups
+@pytest.mark.integration
+def test_same_verdicts_on_every_backend(base_image):
+    if shutil.which("bwrap") is None or base_image is None:
+        pytest.skip("needs bwrap and podman")
+    verdicts = {}
+    for backend in ("bwrap", "podman"):
+        env = Env("toybench", REPO, image=base_image)
+        with Sandbox(backend) as sb:
+            for name, (code, lim) in CROSS.items():
+                shell = not name.endswith("python") and name != "keyring"
+                r = sb.run(Job(code, shell, env, "./"), Limits(**({"wall_s": 6.0} | lim)), drain=False)
+                verdicts[(backend, name)] = (r.fault, r.exit_code, r.timed_out, r.limit, r.survivors > 0)
+    differ = {n: (verdicts[("bwrap", n)], verdicts[("podman", n)]) for n in CROSS
+              if verdicts[("bwrap", n)] != verdicts[("podman", n)]}
+    assert not differ
+    assert verdicts[("bwrap", "honest")][:4] == (None, 0, False, None)
+    assert verdicts[("bwrap", "oom-unmapped")][3] == "memory" and verdicts[("bwrap", "stdout-undrained")][2]

@@ -1,0 +1,45 @@
+"""Per-execution overhead of the sandbox: ``true`` end to end (cgroup, stage script, engine, runner, report).
+
+    python bench/sandbox_overhead.py --backend bwrap --n 20
+    python bench/sandbox_overhead.py --backend podman --n 10      # as root, with the base image built
+
+Prints the median and the 10th/90th percentiles in milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+from mlbench_kit.eval.sandbox import Env, Job, Limits, Sandbox
+
+REPO = Path(__file__).resolve().parents[1] / "examples" / "sample" / "repos" / "toybench"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--backend", default="bwrap")
+    p.add_argument("--n", type=int, default=20)
+    a = p.parse_args()
+    image = None
+    if a.backend in ("podman", "docker"):
+        from mlbench_kit.eval.images import build_base_image
+        image = build_base_image()
+    env = Env("toybench", REPO, image=image)
+    times = []
+    with Sandbox(a.backend) as sb:
+        sb.run(Job("true", True, env, "./"), Limits())  # stage the checkout once
+        for _ in range(a.n):
+            t0 = time.monotonic()
+            r = sb.run(Job("true", True, env, "./"), Limits())
+            times.append((time.monotonic() - t0) * 1000)
+            assert r.exit_code == 0 and r.fault is None, (r.exit_code, r.fault, r.log[-500:])
+    q = statistics.quantiles(times, n=10)
+    print(f"{a.backend}: `true` end to end, n={a.n}: median {statistics.median(times):.0f} ms "
+          f"(p10 {q[0]:.0f}, p90 {q[-1]:.0f})")
+
+
+if __name__ == "__main__":
+    main()
