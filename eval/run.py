@@ -307,6 +307,9 @@ def _execute(args: argparse.Namespace, samples: dict, gens: Any, out: Path) -> i
     todo = [(samples[k], i, o) for k, outs in gens.outputs.items() for i, o in enumerate(outs)
             if (k[0], k[1], i) not in done]
     with Sandbox(args.backend, uid=args.sandbox_uid, strict_limits=args.require_cgroups) as sandbox:
+        if args.cpus and sandbox.limits_mode.startswith("rlimit"):
+            print(f"eval: warning: --cpus {args.cpus:g} is not enforced: a CPU quota needs a per-execution cgroup "
+                  "(root, or a delegated cgroup v2 subtree); only the threads it implies apply", file=sys.stderr)
         if todo:
             used: dict[str, tuple[Env, dict[str, str]]] = {}  # repo -> (environment, its probe)
             for repo in repos:

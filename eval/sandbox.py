@@ -227,18 +227,19 @@ class Sandbox:
     def __init__(self, backend: str, scratch_root: Path | None = None, uid: int | None = None,
                  strict_limits: bool = False) -> None:
         self.backend = backend
-        self._own_tmp = scratch_root is None
-        self.root = Path(tempfile.mkdtemp(prefix="mlbench-sandbox-")) if scratch_root is None else Path(scratch_root)
-        self.root.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.root, 0o711)  # the sandbox uid must traverse to the staged checkouts, never list them
         is_root = os.geteuid() == 0
         uid = (DEFAULT_UID if is_root else os.getuid()) if uid is None else uid
         self.who = Identity(uid, uid if is_root else os.getgid(), is_root)
         self.cgroups = cgroups.available() if is_root or os.environ.get("MLBENCH_CGROUPS") else None
         if strict_limits and self.cgroups is None and backend in ("bwrap", "local"):
+            # before the scratch folder exists: a refusal leaves nothing behind
             raise MLBenchError("per-execution cgroups are unavailable here, so memory and process limits would "
                                "hold per process only", "--require-cgroups",
                                "run as root, or on a host with a delegated cgroup v2 subtree, or drop the flag")
+        self._own_tmp = scratch_root is None
+        self.root = Path(tempfile.mkdtemp(prefix="mlbench-sandbox-")) if scratch_root is None else Path(scratch_root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o711)  # the sandbox uid must traverse to the staged checkouts, never list them
         self._lower: dict[Path, Path] = {}
         self._lock = threading.Lock()
         self.staged_s = 0.0

@@ -23,6 +23,10 @@ if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/nu
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") >>"$LOG" 2>&1 \
     || fail "apt-get install ${missing[*]}"
 fi
+if [ "$(id -u)" != 0 ] && ! command -v bwrap >/dev/null; then
+  # not root: nothing is installed for you, and eval's sandbox needs bubblewrap (README, "Without root")
+  step "warning: bwrap not found, and not root: install bubblewrap (or ask your admin) before mlbench eval"
+fi
 # up to date: set up after the last change of the pins, and for this checkout (an editable install of another
 # copy, through a venv that is shared or symlinked, would import that copy's code)
 if [ -f .venv/.mlbench-setup ] && [ .venv/.mlbench-setup -nt pyproject.toml ] && [ .venv/.mlbench-setup -nt constraints/cpu.txt ] \
