@@ -144,7 +144,10 @@ class LoRAFinetuneRecipe:
 
     def _setup_model(self) -> None:
         from mlbench_kit.train.model import add_lora, load_base
+        from mlbench_kit.train.flops import ModelShape, detect_gpu_peak
         self.model = add_lora(load_base(self.cfg, self.precision, self.attention), self.cfg)
+        self.shape = ModelShape.from_config(self.model_config)
+        self.device_name, self.peak = detect_gpu_peak()
         self.n_trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         self.n_4bit = sum(type(m).__module__.startswith("bitsandbytes") and type(m).__name__ == "Linear4bit"
                           for m in self.model.modules())
@@ -172,6 +175,7 @@ class LoRAFinetuneRecipe:
             ds.setdefault("zero_allow_untested_optimizer", True)
         self.model, self.optimizer, self.scheduler = self.accelerator.prepare(self.model, self.optimizer,
                                                                               self.scheduler)
+        self.attention_ran = _attention(self.accelerator, self.model)
 
     def _setup_state(self) -> None:
         from mlbench_kit.train.checkpoint import (
@@ -209,8 +213,19 @@ class LoRAFinetuneRecipe:
                              "eval_samples": len(self.eval_set), "trainable_params": self.n_trainable,
                              "linear_4bit_modules": self.n_4bit, "world_size": self.world,
                              "distributed": _distribution(self.accelerator, self.model), "precision": self.precision,
-                             "attention": _attention(self.accelerator, self.model), "max_seq_len": self.seq_len,
+                             **self._attention_record(), "max_seq_len": self.seq_len,
+                             "device": self.device_name, "gpu": self.peak.label if self.peak else None,
+                             "peak_tflops": self.peak.flops / 1e12 if self.peak else None,
                              "steps": self.total_steps, "notes": self.notes})
+
+    def _attention_record(self) -> dict[str, str]:
+        """The kernel that runs (the loaded model's resolved ``config._attn_implementation``, not the request) and
+        how packed rows reach it: varlen (FA2/FA3 from position ids), a flex BlockMask, or a dense
+        block-diagonal mask that sdpa/eager compute every block of."""
+        from mlbench_kit.train.flops import PACKED_PATH
+        ran = self.attention_ran
+        packed = PACKED_PATH.get(ran, "unknown") if self.cfg.data.batching == "packing" else "unpacked"
+        return {"attention": ran, "attention_requested": self.cfg.attn_implementation, "attention_packed": packed}
 
     # -- training ------------------------------------------------------------------------------------------------
 
@@ -220,7 +235,7 @@ class LoRAFinetuneRecipe:
         s = self.state
         bar = tqdm(total=self.total_steps, initial=s.step, desc="train", unit="step", disable=not self.main,
                    file=sys.stderr)
-        self._t0, self._tokens0 = time.perf_counter(), s.tokens
+        self._t0, self._tokens0, self._flops = time.perf_counter(), s.tokens, [0.0, 0.0]
         try:
             return self._loop(bar)
         finally:
@@ -258,11 +273,17 @@ class LoRAFinetuneRecipe:
         micro-batch only. None when preemption was agreed before the step finished."""
         import torch
         from mlbench_kit.train.data import collate, token_losses
+        from mlbench_kit.train.flops import rows_from_positions, step_flops
         acc, model = self.accelerator, self.model
         batches = [collate(self.train_set, rows, self.tok.pad_token_id) for rows in group]
+        flops = step_flops(self.shape, [r for b in batches for r in rows_from_positions(b["position_ids"],
+                                                                                         b.get("attention_mask"))],
+                           self.cfg.lora.r, self.cfg.lora.target_modules, self.cfg.gradient_checkpointing,
+                           self.attention_ran)
         counts = torch.tensor([sum(int((b["labels"] != -100).sum()) for b in batches),
                                sum(int(b["real_tokens"]) for b in batches),
-                               sum(b["input_ids"].numel() for b in batches)], dtype=torch.float64, device=acc.device)
+                               sum(b["input_ids"].numel() for b in batches), flops.model, flops.hardware],
+                              dtype=torch.float64, device=acc.device)
         if self.world > 1:
             torch.distributed.all_reduce(counts)
         n_target = max(counts[0].item(), 1.0)
@@ -293,16 +314,25 @@ class LoRAFinetuneRecipe:
         s = self.state
         s.tokens += int(counts[1].item())
         s.target_tokens += int(counts[0].item())
+        self._flops[0] += counts[3].item()
+        self._flops[1] += counts[4].item()
+        dt = max(time.perf_counter() - self._t0, 1e-9)
+        # per GPU: the FLOPs of all ranks over the time, against one GPU's peak times the number of GPUs
+        peak = self.peak.flops * self.world if self.peak else None
         return {"loss": loss_sum.item() / n_target, "grad_norm": _scalar(grad_norm),
                 "non_pad_share": counts[1].item() / max(1.0, counts[2].item()),
-                "tokens_per_s": (s.tokens - self._tokens0) / max(time.perf_counter() - self._t0, 1e-9)}
+                "tokens_per_s": (s.tokens - self._tokens0) / dt,
+                "model_tflops_per_s": self._flops[0] / dt / 1e12, "hardware_tflops_per_s": self._flops[1] / dt / 1e12,
+                "mfu": self._flops[0] / dt / peak if peak else None,
+                "hfu": self._flops[1] / dt / peak if peak else None}
 
     def _log_step(self, stats: dict[str, Any]) -> None:
         s = self.state
         if self.main and s.step % self.cfg.logging.every_steps == 0:
             rec = {"step": s.step, "epoch": s.epoch, "loss": stats["loss"], "lr": self.scheduler.get_last_lr()[0],
                    "grad_norm": stats["grad_norm"], "tokens": s.tokens, "tokens_per_s": stats["tokens_per_s"],
-                   "non_pad_share": stats["non_pad_share"]}
+                   "non_pad_share": stats["non_pad_share"], "model_tflops_per_s": stats["model_tflops_per_s"],
+                   "hardware_tflops_per_s": stats["hardware_tflops_per_s"], "mfu": stats["mfu"], "hfu": stats["hfu"]}
             self.log.append(rec)
             if self.trackers:
                 self.accelerator.log({k: v for k, v in rec.items() if isinstance(v, (int, float))}, step=s.step)

@@ -188,14 +188,20 @@ def test_fsdp_two_processes_sigterm_saves_every_shard_and_resumes_exactly(tmp_pa
 def test_qlora_nf4_with_gradient_checkpointing_takes_real_steps_on_cpu(tmp_path, tiny_model_dir, real_prep):
     out = tmp_path / "q"
     r = subprocess.run(_launch(tiny_model_dir, real_prep, out, "--max-steps", "3", "--set", "quantization=nf4",
-                               "--set", "gradient_checkpointing=true"),
+                               "--set", "gradient_checkpointing=true", "--set", "attn_implementation=auto"),
                        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     start = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     assert start["linear_4bit_modules"] == 2 * 7  # 2 layers x 7 projections quantized to NF4
+    # the kernel the loaded model resolved, not the request; packed rows get sdpa's dense block-diagonal mask
+    assert (start["attention_requested"], start["attention"], start["attention_packed"]) == \
+        ("auto", "sdpa", "dense_mask")
+    assert start["device"] == "cpu" and start["gpu"] is None and start["peak_tflops"] is None
     assert "use_reentrant" not in r.stderr  # non-reentrant checkpointing, asked for explicitly
     steps = _steps(out)
     assert len(steps) == 3 and all(s["loss"] == s["loss"] and s["grad_norm"] > 0 for s in steps)
+    # model FLOPs are counted on CPU too; the hardware count adds the checkpointing recompute; no peak, no MFU
+    assert all(0 < s["model_tflops_per_s"] < s["hardware_tflops_per_s"] and s["mfu"] is None for s in steps)
 
 
 @pytest.mark.integration
@@ -249,3 +255,35 @@ def test_bad_config_and_mismatched_template_fail_clearly(tmp_path, tiny_model_di
     r = run_cli("mlbench", "train", "--config", "configs/train/tiny-cpu.yaml", "--model", tiny_model_dir,
                 "--prep-dir", real_prep, "--set", "template=chat", "--output-dir", tmp_path / "x")
     assert r.returncode == 2 and "task3.jsonl:1" in r.stderr and "template" in r.stderr
+
+
+FA2, FA3 = "flash_attention_2", "flash_attention_3"
+
+
+@pytest.mark.parametrize("capability, installed, expected", [
+    (None, {FA2, FA3}, "sdpa"),  # no GPU
+    ((7, 5), {FA2}, "sdpa"),  # Turing: FA2 would fail at the first forward
+    ((8, 0), {FA2}, FA2),  # A100
+    ((8, 9), {FA2, FA3}, FA2),  # L40S: FA3 is Hopper-only
+    ((9, 0), {FA2}, FA2),  # H100 without FA3
+    ((9, 0), {FA2, FA3}, FA3),
+    ((9, 0), {FA3}, FA3),
+    ((9, 0), set(), "sdpa"),
+    ((10, 0), {FA2, FA3}, FA2),  # Blackwell: FA3's Hopper kernels do not run there
+])
+def test_auto_attention_follows_the_gpu_generation(capability, installed, expected):
+    from mlbench_kit.train.model import choose_attention
+    assert choose_attention("auto", capability, frozenset(installed)) == expected
+
+
+def test_a_flash_request_this_gpu_cannot_run_is_refused():
+    from mlbench_kit.errors import MLBenchError
+    from mlbench_kit.train.model import choose_attention
+    with pytest.raises(MLBenchError, match="8.0\\+.*compute capability 7.5"):
+        choose_attention(FA2, (7, 5), frozenset({FA2}))
+    with pytest.raises(MLBenchError, match="flash-attn is not installed"):
+        choose_attention(FA2, (9, 0), frozenset())
+    with pytest.raises(MLBenchError, match="Hopper.*compute capability 8.0"):
+        choose_attention(FA3, (8, 0), frozenset({FA2, FA3}))
+    assert choose_attention("sdpa", None, frozenset()) == "sdpa"
+    assert choose_attention(FA2, (8, 6), frozenset({FA2})) == FA2
