@@ -20,8 +20,9 @@ RoPE and the loss are elementwise and left out of both, as is customary (PaLM, a
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 # How packed rows reach the attention kernel: its own varlen path (boundaries from cu_seqlens), a block-sparse mask
 # (flex_attention's BlockMask skips the blocks outside every sample), or a dense [row, row] mask that the kernel
@@ -43,7 +44,7 @@ class ModelShape:
     head_dim: int
 
     @classmethod
-    def from_config(cls, config: Any) -> "ModelShape":
+    def from_config(cls, config: Any) -> ModelShape:
         """From a transformers config (or anything with its attribute names)."""
         g = (lambda k, d=None: config.get(k, d)) if isinstance(config, dict) else (
             lambda k, d=None: getattr(config, k, d))

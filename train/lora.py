@@ -65,6 +65,7 @@ class LoRAFinetuneRecipe:
             save_resolved(self.cfg, self.out / "config.yaml")
         from accelerate.utils import set_seed
         set_seed(self.cfg.seed)
+        self._setup_resume()
         self._setup_tokenizer_and_context()
         self._setup_data()
         self._setup_model()
@@ -99,6 +100,31 @@ class LoRAFinetuneRecipe:
         self.main = self.accelerator.is_main_process
         self.world, self.rank = self.accelerator.num_processes, self.accelerator.process_index
 
+    def _setup_resume(self) -> None:
+        """Which checkpoint to resume, and the gradient accumulation that keeps its micro-batches per optimizer
+        step when this launch has another number of processes (refused where that is impossible)."""
+        from mlbench_kit.train.checkpoint import (
+            TrainState,
+            is_deepspeed,
+            latest_checkpoint,
+            regroup,
+        )
+        self.ckpt_dir = self.out / "checkpoints"
+        self.resume_from = latest_checkpoint(self.ckpt_dir) if self.resume == "auto" else (
+            None if self.resume == "none" else Path(self.resume))
+        self.grad_accum, self.resume_note = self.cfg.optim.grad_accum, None
+        if self.resume_from is None:
+            return
+        old = TrainState.read(self.resume_from / "trainer_state.json")
+        self.grad_accum = regroup(old.world_size, old.grad_accum or self.cfg.optim.grad_accum, self.world,
+                                  is_deepspeed(self.accelerator), str(self.resume_from))
+        if self.grad_accum != self.cfg.optim.grad_accum:
+            self.accelerator.gradient_accumulation_steps = self.grad_accum  # accelerate divides each backward by it
+        if old.world_size != self.world:
+            self.resume_note = (f"resumed {old.world_size} processes' checkpoint on {self.world}: grad_accum "
+                                f"{self.grad_accum} keeps {old.world_size * (old.grad_accum or self.cfg.optim.grad_accum)}"
+                                " micro-batches per optimizer step")
+
     def _setup_tokenizer_and_context(self) -> None:
         from mlbench_kit.train.model import max_positions
         from transformers import AutoConfig
@@ -127,15 +153,19 @@ class LoRAFinetuneRecipe:
             self.train_set += more
             self.notes += [f"{extra}: {len(more)} extra training records"] + notes
         per_rank = len(self._epoch_batches(0))
-        self.steps_per_epoch = math.ceil(per_rank / self.cfg.optim.grad_accum)
+        self.steps_per_epoch = math.ceil(per_rank / self.grad_accum)
         o = self.cfg.optim
         self.total_steps = o.max_steps if o.max_steps > 0 else self.steps_per_epoch * o.epochs
 
-    def _epoch_batches(self, epoch: int) -> list[list[list[int]]]:
-        """This rank's micro-batches of ``epoch`` (every rank gets as many, so collectives line up)."""
+    def _all_batches(self, epoch: int) -> list[list[list[int]]]:
+        """Every rank's micro-batches of ``epoch``, in order: rank r takes r, r + world, ..."""
         from mlbench_kit.train.data import epoch_batches
         d = self.cfg.data
-        batches = epoch_batches(self.train_set, d.batching, d.micro_batch_size, self.seq_len, self.cfg.seed, epoch)
+        return epoch_batches(self.train_set, d.batching, d.micro_batch_size, self.seq_len, self.cfg.seed, epoch)
+
+    def _epoch_batches(self, epoch: int) -> list[list[list[int]]]:
+        """This rank's micro-batches of ``epoch`` (every rank gets as many, so collectives line up)."""
+        batches = self._all_batches(epoch)
         per_rank = len(batches) // self.world
         if per_rank == 0:
             raise MLBenchError(f"{len(batches)} micro-batches cannot feed {self.world} processes",
@@ -143,8 +173,8 @@ class LoRAFinetuneRecipe:
         return batches[self.rank::self.world][:per_rank]
 
     def _setup_model(self) -> None:
-        from mlbench_kit.train.model import add_lora, load_base
         from mlbench_kit.train.flops import ModelShape, detect_gpu_peak
+        from mlbench_kit.train.model import add_lora, load_base
         self.model = add_lora(load_base(self.cfg, self.precision, self.attention), self.cfg)
         self.shape = ModelShape.from_config(self.model_config)
         self.device_name, self.peak = detect_gpu_peak()
@@ -169,8 +199,8 @@ class LoRAFinetuneRecipe:
             ds = self.accelerator.state.deepspeed_plugin.deepspeed_config
             rows = 1 if self.cfg.data.batching == "packing" else self.cfg.data.micro_batch_size
             ds["train_micro_batch_size_per_gpu"] = rows
-            ds["gradient_accumulation_steps"] = self.cfg.optim.grad_accum
-            ds["train_batch_size"] = rows * self.cfg.optim.grad_accum * self.world
+            ds["gradient_accumulation_steps"] = self.grad_accum
+            ds["train_batch_size"] = rows * self.grad_accum * self.world
             ds["gradient_clipping"] = self.cfg.optim.max_grad_norm
             ds.setdefault("zero_allow_untested_optimizer", True)
         self.model, self.optimizer, self.scheduler = self.accelerator.prepare(self.model, self.optimizer,
@@ -181,8 +211,8 @@ class LoRAFinetuneRecipe:
         from mlbench_kit.train.checkpoint import (
             Preemption,
             TrainState,
-            latest_checkpoint,
             load_checkpoint,
+            rank_position,
         )
 
         from mlbench_kit.hf import fingerprint
@@ -191,16 +221,20 @@ class LoRAFinetuneRecipe:
                      "template": self.cfg.template, "task": d.task, "split": d.split, "seed": self.cfg.seed,
                      "data_file": str(self.cfg.data_file()), "precision": self.precision,
                      "max_seq_len": self.seq_len}
-        self.ckpt_dir = self.out / "checkpoints"
-        self.state = TrainState(world_size=self.world)
-        resume_from = latest_checkpoint(self.ckpt_dir) if self.resume == "auto" else (
-            None if self.resume == "none" else Path(self.resume))
+        self.state = TrainState(world_size=self.world, grad_accum=self.grad_accum)
+        resume_from = self.resume_from
         if self.main:
             (self.out / "PREEMPTED").unlink(missing_ok=True)
         if resume_from is not None:
-            self.state = load_checkpoint(self.accelerator, self.model, self.optimizer, self.scheduler, resume_from)
+            s = self.state = load_checkpoint(self.accelerator, self.model, self.optimizer, self.scheduler, resume_from)
+            # the position is per rank: carry the global one over to this number of processes
+            s.micro = rank_position(s.micro, s.world_size, self.world, len(self._all_batches(s.epoch)))
+            s.world_size, s.grad_accum = self.world, self.grad_accum
             if self.main:
-                print(f"train: resumed from {resume_from} (step {self.state.step})", file=sys.stderr)
+                print(f"train: resumed from {resume_from} (step {s.step})", file=sys.stderr)
+                if self.resume_note:
+                    print(f"train: {self.resume_note}", file=sys.stderr)
+                    self.notes.append(self.resume_note)
         self.preempt = Preemption()
 
     def _setup_logging(self) -> None:
@@ -208,6 +242,9 @@ class LoRAFinetuneRecipe:
             o, d = self.cfg.optim, self.cfg.data
             self.accelerator.init_trackers("tb", config={"task": d.task, "split": d.split, "lr": o.lr})
         self.log = AppendLog(self.out / "metrics.jsonl") if self.main else None
+        if self.main and self.resume_from is not None:
+            self.log.append({"event": "resumed", "step": self.state.step, "checkpoint": str(self.resume_from),
+                             "world_size": self.world, "grad_accum": self.grad_accum, "note": self.resume_note})
         if self.main and self.state.step == 0:
             self.log.append({"event": "start", "train_samples": len(self.train_set),
                              "eval_samples": len(self.eval_set), "trainable_params": self.n_trainable,
@@ -243,12 +280,12 @@ class LoRAFinetuneRecipe:
 
     def _loop(self, bar: Any) -> int:
         from mlbench_kit.train.checkpoint import PREEMPTED_EXIT, rng_state
-        s, o = self.state, self.cfg.optim
+        s = self.state
         while s.step < self.total_steps:
             mine = self._epoch_batches(s.epoch)
             while s.micro < len(mine) and s.step < self.total_steps:
                 rng = rng_state()  # a save mid-step resumes from this step's start, RNG included
-                group = mine[s.micro: s.micro + o.grad_accum]
+                group = mine[s.micro: s.micro + self.grad_accum]
                 stats = self._train_step(group)
                 if stats is None:  # a signal mid-step: every rank stopped after the same micro-batch
                     self._save_preempted(rng)
@@ -289,7 +326,7 @@ class LoRAFinetuneRecipe:
         n_target = max(counts[0].item(), 1.0)
         # accelerate (and DeepSpeed's engine) divide each backward by grad_accum: undo it, so the sum over the
         # step's micro-batches, averaged over ranks by the gradient reduction, is the token mean
-        scale = self.world * self.cfg.optim.grad_accum / n_target
+        scale = self.world * self.grad_accum / n_target
         model.train()
         loss_sum = torch.zeros((), dtype=torch.float64, device=acc.device)
         for i, b in enumerate(batches):
@@ -348,22 +385,27 @@ class LoRAFinetuneRecipe:
 
     # -- results ---------------------------------------------------------------------------------------------------
 
-    def save_checkpoint(self, rng: dict[str, Any]) -> Path:
-        """A complete checkpoint of the current step (collective)."""
+    def save_checkpoint(self, rng: dict[str, Any], on_saved: Any = None) -> Path:
+        """A complete checkpoint of the current step (collective); ``on_saved(path)`` runs on the main process
+        before the checkpoint's last barrier."""
         from mlbench_kit.train.checkpoint import save_checkpoint
         return save_checkpoint(self.accelerator, self.model, self.optimizer, self.scheduler, self.ckpt_dir,
                                self.state, rng, self.tok, {**self.meta, "steps": self.state.step},
-                               self.cfg.checkpoint.keep)
+                               self.cfg.checkpoint.keep, on_saved)
 
     def _save_preempted(self, rng: dict[str, Any]) -> None:
         from mlbench_kit.train.checkpoint import PREEMPTED_EXIT
-        path = self.save_checkpoint(rng)
-        if self.main:
+
+        def mark(path: Path) -> None:
             self.log.append({"event": "preempted", "step": self.state.step, "signal": self.preempt.signum,
                              "checkpoint": str(path)})
-            # launchers (torchrun's agent) exit 1 on a signal whatever we return: the marker is what a job
-            # script checks before requeueing
+            # launchers (torchrun's agent) exit 1 on a signal whatever we return: the marker is what a job script
+            # checks before requeueing. Written before the last barrier: after it, another node's ranks may exit
+            # and srun --kill-on-bad-exit then kills this one before it could write anything
             (self.out / "PREEMPTED").write_text(f"{path}\n")
+
+        path = self.save_checkpoint(rng, on_saved=mark)
+        if self.main:
             print(f"train: signal {self.preempt.signum}: saved {path}; exit {PREEMPTED_EXIT}, resume with the "
                   "same command", file=sys.stderr)
 

@@ -9,7 +9,13 @@ import sys
 import pytest
 import torch
 from conftest import REPO_ROOT
-from mlbench_kit.train.flops import ModelShape, causal_pairs, gpu_peak, rows_from_positions, step_flops
+from mlbench_kit.train.flops import (
+    ModelShape,
+    causal_pairs,
+    gpu_peak,
+    rows_from_positions,
+    step_flops,
+)
 
 TINY = ModelShape(hidden=8, intermediate=16, layers=2, heads=2, kv_heads=1, vocab=10, head_dim=4)
 

@@ -277,8 +277,9 @@ def test_auto_attention_follows_the_gpu_generation(capability, installed, expect
 
 
 def test_a_flash_request_this_gpu_cannot_run_is_refused():
-    from mlbench_kit.errors import MLBenchError
     from mlbench_kit.train.model import choose_attention
+
+    from mlbench_kit.errors import MLBenchError
     with pytest.raises(MLBenchError, match="8.0\\+.*compute capability 7.5"):
         choose_attention(FA2, (7, 5), frozenset({FA2}))
     with pytest.raises(MLBenchError, match="flash-attn is not installed"):
@@ -287,3 +288,20 @@ def test_a_flash_request_this_gpu_cannot_run_is_refused():
         choose_attention(FA3, (8, 0), frozenset({FA2, FA3}))
     assert choose_attention("sdpa", None, frozenset()) == "sdpa"
     assert choose_attention(FA2, (8, 6), frozenset({FA2})) == FA2
+
+
+def test_resume_on_another_world_size_keeps_the_step_or_says_what_to_do():
+    from mlbench_kit.train.checkpoint import rank_position, regroup
+
+    from mlbench_kit.errors import MLBenchError
+    assert regroup(1, 4, 2, False, "ck") == 2 and regroup(2, 2, 4, False, "ck") == 1 and regroup(4, 1, 2, False, "ck") == 2
+    assert regroup(2, 3, 2, True, "ck") == 3  # same world: nothing changes, DeepSpeed included
+    with pytest.raises(MLBenchError) as e:
+        regroup(1, 1, 2, False, "ck")
+    assert "1 processes x grad_accum 1 = 1 micro-batches per optimizer step" in e.value.what
+    assert "this launch has 2 processes" in e.value.what and "divides 1" in e.value.fix
+    with pytest.raises(MLBenchError, match="ZeRO checkpoint holds one optimizer partition per rank"):
+        regroup(2, 2, 4, True, "ck")
+    # 1 process did 8 micro-batches of an epoch of 21: on 2 processes each rank has done 4 (global 0..7 done)
+    assert rank_position(8, 1, 2, 21) == 4 and rank_position(4, 2, 1, 21) == 8
+    assert rank_position(21, 1, 2, 21) == 10  # a finished epoch stays finished (2 ranks use 20 of the 21)
