@@ -471,10 +471,9 @@ def merge_weights(base: str, adapter: Path, out: Path, precision: str = "bf16", 
     bitsandbytes 4-bit quantizer), so the merged model computes what training computed. Serving a QLoRA adapter on
     the bf16 base instead (``mlbench infer --adapter``) adds each weight's quantization error."""
     import torch
+    from mlbench_kit.train.model import DTYPES, nf4_config
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from mlbench_kit.train.model import DTYPES, nf4_config
     dtype = DTYPES[precision]
     device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
     kwargs: dict[str, Any] = {"dtype": dtype, "device_map": {"": device}}

@@ -205,10 +205,9 @@ def test_qlora_nf4_with_gradient_checkpointing_takes_real_steps_on_cpu(tmp_path,
     assert all(0 < s["model_tflops_per_s"] < s["hardware_tflops_per_s"] and s["mfu"] is None for s in steps)
     # merge: true folds the adapter into the NF4-dequantized base, the weights training saw: the merged model
     # computes what the trained QLoRA model computes, which the adapter on the full-precision base does not
+    from mlbench_kit.train.model import nf4_config
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
-
-    from mlbench_kit.train.model import nf4_config
     merged_event = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     assert merged_event["event"] == "merged" and merged_event["how"] == "NF4-dequantized base, merged on cpu"
     x = torch.tensor([[1, 50, 60, 70, 80, 90, 100]])
