@@ -4,16 +4,21 @@ Each model is built from its exact shape (config only: random weights, no downlo
 ``train/model.py`` (bf16, or NF4 for QLoRA) with LoRA r=16 on all projections and non-reentrant gradient
 checkpointing. Sequences are packed (``train/data.py``) from the real task-3 length distribution (the 260 test
 rows rendered with the llama-inst template; tokens estimated at 3.3 characters each) into rows of the model's
-context (8,192, Llama-2 4,096). Reported per setup: real tokens/s, peak GPU memory, and MFU counted as
-6 x parameters x tokens/s against the GPU's dense bf16 peak.
+context (8,192, Llama-2 4,096). Reported per setup: real tokens/s, peak GPU memory, MFU (model FLOPs: 4N for the
+frozen base + 6N for LoRA + causal attention over each packed sample's own length; ``train/flops.py``) and HFU
+(hardware FLOPs: + the checkpointing recompute, + masked attention blocks a dense-mask kernel computes), both
+against the exact GPU's dense bf16 peak (none for a GPU the table does not know), and the attention kernel that
+ran (the loaded model's resolved ``config._attn_implementation``) with how packed rows reach it.
 
     python bench/gpu_train.py                 # on a GPU: the three paper models, LoRA and QLoRA
     python bench/gpu_train.py --toy           # on CPU: the same code path at a toy shape (CI)
+    python bench/gpu_train.py --restate bench/results/gpu_train_h100_codellama.json   # MFU of a stored result
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import math
@@ -38,7 +43,6 @@ SHAPES = {  # the released configs' shape-defining fields
 }
 TOY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
            vocab_size=1000, max_position_embeddings=1024)
-PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16 FLOP/s
 
 
 def task3_lengths(shared: Path, chars_per_token: float = 3.3) -> list[int]:
@@ -52,29 +56,78 @@ def task3_lengths(shared: Path, chars_per_token: float = 3.3) -> list[int]:
     return out
 
 
+def select_rows(lengths: list[int], seq_len: int, n: int, packed: bool = True) -> tuple[list[int], list[list[int]]]:
+    """The example lengths the bench draws from (``lengths`` x 8, capped at ``seq_len``) and the ``n`` rows it
+    times, as example indices: the fullest packed rows (steady-state training) or, unpacked, the longest samples."""
+    from mlbench_kit.train.data import pack
+    lengths = [min(x, seq_len) for x in lengths] * 8
+    if not packed:
+        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+        return lengths, [[i] for i in order[:n]]
+    bins = pack(lengths, seq_len)
+    bins.sort(key=lambda b: -sum(lengths[i] for i in b))
+    return lengths, bins[:n]
+
+
 def packed_rows(lengths: list[int], seq_len: int, vocab: int, n: int, seed: int = 0, packed: bool = True
                 ) -> list[dict[str, torch.Tensor]]:
     """``n`` packed micro-batches (one row of ``seq_len`` at most) of random tokens with these lengths; with
     ``packed=False``, ``n`` micro-batches of one sample each (the longest), the unpacked baseline."""
-    from mlbench_kit.train.data import Example, collate, pack
+    from mlbench_kit.train.data import Example, collate
     g = torch.Generator().manual_seed(seed)
-    lengths = [min(x, seq_len) for x in lengths]
+    all_lengths, rows = select_rows(lengths, seq_len, n, packed)
     examples = [Example((0, i), torch.randint(3, vocab, (x,), generator=g).tolist(),
                         [-100] * (x // 2) + torch.randint(3, vocab, (x - x // 2,), generator=g).tolist())
-                for i, x in enumerate(lengths * 8)]
-    if not packed:
-        order = sorted(range(len(examples)), key=lambda i: -len(examples[i]))
-        return [collate(examples, [[i]], 0) for i in order[:n]]
-    bins = pack([len(e) for e in examples], seq_len)
-    bins.sort(key=lambda b: -sum(len(examples[i]) for i in b))  # the fullest rows: steady-state training
-    return [collate(examples, [b], 0) for b in bins[:n]]
+                for i, x in enumerate(all_lengths)]
+    return [collate(examples, [r], 0) for r in rows]
+
+
+def utilisation(shape: dict, rows: list[list[int]], seconds: float, attention: str, device_name: str,
+                sm_count: int | None = None, memory_gib: float | None = None, lora_r: int = 16,
+                checkpointing: bool = True) -> dict:
+    """MFU and HFU of timed ``rows`` (each: its samples' lengths) that took ``seconds`` on ``device_name``."""
+    from mlbench_kit.train.config import LoraConfig
+    from mlbench_kit.train.flops import ModelShape, gpu_peak, step_flops
+    f = step_flops(ModelShape.from_config(shape), rows, lora_r, LoraConfig().target_modules, checkpointing,
+                   attention)
+    peak = gpu_peak(device_name, sm_count, memory_gib) if device_name != "cpu" else None
+    return {"model_gflop_per_token": round(f.model / f.tokens / 1e9, 3) if f.tokens else None,
+            "model_tflops_per_s": float(f"{f.model / seconds / 1e12:.4g}"),
+            "hardware_tflops_per_s": float(f"{f.hardware / seconds / 1e12:.4g}"),
+            "gpu": peak.label if peak else None, "peak_tflops": round(peak.flops / 1e12, 1) if peak else None,
+            "mfu": round(f.model / seconds / peak.flops, 4) if peak else None,
+            "hfu": round(f.hardware / seconds / peak.flops, 4) if peak else None,
+            "mfu_note": None if peak else f"no dense bf16 peak known for {device_name!r}: MFU not computed"}
+
+
+def restate(path: Path, shared: Path, warmup: int = 2) -> list[dict]:
+    """MFU/HFU of stored results, from their measured tokens/s: the timed rows are rebuilt (they depend only on
+    the real lengths, the sequence length and the number of rows), so the seconds are tokens / tokens_per_s."""
+    lengths = task3_lengths(shared)
+    out = []
+    for r in json.loads(path.read_text()):
+        shape = SHAPES[r["model"]]
+        all_lengths, rows = select_rows(lengths, r["seq_len"], r["steps"] + warmup, r.get("packed", True))
+        timed = [[all_lengths[i] for i in row] for row in rows[warmup:]]
+        tokens = sum(map(sum, timed))
+        u = utilisation(shape, timed, tokens / r["tokens_per_s"], r["attention"], r["device"])
+        out.append({k: r[k] for k in ("model", "mode", "attention", "tokens_per_s")} |
+                   {"old_mfu_6n": r["mfu"], **u, "attention_packed": _packed_path(r["attention"], timed)})
+    return out
+
+
+def _packed_path(attention: str, rows: list[list[int]]) -> str:
+    from mlbench_kit.train.flops import PACKED_PATH
+    return PACKED_PATH.get(attention, "unknown") if any(len(r) > 1 for r in rows) else "unpacked"
 
 
 def run_one(name: str, shape: dict, mode: str, folder: Path, lengths: list[int], steps: int, warmup: int,
             device: str, loss_chunk: int = 4096, packed: bool = True, attention: str = "auto") -> dict:
     from mlbench_kit.train.config import TrainConfig
     from mlbench_kit.train.data import token_losses
+    from mlbench_kit.train.flops import rows_from_positions
     from mlbench_kit.train.model import (
+        DTYPES,
         add_lora,
         load_base,
         resolve_attention,
@@ -87,22 +140,29 @@ def run_one(name: str, shape: dict, mode: str, folder: Path, lengths: list[int],
     if mode == "lora":
         model.to(device)
     params = sum(p.numel() for p in model.parameters())
-    n_base = _dense_params(shape)
+    ran = str(getattr(model.config, "_attn_implementation", attention))  # what transformers resolved, not asked
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-4)
     seq_len = shape["max_position_embeddings"] if shape["max_position_embeddings"] <= 8192 else 8192
     rows = packed_rows(lengths, seq_len, shape["vocab_size"], steps + warmup, packed=packed)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     model.train()
-    tokens, t0 = 0, None
+    # the recipe's precision path: accelerate runs the forward under autocast in bf16/fp16 (accelerator.py,
+    # prepare_model). Without it QLoRA's fp32 norms (prepare_model_for_kbit_training) put activations in fp32
+    amp = device == "cuda" and precision != "fp32"
+    autocast = torch.autocast("cuda", dtype=DTYPES[precision]) if amp else contextlib.nullcontext()
+    tokens, t0, timed = 0, None, []
     for i, b in enumerate(rows):
         if i == warmup:
             if device == "cuda":
                 torch.cuda.synchronize()
             t0, tokens = time.perf_counter(), 0
+        if i >= warmup:
+            timed += rows_from_positions(b["position_ids"], b.get("attention_mask"))
         b = {k: v.to(device) for k, v in b.items() if k != "real_tokens"}
-        logits = model(input_ids=b["input_ids"], position_ids=b["position_ids"], attention_mask=b.get("attention_mask"),
-                       use_cache=False).logits
+        with autocast:
+            logits = model(input_ids=b["input_ids"], position_ids=b["position_ids"],
+                           attention_mask=b.get("attention_mask"), use_cache=False).logits
         loss = token_losses(logits, b["labels"], loss_chunk).sum() / (b["labels"] != -100).sum()
         loss.backward()
         opt.step()
@@ -112,24 +172,22 @@ def run_one(name: str, shape: dict, mode: str, folder: Path, lengths: list[int],
         torch.cuda.synchronize()
     dt = time.perf_counter() - t0
     tps = tokens / dt
-    gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    peak = next((v for k, v in PEAK_BF16.items() if k in gpu), None)
-    res = {"model": name, "mode": mode, "packed": packed, "loss_chunk": loss_chunk, "device": gpu, "precision": precision, "attention": attention,
-           "seq_len": seq_len, "steps": steps, "tokens_per_s": round(tps, 1), "params": params,
+    gpu, sms, gib = "cpu", None, None
+    if device == "cuda":
+        p = torch.cuda.get_device_properties(torch.cuda.current_device())
+        gpu, sms, gib = p.name, p.multi_processor_count, p.total_memory / 2**30
+    res = {"model": name, "mode": mode, "packed": packed, "loss_chunk": loss_chunk, "device": gpu, "sm_count": sms,
+           "precision": precision, "autocast": amp, "attention_requested": attention, "attention": ran,
+           "attention_packed": _packed_path(ran, timed), "seq_len": seq_len, "steps": steps,
+           "tokens_per_s": round(tps, 1), "params": params,
            "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
            "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device == "cuda" else None,
-           "mfu": round(6 * n_base * tps / peak, 4) if peak else None, "loss": round(loss.item(), 4)}
+           **utilisation(shape, timed, dt, ran, gpu, sms, gib), "loss": round(loss.item(), 4)}
     del model, opt, logits, loss
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
     return res
-
-
-def _dense_params(shape: dict) -> int:
-    h, i, L, v = shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"], shape["vocab_size"]
-    kv = h * shape["num_key_value_heads"] // shape["num_attention_heads"]
-    return L * (2 * h * h + 2 * h * kv + 3 * h * i + 2 * h) + 2 * v * h + h
 
 
 def build(shape: dict, folder: Path, device: str) -> None:
@@ -158,7 +216,11 @@ def main() -> None:
     ap.add_argument("--attention", default="auto", help="auto (the recipe's choice), sdpa, flex_attention, ...")
     ap.add_argument("--shared", default=str(ROOT.parent / "shared" / "mlbench"))
     ap.add_argument("--out", help="write the results as JSON here")
+    ap.add_argument("--restate", type=Path, help="recompute MFU/HFU of a stored results JSON from its tokens/s")
     a = ap.parse_args()
+    if a.restate:
+        print(json.dumps(restate(a.restate, Path(a.shared)), indent=2))
+        return
     device = "cuda" if torch.cuda.is_available() else "cpu"
     lengths = task3_lengths(Path(a.shared))
     shapes = {"toy": TOY} if a.toy else {m: SHAPES[m] for m in a.models}
@@ -174,10 +236,12 @@ def main() -> None:
                 print(json.dumps(r), flush=True)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
-    print("\n| model | mode | tokens/s | peak GiB | MFU | device |\n|---|---|---|---|---|---|", file=sys.stderr)
+    print("\n| model | mode | tokens/s | peak GiB | MFU | HFU | attention (packed rows) | device |\n"
+          "|---|---|---|---|---|---|---|---|", file=sys.stderr)
     for r in results:
         print(f"| {r['model']} | {r['mode']} | {r['tokens_per_s']:.0f} | {r['peak_mem_gib']} | {r['mfu']} | "
-              f"{r['device']} |", file=sys.stderr)
+              f"{r['hfu']} | {r['attention']} ({r['attention_packed']}) | {r['gpu'] or r['device']} |",
+              file=sys.stderr)
     if a.out:
         Path(a.out).write_text(json.dumps(results, indent=2))
 

@@ -202,8 +202,9 @@ def render(sweep: Sweep, job: ArrayJob) -> str:
     r = sweep.resources(job.stage)
     train = job.stage == "train"
     procs = r.processes_per_node or max(1, r.gpus_per_node)
-    acc = r.accelerate_config or ("configs/accelerate/fsdp2.yaml" if procs > 1 or r.nodes > 1
-                                     else "configs/accelerate/single.yaml")
+    # by default DDP on one node (LoRA's frozen base fits on every GPU), FSDP2 across nodes
+    acc = r.accelerate_config or ("configs/accelerate/fsdp2.yaml" if r.nodes > 1
+                                  else "configs/accelerate/ddp.yaml" if procs > 1 else "configs/accelerate/single.yaml")
     unit = {"prep": "model", "report": "sweep"}.get(job.stage, "(model, split, task, seed) cell")
     return _env().get_template("stage.sbatch.j2").render(
         sweep=sweep.name, job=job.name, stage=job.stage, unit=unit, source=sweep.source, run_dir=sweep.run_dir,

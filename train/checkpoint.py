@@ -6,7 +6,9 @@ Layout: ``OUT/checkpoints/step-0000100/`` holds the training state, each rank's 
 ignores. The training state is saved two ways, by what holds it:
 
 - single process, DDP and FSDP2: the trainable weights and the optimizer state gathered in full through
-  torch.distributed.checkpoint's state-dict API (a resume may even use another number of processes);
+  torch.distributed.checkpoint's state-dict API, so a resume may use another number of processes: it continues
+  at the same global position of the epoch with the same micro-batches per optimizer step (:func:`regroup`,
+  :func:`rank_position`);
 - DeepSpeed ZeRO-2/3: the engine's own checkpoint (``deepspeed/``), which keeps ZeRO's partitioned optimizer
   state and fp32 master weights per rank; frozen base weights are left out of it.
 
@@ -19,12 +21,14 @@ import json
 import re
 import shutil
 import signal
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from mlbench_kit.errors import MLBenchError
 from mlbench_kit.hf import TRAIN_META
 from mlbench_kit.io import atomic_dir, write_json_atomic
 
@@ -38,13 +42,16 @@ class TrainState:
 
     step: int = 0  # optimizer steps done
     epoch: int = 0
-    micro: int = 0  # micro-batches of this epoch done (always at an optimizer step's start)
+    # micro-batches of this epoch done BY EACH RANK (always at an optimizer step's start): rank r has done global
+    # micro-batches r, r + world, ..., so world_size x micro of them, the epoch's first ones, are done in all
+    micro: int = 0
     tokens: int = 0  # real (non-padding) tokens seen
     target_tokens: int = 0  # answer tokens trained on
     world_size: int = 1
+    grad_accum: int = 0  # micro-batches per rank and optimizer step (0: a checkpoint from before it was recorded)
 
     @classmethod
-    def read(cls, path: Path) -> "TrainState":
+    def read(cls, path: Path) -> TrainState:
         raw = json.loads(path.read_text())
         return cls(**{k: raw[k] for k in asdict(cls()) if k in raw})
 
@@ -68,6 +75,35 @@ class Preemption:
         t = torch.tensor([1.0 if self.flag else 0.0], device=accelerator.device)
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
         return bool(t.item())
+
+
+def regroup(old_world: int, old_accum: int, world: int, deepspeed: bool, where: str) -> int:
+    """``grad_accum`` for ``world`` processes resuming a checkpoint written by ``old_world`` x ``old_accum``: the
+    same micro-batches per optimizer step, so the rest of the run is the same optimisation (global batch, LR
+    schedule, number of steps). A split that is impossible is one clear error."""
+    per_step = old_world * old_accum
+    if world == old_world:
+        return old_accum
+    fix = (f"launch with a number of processes that divides {per_step} (the checkpoint's), e.g. {old_world}, or "
+           "start afresh in another --output-dir")
+    if deepspeed:
+        raise MLBenchError(f"checkpoint written by {old_world} processes, this launch has {world}: DeepSpeed's ZeRO "
+                           "checkpoint holds one optimizer partition per rank and cannot be re-split", where,
+                           f"launch with {old_world} processes, or start afresh in another --output-dir")
+    if per_step % world:
+        raise MLBenchError(f"checkpoint written by {old_world} processes x grad_accum {old_accum} = {per_step} "
+                           f"micro-batches per optimizer step; this launch has {world} processes, which cannot "
+                           f"split {per_step} evenly", where, fix)
+    return per_step // world
+
+
+def rank_position(micro: int, old_world: int, world: int, epoch_batches: int) -> int:
+    """This rank's ``micro`` for ``world`` processes at the global position a checkpoint of ``old_world``
+    processes reached: ``old_world x micro`` micro-batches of an epoch of ``epoch_batches`` are done (a finished
+    epoch stays finished, whatever tail each world size drops)."""
+    if micro >= epoch_batches // old_world:
+        return epoch_batches // world
+    return micro * old_world // world
 
 
 def latest_checkpoint(ckpt_dir: Path) -> Path | None:
@@ -137,8 +173,14 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(accelerator: Any, model: Any, optimizer: Any, scheduler: Any, ckpt_dir: Path,
-                    state: TrainState, rng: dict[str, Any], tokenizer: Any, meta: dict[str, Any], keep: int) -> Path:
-    """Collective: every rank calls it. ``rng`` is this rank's random state at ``state``'s step start."""
+                    state: TrainState, rng: dict[str, Any], tokenizer: Any, meta: dict[str, Any], keep: int,
+                    on_saved: Callable[[Path], None] | None = None) -> Path:
+    """Collective: every rank calls it. ``rng`` is this rank's random state at ``state``'s step start.
+
+    ``on_saved(final)`` runs on the main process once the checkpoint is complete and BEFORE the last barrier: once
+    any rank leaves that barrier it may exit, and a launcher then kills the others (``srun --kill-on-bad-exit``
+    across nodes, torchrun's agent on a failed worker), so what must survive (the PREEMPTED marker) is written
+    while every rank still waits."""
     from safetensors.torch import save_file
 
     final = ckpt_dir / f"step-{state.step:07d}"
@@ -174,6 +216,8 @@ def save_checkpoint(accelerator: Any, model: Any, optimizer: Any, scheduler: Any
         done = sorted(p for p in ckpt_dir.iterdir() if _STEP.match(p.name) and (p / "COMPLETE").is_file())
         for old in done[:-keep] if keep > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
+        if on_saved is not None:
+            on_saved(final)
     accelerator.wait_for_everyone()
     return final
 

@@ -97,8 +97,10 @@ class TrainConfig:
     quantization: Literal["nf4"] | None = None  # nf4: QLoRA (NF4, double quantization)
     optim: OptimConfig = field(default_factory=OptimConfig)
     gradient_checkpointing: bool = True
-    # auto: flash_attention_2 when it is installed and a GPU runs it (packed batches then run varlen), else sdpa
-    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2", "flex_attention"] = "auto"
+    # auto: flash_attention_3 on Hopper when installed, else flash_attention_2 on Ampere+ when installed (packed
+    # batches then run varlen), else sdpa (train/model.py: choose_attention)
+    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2", "flash_attention_3",
+                                 "flex_attention"] = "auto"
     # auto: bf16 on GPUs that have it, fp16 with loss scaling on those that do not, fp32 on CPU
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
     loss_chunk_tokens: int = 4096  # cross-entropy in chunks of this many tokens: no full fp32 [T, vocab] logits

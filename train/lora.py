@@ -69,6 +69,7 @@ class LoRAFinetuneRecipe:
             save_resolved(self.cfg, self.out / "config.yaml")
         from accelerate.utils import set_seed
         set_seed(self.cfg.seed)
+        self._setup_resume()
         self._setup_tokenizer_and_context()
         self._setup_data()
         self._setup_model()
@@ -103,6 +104,31 @@ class LoRAFinetuneRecipe:
         self.main = self.accelerator.is_main_process
         self.world, self.rank = self.accelerator.num_processes, self.accelerator.process_index
 
+    def _setup_resume(self) -> None:
+        """Which checkpoint to resume, and the gradient accumulation that keeps its micro-batches per optimizer
+        step when this launch has another number of processes (refused where that is impossible)."""
+        from mlbench_kit.train.checkpoint import (
+            TrainState,
+            is_deepspeed,
+            latest_checkpoint,
+            regroup,
+        )
+        self.ckpt_dir = self.out / "checkpoints"
+        self.resume_from = latest_checkpoint(self.ckpt_dir) if self.resume == "auto" else (
+            None if self.resume == "none" else Path(self.resume))
+        self.grad_accum, self.resume_note = self.cfg.optim.grad_accum, None
+        if self.resume_from is None:
+            return
+        old = TrainState.read(self.resume_from / "trainer_state.json")
+        self.grad_accum = regroup(old.world_size, old.grad_accum or self.cfg.optim.grad_accum, self.world,
+                                  is_deepspeed(self.accelerator), str(self.resume_from))
+        if self.grad_accum != self.cfg.optim.grad_accum:
+            self.accelerator.gradient_accumulation_steps = self.grad_accum  # accelerate divides each backward by it
+        if old.world_size != self.world:
+            self.resume_note = (f"resumed {old.world_size} processes' checkpoint on {self.world}: grad_accum "
+                                f"{self.grad_accum} keeps {old.world_size * (old.grad_accum or self.cfg.optim.grad_accum)}"
+                                " micro-batches per optimizer step")
+
     def _setup_tokenizer_and_context(self) -> None:
         from mlbench_kit.train.model import max_positions
         from transformers import AutoConfig
@@ -131,15 +157,19 @@ class LoRAFinetuneRecipe:
             self.train_set += more
             self.notes += [f"{extra}: {len(more)} extra training records"] + notes
         per_rank = len(self._epoch_batches(0))
-        self.steps_per_epoch = math.ceil(per_rank / self.cfg.optim.grad_accum)
+        self.steps_per_epoch = math.ceil(per_rank / self.grad_accum)
         o = self.cfg.optim
         self.total_steps = o.max_steps if o.max_steps > 0 else self.steps_per_epoch * o.epochs
 
-    def _epoch_batches(self, epoch: int) -> list[list[list[int]]]:
-        """This rank's micro-batches of ``epoch`` (every rank gets as many, so collectives line up)."""
+    def _all_batches(self, epoch: int) -> list[list[list[int]]]:
+        """Every rank's micro-batches of ``epoch``, in order: rank r takes r, r + world, ..."""
         from mlbench_kit.train.data import epoch_batches
         d = self.cfg.data
-        batches = epoch_batches(self.train_set, d.batching, d.micro_batch_size, self.seq_len, self.cfg.seed, epoch)
+        return epoch_batches(self.train_set, d.batching, d.micro_batch_size, self.seq_len, self.cfg.seed, epoch)
+
+    def _epoch_batches(self, epoch: int) -> list[list[list[int]]]:
+        """This rank's micro-batches of ``epoch`` (every rank gets as many, so collectives line up)."""
+        batches = self._all_batches(epoch)
         per_rank = len(batches) // self.world
         if per_rank == 0:
             raise MLBenchError(f"{len(batches)} micro-batches cannot feed {self.world} processes",
@@ -147,8 +177,11 @@ class LoRAFinetuneRecipe:
         return batches[self.rank::self.world][:per_rank]
 
     def _setup_model(self) -> None:
+        from mlbench_kit.train.flops import ModelShape, detect_gpu_peak
         from mlbench_kit.train.model import add_lora, load_base
         self.model = add_lora(load_base(self.cfg, self.precision, self.attention), self.cfg)
+        self.shape = ModelShape.from_config(self.model_config)
+        self.device_name, self.peak = detect_gpu_peak()
         self.n_trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         self.n_4bit = sum(type(m).__module__.startswith("bitsandbytes") and type(m).__name__ == "Linear4bit"
                           for m in self.model.modules())
@@ -170,19 +203,20 @@ class LoRAFinetuneRecipe:
             ds = self.accelerator.state.deepspeed_plugin.deepspeed_config
             rows = 1 if self.cfg.data.batching == "packing" else self.cfg.data.micro_batch_size
             ds["train_micro_batch_size_per_gpu"] = rows
-            ds["gradient_accumulation_steps"] = self.cfg.optim.grad_accum
-            ds["train_batch_size"] = rows * self.cfg.optim.grad_accum * self.world
+            ds["gradient_accumulation_steps"] = self.grad_accum
+            ds["train_batch_size"] = rows * self.grad_accum * self.world
             ds["gradient_clipping"] = self.cfg.optim.max_grad_norm
             ds.setdefault("zero_allow_untested_optimizer", True)
         self.model, self.optimizer, self.scheduler = self.accelerator.prepare(self.model, self.optimizer,
                                                                               self.scheduler)
+        self.attention_ran = _attention(self.accelerator, self.model)
 
     def _setup_state(self) -> None:
         from mlbench_kit.train.checkpoint import (
             Preemption,
             TrainState,
-            latest_checkpoint,
             load_checkpoint,
+            rank_position,
         )
 
         from mlbench_kit.hf import fingerprint
@@ -191,16 +225,20 @@ class LoRAFinetuneRecipe:
                      "template": self.cfg.template, "task": d.task, "split": d.split, "seed": self.cfg.seed,
                      "data_file": str(self.cfg.data_file()), "precision": self.precision,
                      "max_seq_len": self.seq_len}
-        self.ckpt_dir = self.out / "checkpoints"
-        self.state = TrainState(world_size=self.world)
-        resume_from = latest_checkpoint(self.ckpt_dir) if self.resume == "auto" else (
-            None if self.resume == "none" else Path(self.resume))
+        self.state = TrainState(world_size=self.world, grad_accum=self.grad_accum)
+        resume_from = self.resume_from
         if self.main:
             (self.out / "PREEMPTED").unlink(missing_ok=True)
         if resume_from is not None:
-            self.state = load_checkpoint(self.accelerator, self.model, self.optimizer, self.scheduler, resume_from)
+            s = self.state = load_checkpoint(self.accelerator, self.model, self.optimizer, self.scheduler, resume_from)
+            # the position is per rank: carry the global one over to this number of processes
+            s.micro = rank_position(s.micro, s.world_size, self.world, len(self._all_batches(s.epoch)))
+            s.world_size, s.grad_accum = self.world, self.grad_accum
             if self.main:
-                print(f"train: resumed from {resume_from} (step {self.state.step})", file=sys.stderr)
+                print(f"train: resumed from {resume_from} (step {s.step})", file=sys.stderr)
+                if self.resume_note:
+                    print(f"train: {self.resume_note}", file=sys.stderr)
+                    self.notes.append(self.resume_note)
         self.preempt = Preemption()
 
     def _setup_logging(self) -> None:
@@ -208,13 +246,27 @@ class LoRAFinetuneRecipe:
             o, d = self.cfg.optim, self.cfg.data
             self.accelerator.init_trackers("tb", config={"task": d.task, "split": d.split, "lr": o.lr})
         self.log = AppendLog(self.out / "metrics.jsonl") if self.main else None
+        if self.main and self.resume_from is not None:
+            self.log.append({"event": "resumed", "step": self.state.step, "checkpoint": str(self.resume_from),
+                             "world_size": self.world, "grad_accum": self.grad_accum, "note": self.resume_note})
         if self.main and self.state.step == 0:
             self.log.append({"event": "start", "train_samples": len(self.train_set),
                              "eval_samples": len(self.eval_set), "trainable_params": self.n_trainable,
                              "linear_4bit_modules": self.n_4bit, "world_size": self.world,
                              "distributed": _distribution(self.accelerator, self.model), "precision": self.precision,
-                             "attention": _attention(self.accelerator, self.model), "max_seq_len": self.seq_len,
+                             **self._attention_record(), "max_seq_len": self.seq_len,
+                             "device": self.device_name, "gpu": self.peak.label if self.peak else None,
+                             "peak_tflops": self.peak.flops / 1e12 if self.peak else None,
                              "steps": self.total_steps, "notes": self.notes})
+
+    def _attention_record(self) -> dict[str, str]:
+        """The kernel that runs (the loaded model's resolved ``config._attn_implementation``, not the request) and
+        how packed rows reach it: varlen (FA2/FA3 from position ids), a flex BlockMask, or a dense
+        block-diagonal mask that sdpa/eager compute every block of."""
+        from mlbench_kit.train.flops import PACKED_PATH
+        ran = self.attention_ran
+        packed = PACKED_PATH.get(ran, "unknown") if self.cfg.data.batching == "packing" else "unpacked"
+        return {"attention": ran, "attention_requested": self.cfg.attn_implementation, "attention_packed": packed}
 
     # -- training ------------------------------------------------------------------------------------------------
 
@@ -224,7 +276,7 @@ class LoRAFinetuneRecipe:
         s = self.state
         bar = tqdm(total=self.total_steps, initial=s.step, desc="train", unit="step", disable=not self.main,
                    file=sys.stderr)
-        self._t0, self._tokens0 = time.perf_counter(), s.tokens
+        self._t0, self._tokens0, self._flops = time.perf_counter(), s.tokens, [0.0, 0.0]
         try:
             return self._loop(bar)
         finally:
@@ -232,12 +284,12 @@ class LoRAFinetuneRecipe:
 
     def _loop(self, bar: Any) -> int:
         from mlbench_kit.train.checkpoint import PREEMPTED_EXIT, rng_state
-        s, o = self.state, self.cfg.optim
+        s = self.state
         while s.step < self.total_steps:
             mine = self._epoch_batches(s.epoch)
             while s.micro < len(mine) and s.step < self.total_steps:
                 rng = rng_state()  # a save mid-step resumes from this step's start, RNG included
-                group = mine[s.micro: s.micro + o.grad_accum]
+                group = mine[s.micro: s.micro + self.grad_accum]
                 stats = self._train_step(group)
                 if stats is None:  # a signal mid-step: every rank stopped after the same micro-batch
                     self._save_preempted(rng)
@@ -261,27 +313,35 @@ class LoRAFinetuneRecipe:
         all ranks. Gradients are synchronised (all-reduce, reduce-scatter, ZeRO reduction) on the last
         micro-batch only. None when preemption was agreed before the step finished."""
         import torch
-        from mlbench_kit.train.data import collate, token_losses
+        from mlbench_kit.train.data import collate, token_losses, varlen_kwargs
+        from mlbench_kit.train.flops import PACKED_PATH, rows_from_positions, step_flops
         acc, model = self.accelerator, self.model
         batches = [collate(self.train_set, rows, self.tok.pad_token_id) for rows in group]
+        flops = step_flops(self.shape, [r for b in batches for r in rows_from_positions(b["position_ids"],
+                                                                                         b.get("attention_mask"))],
+                           self.cfg.lora.r, self.cfg.lora.target_modules, self.cfg.gradient_checkpointing,
+                           self.attention_ran)
         counts = torch.tensor([sum(int((b["labels"] != -100).sum()) for b in batches),
                                sum(int(b["real_tokens"]) for b in batches),
-                               sum(b["input_ids"].numel() for b in batches)], dtype=torch.float64, device=acc.device)
+                               sum(b["input_ids"].numel() for b in batches), flops.model, flops.hardware],
+                              dtype=torch.float64, device=acc.device)
         if self.world > 1:
             torch.distributed.all_reduce(counts)
         n_target = max(counts[0].item(), 1.0)
         # accelerate (and DeepSpeed's engine) divide each backward by grad_accum: undo it, so the sum over the
         # step's micro-batches, averaged over ranks by the gradient reduction, is the token mean
-        scale = self.world * self.cfg.optim.grad_accum / n_target
+        scale = self.world * self.grad_accum / n_target
         model.train()
         loss_sum = torch.zeros((), dtype=torch.float64, device=acc.device)
+        varlen = PACKED_PATH.get(self.attention_ran) == "varlen"
         for i, b in enumerate(batches):
             last = i == len(batches) - 1
             acc.sync_gradients = last
+            extra = varlen_kwargs(b["position_ids"], acc.device) if varlen and "attention_mask" not in b else {}
             b = {k: v.to(acc.device) for k, v in b.items() if k != "real_tokens"}
             with acc.no_sync(model) if not last else contextlib.nullcontext():
                 logits = model(input_ids=b["input_ids"], position_ids=b["position_ids"],
-                               attention_mask=b.get("attention_mask"), use_cache=False).logits
+                               attention_mask=b.get("attention_mask"), use_cache=False, **extra).logits
                 summed = token_losses(logits, b["labels"], self.cfg.loss_chunk_tokens).sum()
                 acc.backward(summed * scale)
             loss_sum += summed.detach()
@@ -297,16 +357,25 @@ class LoRAFinetuneRecipe:
         s = self.state
         s.tokens += int(counts[1].item())
         s.target_tokens += int(counts[0].item())
+        self._flops[0] += counts[3].item()
+        self._flops[1] += counts[4].item()
+        dt = max(time.perf_counter() - self._t0, 1e-9)
+        # per GPU: the FLOPs of all ranks over the time, against one GPU's peak times the number of GPUs
+        peak = self.peak.flops * self.world if self.peak else None
         return {"loss": loss_sum.item() / n_target, "grad_norm": _scalar(grad_norm),
                 "non_pad_share": counts[1].item() / max(1.0, counts[2].item()),
-                "tokens_per_s": (s.tokens - self._tokens0) / max(time.perf_counter() - self._t0, 1e-9)}
+                "tokens_per_s": (s.tokens - self._tokens0) / dt,
+                "model_tflops_per_s": self._flops[0] / dt / 1e12, "hardware_tflops_per_s": self._flops[1] / dt / 1e12,
+                "mfu": self._flops[0] / dt / peak if peak else None,
+                "hfu": self._flops[1] / dt / peak if peak else None}
 
     def _log_step(self, stats: dict[str, Any]) -> None:
         s = self.state
         if self.main and s.step % self.cfg.logging.every_steps == 0:
             rec = {"step": s.step, "epoch": s.epoch, "loss": stats["loss"], "lr": self.scheduler.get_last_lr()[0],
                    "grad_norm": stats["grad_norm"], "tokens": s.tokens, "tokens_per_s": stats["tokens_per_s"],
-                   "non_pad_share": stats["non_pad_share"]}
+                   "non_pad_share": stats["non_pad_share"], "model_tflops_per_s": stats["model_tflops_per_s"],
+                   "hardware_tflops_per_s": stats["hardware_tflops_per_s"], "mfu": stats["mfu"], "hfu": stats["hfu"]}
             self.log.append(rec)
             if self.trackers:
                 self.accelerator.log({k: v for k, v in rec.items() if isinstance(v, (int, float))}, step=s.step)
@@ -322,22 +391,27 @@ class LoRAFinetuneRecipe:
 
     # -- results ---------------------------------------------------------------------------------------------------
 
-    def save_checkpoint(self, rng: dict[str, Any]) -> Path:
-        """A complete checkpoint of the current step (collective)."""
+    def save_checkpoint(self, rng: dict[str, Any], on_saved: Any = None) -> Path:
+        """A complete checkpoint of the current step (collective); ``on_saved(path)`` runs on the main process
+        before the checkpoint's last barrier."""
         from mlbench_kit.train.checkpoint import save_checkpoint
         return save_checkpoint(self.accelerator, self.model, self.optimizer, self.scheduler, self.ckpt_dir,
                                self.state, rng, self.tok, {**self.meta, "steps": self.state.step},
-                               self.cfg.checkpoint.keep)
+                               self.cfg.checkpoint.keep, on_saved)
 
     def _save_preempted(self, rng: dict[str, Any]) -> None:
         from mlbench_kit.train.checkpoint import PREEMPTED_EXIT
-        path = self.save_checkpoint(rng)
-        if self.main:
+
+        def mark(path: Path) -> None:
             self.log.append({"event": "preempted", "step": self.state.step, "signal": self.preempt.signum,
                              "checkpoint": str(path)})
-            # launchers (torchrun's agent) exit 1 on a signal whatever we return: the marker is what a job
-            # script checks before requeueing
+            # launchers (torchrun's agent) exit 1 on a signal whatever we return: the marker is what a job script
+            # checks before requeueing. Written before the last barrier: after it, another node's ranks may exit
+            # and srun --kill-on-bad-exit then kills this one before it could write anything
             (self.out / "PREEMPTED").write_text(f"{path}\n")
+
+        path = self.save_checkpoint(rng, on_saved=mark)
+        if self.main:
             print(f"train: signal {self.preempt.signum}: saved {path}; exit {PREEMPTED_EXIT}, resume with the "
                   "same command", file=sys.stderr)
 
@@ -357,7 +431,9 @@ class LoRAFinetuneRecipe:
         write_json_atomic(self.out / "train_summary.json", summary)
         self.log.append({"event": "done", **summary})
         if self.cfg.merge:
-            merge_weights(self.cfg.model, self.final_adapter, self.out / "merged")
+            how = merge_weights(self.cfg.model, self.final_adapter, self.out / "merged", self.precision,
+                                self.cfg.quantization)
+            self.log.append({"event": "merged", "path": str(self.out / "merged"), "how": how})
         print(f"train: done, {s.step} steps; adapter: {self.final_adapter}", file=sys.stderr)
 
     def cleanup(self) -> None:
@@ -391,15 +467,30 @@ def evaluate(accelerator: Any, model: Any, examples: list, pad_id: int) -> float
     return (sums[0] / sums[1].clamp(min=1)).item()
 
 
-def merge_weights(base: str, adapter: Path, out: Path) -> None:
-    """Full weights with the adapter folded in (for servers without LoRA support)."""
+def merge_weights(base: str, adapter: Path, out: Path, precision: str = "bf16", quantization: str | None = None
+                  ) -> str:
+    """Full weights with the adapter folded in (for servers without LoRA support); returns how it merged.
+
+    On the GPU when there is one (a 7B merge on the CPU of a GPU job takes minutes of the allocation for nothing).
+    A QLoRA adapter was trained against the NF4-dequantized weights, not the bf16 ones: it is merged into the
+    base loaded in NF4 exactly as training loaded it and dequantized (``PreTrainedModel.dequantize``, transformers'
+    bitsandbytes 4-bit quantizer), so the merged model computes what training computed. Serving a QLoRA adapter on
+    the bf16 base instead (``mlbench infer --adapter``) adds each weight's quantization error."""
+    import torch
+    from mlbench_kit.train.model import DTYPES, nf4_config
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from mlbench_kit.hf import compute_dtype
-    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=compute_dtype()), adapter)
-    model.merge_and_unload().save_pretrained(out)
+    dtype = DTYPES[precision]
+    device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
+    kwargs: dict[str, Any] = {"dtype": dtype, "device_map": {"": device}}
+    if quantization == "nf4":
+        kwargs["quantization_config"] = nf4_config(dtype)
+    model = AutoModelForCausalLM.from_pretrained(base, **kwargs)
+    if quantization == "nf4":
+        model = model.dequantize(dtype=dtype)
+    PeftModel.from_pretrained(model, adapter).merge_and_unload().save_pretrained(out)
     AutoTokenizer.from_pretrained(adapter).save_pretrained(out)
+    return f"{'NF4-dequantized' if quantization else precision} base, merged on {device}"
 
 
 def _check_prep_budget(cfg: TrainConfig, positions: int | None) -> None:

@@ -3,7 +3,6 @@ the attention kernel that this machine can run."""
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 import torch
@@ -32,22 +31,57 @@ def resolve_precision(requested: str) -> str:
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
+FA2_MIN_CAPABILITY = (8, 0)  # FlashAttention-2 runs on Ampere (sm80) and newer
+FA3_CAPABILITY_MAJOR = 9  # FlashAttention-3 (flash_attn_interface, the "hopper" build) runs on sm90 only
+
+
+def choose_attention(requested: str, capability: tuple[int, int] | None, installed: frozenset[str]) -> str:
+    """The attention implementation to load, from plain facts (a pure function):
+
+    ``capability``: the CUDA device's compute capability, None without a GPU; ``installed``: the flash kernels
+    transformers can load (``flash_attention_2``, ``flash_attention_3``). auto picks FA3 on Hopper when it is
+    installed, else FA2 on Ampere or newer when installed (packed rows then run varlen, with no [L, L] mask),
+    else sdpa. An explicit flash request that this machine cannot run is an error, not a silent fallback."""
+    fa2 = capability is not None and capability >= FA2_MIN_CAPABILITY and "flash_attention_2" in installed
+    fa3 = capability is not None and capability[0] == FA3_CAPABILITY_MAJOR and "flash_attention_3" in installed
+    if requested == "auto":
+        return "flash_attention_3" if fa3 else "flash_attention_2" if fa2 else "sdpa"
+    where = f"compute capability {capability[0]}.{capability[1]}" if capability else "no CUDA GPU"
+    if requested == "flash_attention_2" and not fa2:
+        why = "flash-attn is not installed" if "flash_attention_2" not in installed else f"this machine has {where}"
+        raise MLBenchError(f"attn_implementation is flash_attention_2, which needs a CUDA GPU of compute capability "
+                           f"8.0+ (Ampere or newer) and flash-attn: {why}", "attn_implementation",
+                           "pip install 'mlbench-kit[flash]' on such a GPU, or use auto / sdpa")
+    if requested == "flash_attention_3" and not fa3:
+        why = ("flash-attn-3 (flash_attn_interface) is not installed" if "flash_attention_3" not in installed
+               else f"this machine has {where}")
+        raise MLBenchError(f"attn_implementation is flash_attention_3, which runs on Hopper (compute capability "
+                           f"9.x) with flash-attn-3 installed: {why}", "attn_implementation",
+                           "use auto (FA2 or sdpa elsewhere), flash_attention_2 or sdpa")
+    return requested
+
+
 def resolve_attention(requested: str) -> str:
-    """auto: FlashAttention-2 when it is installed and a GPU runs it (packed samples then run varlen, with no
-    [L, L] mask), else PyTorch's sdpa."""
-    if requested != "auto":
-        if requested == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
-            raise MLBenchError("attn_implementation is flash_attention_2 but flash-attn is not installed",
-                               "attn_implementation", "pip install 'mlbench-kit[flash]', or use auto / sdpa")
-        return requested
-    if torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None:
-        return "flash_attention_2"
-    return "sdpa"
+    """:func:`choose_attention` for this machine. Installed kernels are what transformers itself would load
+    (``transformers.utils.import_utils.is_flash_attn_{2,3}_available`` of 5.19: the flash-attn / flash-attn-3
+    distributions, and a CUDA build of torch)."""
+    from transformers.utils import import_utils as iu
+    capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+    installed = frozenset(name for name, ok in (("flash_attention_2", iu.is_flash_attn_2_available()),
+                                                ("flash_attention_3", iu.is_flash_attn_3_available())) if ok)
+    return choose_attention(requested, capability, installed)
 
 
 def max_positions(config: Any) -> int | None:
     """The model's context length (``max_position_embeddings``), if its config says."""
     return getattr(config, "max_position_embeddings", None)
+
+
+def nf4_config(dtype: torch.dtype) -> Any:
+    """QLoRA's quantization: NF4 with double quantization, computing (and stored) in ``dtype``."""
+    from transformers import BitsAndBytesConfig
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=dtype, bnb_4bit_quant_storage=dtype)
 
 
 def load_base(cfg: TrainConfig, precision: str, attention: str, device_map: Any = None) -> Any:
@@ -56,10 +90,7 @@ def load_base(cfg: TrainConfig, precision: str, attention: str, device_map: Any 
     dtype = DTYPES[precision]
     kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": attention}
     if cfg.quantization == "nf4":
-        from transformers import BitsAndBytesConfig
-        kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-            bnb_4bit_compute_dtype=dtype, bnb_4bit_quant_storage=dtype)
+        kwargs["quantization_config"] = nf4_config(dtype)
         kwargs["device_map"] = device_map or ({"": torch.cuda.current_device()} if torch.cuda.is_available()
                                               else {"": "cpu"})
     try:

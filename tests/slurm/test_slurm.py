@@ -103,6 +103,8 @@ def test_the_training_launcher_is_srun_s_command_with_and_without_gpus(name: str
     srun = next(line for line in joined.splitlines() if line.startswith("srun "))
     assert "bash -c" in srun and "accelerate.commands.launch" in srun and srun.rstrip().endswith("&"), srun
     assert ("--gpus-per-node=" in srun) == (name == "paper")
+    if name == "paper":  # LoRA on one node: DDP (the frozen base fits every GPU), not FSDP2's per-layer gathers
+        assert "--config_file configs/accelerate/ddp.yaml" in srun
 
 
 @pytest.mark.parametrize("name,cells,nodes", [("paper", 27, 1), ("paper-multinode", 27, 2)])
@@ -284,3 +286,21 @@ def test_a_refused_array_leaves_the_submitted_ones_on_record(tmp_path: Path, slu
     finally:
         for line in (tmp_path / "sweep" / "submissions.jsonl").read_text().splitlines():
             _sh("scancel", *[j["job_id"] for j in json.loads(line)["jobs"].values()])
+
+
+def test_the_training_job_gives_torchrun_s_agent_time_for_the_agreed_save(tmp_path: Path) -> None:
+    """torchrun's agent SIGKILLs workers 30 s after forwarding a SIGTERM by default; the job sets its handled
+    signals and grace period where torch 2.13 reads them, checked by torch's own parser and launch config."""
+    sweep = load_sweep(REPO_ROOT / "configs/sweeps/paper.yaml", REPO_ROOT)
+    text = render(sweep, next(j for j in jobs(sweep) if j.stage == "train"))
+    exports = [ln for ln in text.splitlines() if ln.startswith(("export PET_", "export TORCH_ELASTIC"))]
+    assert len(exports) == 2, exports
+    probe = ("import torch.distributed.run as r; from torch.distributed.launcher.api import LaunchConfig; "
+             "a = r.get_args_parser().parse_args(['x.py']); "
+             "print(a.signals_to_handle, LaunchConfig(1, 1, 1, shutdown_timeout=a.shutdown_timeout).shutdown_timeout)")
+    script = tmp_path / "probe.sh"
+    script.write_text("\n".join(exports) + f'\n"{sys.executable}" -c "{probe}"\n')
+    r = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=120,
+                       env={k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCH_ELASTIC"))})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["SIGTERM,SIGINT,SIGHUP,SIGQUIT", str(sweep.cfg.slurm.signal_before_s)]

@@ -5,6 +5,7 @@ on an agreed SIGTERM."""
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -70,3 +71,27 @@ def test_deepspeed_resumes_exactly(tmp_path, tiny_model_dir, real_prep, runs, mo
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resumed from" in r.stderr and resumed_from in r.stderr
     _assert_same(_adapter(runs[mode]), _adapter(run))
+
+
+def test_a_one_process_checkpoint_resumes_on_two_at_the_same_global_position(tmp_path, tiny_model_dir, real_prep):
+    """The data position is per rank: 2 processes resuming 1 process's step must start at its global position
+    (not skip to each rank's own 4th micro-batch) and keep 4 micro-batches per step (2 x grad_accum 2)."""
+    args = ("--max-steps", "4", "--set", "optim.grad_accum=4", "--set", "checkpoint.every_steps=2",
+            "--set", "optim.scheduler=linear", "--set", "data.eval_fraction=0")
+    ref = tmp_path / "ref"
+    r = subprocess.run(_launch(tiny_model_dir, real_prep, ref, *args), cwd=REPO_ROOT, capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    run = tmp_path / "run"  # the 1-process run's checkpoint of step 2, resumed by 2 processes
+    shutil.copytree(ref / "checkpoints" / "step-0000002", run / "checkpoints" / "step-0000002")
+    r = subprocess.run(_launch(tiny_model_dir, real_prep, run, *args, config=MODES["ddp"], nproc=2),
+                       cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resumed 1 processes' checkpoint on 2: grad_accum 2 keeps 4 micro-batches per optimizer step" in r.stderr
+    got, want = _steps(run), _steps(ref)[2:]
+    assert [s["step"] for s in got] == [3, 4]
+    assert [s["loss"] for s in got] == pytest.approx([s["loss"] for s in want], rel=1e-5)
+    assert [s["lr"] for s in got] == pytest.approx([s["lr"] for s in want])
+    a, b = _adapter(ref), _adapter(run)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4, msg=k)

@@ -188,14 +188,43 @@ def test_fsdp_two_processes_sigterm_saves_every_shard_and_resumes_exactly(tmp_pa
 def test_qlora_nf4_with_gradient_checkpointing_takes_real_steps_on_cpu(tmp_path, tiny_model_dir, real_prep):
     out = tmp_path / "q"
     r = subprocess.run(_launch(tiny_model_dir, real_prep, out, "--max-steps", "3", "--set", "quantization=nf4",
-                               "--set", "gradient_checkpointing=true"),
+                               "--set", "gradient_checkpointing=true", "--set", "attn_implementation=auto",
+                               "--set", "merge=true"),
                        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     start = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     assert start["linear_4bit_modules"] == 2 * 7  # 2 layers x 7 projections quantized to NF4
+    # the kernel the loaded model resolved, not the request; packed rows get sdpa's dense block-diagonal mask
+    assert (start["attention_requested"], start["attention"], start["attention_packed"]) == \
+        ("auto", "sdpa", "dense_mask")
+    assert start["device"] == "cpu" and start["gpu"] is None and start["peak_tflops"] is None
     assert "use_reentrant" not in r.stderr  # non-reentrant checkpointing, asked for explicitly
     steps = _steps(out)
     assert len(steps) == 3 and all(s["loss"] == s["loss"] and s["grad_norm"] > 0 for s in steps)
+    # model FLOPs are counted on CPU too; the hardware count adds the checkpointing recompute; no peak, no MFU
+    assert all(0 < s["model_tflops_per_s"] < s["hardware_tflops_per_s"] and s["mfu"] is None for s in steps)
+    # merge: true folds the adapter into the NF4-dequantized base, the weights training saw: the merged model
+    # computes what the trained QLoRA model computes, which the adapter on the full-precision base does not
+    from mlbench_kit.train.model import nf4_config
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    merged_event = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert merged_event["event"] == "merged" and merged_event["how"] == "NF4-dequantized base, merged on cpu"
+    x = torch.tensor([[1, 50, 60, 70, 80, 90, 100]])
+    nf4 = AutoModelForCausalLM.from_pretrained(tiny_model_dir, quantization_config=nf4_config(torch.float32),
+                                               device_map={"": "cpu"})
+    with torch.no_grad():
+        merged = AutoModelForCausalLM.from_pretrained(out / "merged").eval()(x).logits
+        trained = PeftModel.from_pretrained(nf4, out / "adapter").eval()(x).logits
+        on_full = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+                                            out / "adapter").eval()(x).logits
+        dequantized = PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(tiny_model_dir, quantization_config=nf4_config(torch.float32),
+                                                 device_map={"": "cpu"}).dequantize(dtype=torch.float32),
+            out / "adapter").eval()(x).logits
+    torch.testing.assert_close(merged, dequantized, atol=1e-5, rtol=1e-5)
+    # bitsandbytes' CPU 4-bit matmul rounds on its own (~4e-3 here); the full-precision base is 30x further off
+    assert (merged - trained).abs().max() * 10 < (on_full - trained).abs().max()
 
 
 @pytest.mark.integration
@@ -277,3 +306,88 @@ def test_bad_config_and_mismatched_template_fail_clearly(tmp_path, tiny_model_di
     r = run_cli("mlbench", "train", "--config", "configs/train/tiny-cpu.yaml", "--model", tiny_model_dir,
                 "--prep-dir", real_prep, "--set", "template=chat", "--output-dir", tmp_path / "x")
     assert r.returncode == 2 and "task3.jsonl:1" in r.stderr and "template" in r.stderr
+
+
+FA2, FA3 = "flash_attention_2", "flash_attention_3"
+
+
+@pytest.mark.parametrize("capability, installed, expected", [
+    (None, {FA2, FA3}, "sdpa"),  # no GPU
+    ((7, 5), {FA2}, "sdpa"),  # Turing: FA2 would fail at the first forward
+    ((8, 0), {FA2}, FA2),  # A100
+    ((8, 9), {FA2, FA3}, FA2),  # L40S: FA3 is Hopper-only
+    ((9, 0), {FA2}, FA2),  # H100 without FA3
+    ((9, 0), {FA2, FA3}, FA3),
+    ((9, 0), {FA3}, FA3),
+    ((9, 0), set(), "sdpa"),
+    ((10, 0), {FA2, FA3}, FA2),  # Blackwell: FA3's Hopper kernels do not run there
+])
+def test_auto_attention_follows_the_gpu_generation(capability, installed, expected):
+    from mlbench_kit.train.model import choose_attention
+    assert choose_attention("auto", capability, frozenset(installed)) == expected
+
+
+def test_a_flash_request_this_gpu_cannot_run_is_refused():
+    from mlbench_kit.train.model import choose_attention
+
+    from mlbench_kit.errors import MLBenchError
+    with pytest.raises(MLBenchError, match="8.0\\+.*compute capability 7.5"):
+        choose_attention(FA2, (7, 5), frozenset({FA2}))
+    with pytest.raises(MLBenchError, match="flash-attn is not installed"):
+        choose_attention(FA2, (9, 0), frozenset())
+    with pytest.raises(MLBenchError, match="Hopper.*compute capability 8.0"):
+        choose_attention(FA3, (8, 0), frozenset({FA2, FA3}))
+    assert choose_attention("sdpa", None, frozenset()) == "sdpa"
+    assert choose_attention(FA2, (8, 6), frozenset({FA2})) == FA2
+
+
+def test_resume_on_another_world_size_keeps_the_step_or_says_what_to_do():
+    from mlbench_kit.train.checkpoint import rank_position, regroup
+
+    from mlbench_kit.errors import MLBenchError
+    assert regroup(1, 4, 2, False, "ck") == 2 and regroup(2, 2, 4, False, "ck") == 1 and regroup(4, 1, 2, False, "ck") == 2
+    assert regroup(2, 3, 2, True, "ck") == 3  # same world: nothing changes, DeepSpeed included
+    with pytest.raises(MLBenchError) as e:
+        regroup(1, 1, 2, False, "ck")
+    assert "1 processes x grad_accum 1 = 1 micro-batches per optimizer step" in e.value.what
+    assert "this launch has 2 processes" in e.value.what and "divides 1" in e.value.fix
+    with pytest.raises(MLBenchError, match="ZeRO checkpoint holds one optimizer partition per rank"):
+        regroup(2, 2, 4, True, "ck")
+    # 1 process did 8 micro-batches of an epoch of 21: on 2 processes each rank has done 4 (global 0..7 done)
+    assert rank_position(8, 1, 2, 21) == 4 and rank_position(4, 2, 1, 21) == 8
+    assert rank_position(21, 1, 2, 21) == 10  # a finished epoch stays finished (2 ranks use 20 of the 21)
+
+
+def test_varlen_boundaries_computed_once_equal_transformers_own(examples, tiny_tokenizer):
+    from mlbench_kit.train.data import varlen_kwargs
+    from transformers.modeling_flash_attention_utils import (
+        prepare_fa_kwargs_from_position_ids,
+    )
+    batch = collate(examples, [[0, 1, 2, 3]], tiny_tokenizer.pad_token_id)
+    (cu_q, cu_k), (max_q, max_k) = prepare_fa_kwargs_from_position_ids(batch["position_ids"])
+    got = varlen_kwargs(batch["position_ids"])
+    assert torch.equal(got["cu_seq_lens_q"], cu_q) and torch.equal(got["cu_seq_lens_k"], cu_k)
+    assert got["max_length_q"] == int(max_q) == got["max_length_k"] == max(len(examples[i]) for i in range(4))
+
+
+def test_the_gpu_lock_satisfies_the_gpu_extras_and_pins_the_stack():
+    import tomllib
+
+    from packaging.requirements import Requirement
+    pins = {}
+    for line in (REPO_ROOT / "constraints" / "gpu.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            assert version, line  # every line an exact pin
+            pins[name.lower().replace("_", "-")] = version
+    extras = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for spec in extras["gpu"] + extras["flash"]:
+        req = Requirement(spec)
+        assert req.name.lower() in pins and req.specifier.contains(pins[req.name.lower()]), spec
+    for name in ("torch", "vllm", "transformers", "peft", "bitsandbytes", "accelerate", "deepspeed", "flash-attn"):
+        assert name in pins, name
+    cpu = dict(x.split("==") for x in (REPO_ROOT / "constraints" / "cpu.txt").read_text().splitlines()
+               if "==" in x and not x.startswith("#"))
+    for name in ("transformers", "peft", "bitsandbytes", "accelerate", "deepspeed"):  # what the CPU tests ran
+        assert pins[name] == cpu[name], name
+    assert cpu["torch"].split("+")[0] == pins["torch"]
