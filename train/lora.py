@@ -425,7 +425,9 @@ class LoRAFinetuneRecipe:
         write_json_atomic(self.out / "train_summary.json", summary)
         self.log.append({"event": "done", **summary})
         if self.cfg.merge:
-            merge_weights(self.cfg.model, self.final_adapter, self.out / "merged")
+            how = merge_weights(self.cfg.model, self.final_adapter, self.out / "merged", self.precision,
+                                self.cfg.quantization)
+            self.log.append({"event": "merged", "path": str(self.out / "merged"), "how": how})
         print(f"train: done, {s.step} steps; adapter: {self.final_adapter}", file=sys.stderr)
 
     def cleanup(self) -> None:
@@ -459,15 +461,30 @@ def evaluate(accelerator: Any, model: Any, examples: list, pad_id: int) -> float
     return (sums[0] / sums[1].clamp(min=1)).item()
 
 
-def merge_weights(base: str, adapter: Path, out: Path) -> None:
-    """Full weights with the adapter folded in (for servers without LoRA support)."""
+def merge_weights(base: str, adapter: Path, out: Path, precision: str = "bf16", quantization: str | None = None
+                  ) -> str:
+    """Full weights with the adapter folded in (for servers without LoRA support); returns how it merged.
+
+    On the GPU when there is one (a 7B merge on the CPU of a GPU job takes minutes of the allocation for nothing).
+    A QLoRA adapter was trained against the NF4-dequantized weights, not the bf16 ones: it is merged into the
+    base loaded in NF4 exactly as training loaded it and dequantized (``PreTrainedModel.dequantize``, transformers'
+    bitsandbytes 4-bit quantizer), so the merged model computes what training computed. Serving a QLoRA adapter on
+    the bf16 base instead (``mlbench infer --adapter``) adds each weight's quantization error."""
+    import torch
+    from mlbench_kit.train.model import DTYPES, nf4_config
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from mlbench_kit.hf import compute_dtype
-    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=compute_dtype()), adapter)
-    model.merge_and_unload().save_pretrained(out)
+    dtype = DTYPES[precision]
+    device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
+    kwargs: dict[str, Any] = {"dtype": dtype, "device_map": {"": device}}
+    if quantization == "nf4":
+        kwargs["quantization_config"] = nf4_config(dtype)
+    model = AutoModelForCausalLM.from_pretrained(base, **kwargs)
+    if quantization == "nf4":
+        model = model.dequantize(dtype=dtype)
+    PeftModel.from_pretrained(model, adapter).merge_and_unload().save_pretrained(out)
     AutoTokenizer.from_pretrained(adapter).save_pretrained(out)
+    return f"{'NF4-dequantized' if quantization else precision} base, merged on {device}"
 
 
 def _check_prep_budget(cfg: TrainConfig, positions: int | None) -> None:

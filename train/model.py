@@ -77,16 +77,20 @@ def max_positions(config: Any) -> int | None:
     return getattr(config, "max_position_embeddings", None)
 
 
+def nf4_config(dtype: torch.dtype) -> Any:
+    """QLoRA's quantization: NF4 with double quantization, computing (and stored) in ``dtype``."""
+    from transformers import BitsAndBytesConfig
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=dtype, bnb_4bit_quant_storage=dtype)
+
+
 def load_base(cfg: TrainConfig, precision: str, attention: str, device_map: Any = None) -> Any:
     """The frozen base model: full precision weights in ``precision``, or NF4 with that compute dtype (QLoRA)."""
     from transformers import AutoModelForCausalLM
     dtype = DTYPES[precision]
     kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": attention}
     if cfg.quantization == "nf4":
-        from transformers import BitsAndBytesConfig
-        kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-            bnb_4bit_compute_dtype=dtype, bnb_4bit_quant_storage=dtype)
+        kwargs["quantization_config"] = nf4_config(dtype)
         kwargs["device_map"] = device_map or ({"": torch.cuda.current_device()} if torch.cuda.is_available()
                                               else {"": "cpu"})
     try:

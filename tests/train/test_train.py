@@ -188,7 +188,8 @@ def test_fsdp_two_processes_sigterm_saves_every_shard_and_resumes_exactly(tmp_pa
 def test_qlora_nf4_with_gradient_checkpointing_takes_real_steps_on_cpu(tmp_path, tiny_model_dir, real_prep):
     out = tmp_path / "q"
     r = subprocess.run(_launch(tiny_model_dir, real_prep, out, "--max-steps", "3", "--set", "quantization=nf4",
-                               "--set", "gradient_checkpointing=true", "--set", "attn_implementation=auto"),
+                               "--set", "gradient_checkpointing=true", "--set", "attn_implementation=auto",
+                               "--set", "merge=true"),
                        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     start = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
@@ -202,6 +203,28 @@ def test_qlora_nf4_with_gradient_checkpointing_takes_real_steps_on_cpu(tmp_path,
     assert len(steps) == 3 and all(s["loss"] == s["loss"] and s["grad_norm"] > 0 for s in steps)
     # model FLOPs are counted on CPU too; the hardware count adds the checkpointing recompute; no peak, no MFU
     assert all(0 < s["model_tflops_per_s"] < s["hardware_tflops_per_s"] and s["mfu"] is None for s in steps)
+    # merge: true folds the adapter into the NF4-dequantized base, the weights training saw: the merged model
+    # computes what the trained QLoRA model computes, which the adapter on the full-precision base does not
+    from mlbench_kit.train.model import nf4_config
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    merged_event = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert merged_event["event"] == "merged" and merged_event["how"] == "NF4-dequantized base, merged on cpu"
+    x = torch.tensor([[1, 50, 60, 70, 80, 90, 100]])
+    nf4 = AutoModelForCausalLM.from_pretrained(tiny_model_dir, quantization_config=nf4_config(torch.float32),
+                                               device_map={"": "cpu"})
+    with torch.no_grad():
+        merged = AutoModelForCausalLM.from_pretrained(out / "merged").eval()(x).logits
+        trained = PeftModel.from_pretrained(nf4, out / "adapter").eval()(x).logits
+        on_full = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+                                            out / "adapter").eval()(x).logits
+        dequantized = PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(tiny_model_dir, quantization_config=nf4_config(torch.float32),
+                                                 device_map={"": "cpu"}).dequantize(dtype=torch.float32),
+            out / "adapter").eval()(x).logits
+    torch.testing.assert_close(merged, dequantized, atol=1e-5, rtol=1e-5)
+    # bitsandbytes' CPU 4-bit matmul rounds on its own (~4e-3 here); the full-precision base is 30x further off
+    assert (merged - trained).abs().max() * 10 < (on_full - trained).abs().max()
 
 
 @pytest.mark.integration
