@@ -18,6 +18,7 @@ ran (the loaded model's resolved ``config._attn_implementation``) with how packe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import math
@@ -91,8 +92,8 @@ def utilisation(shape: dict, rows: list[list[int]], seconds: float, attention: s
                    attention)
     peak = gpu_peak(device_name, sm_count, memory_gib) if device_name != "cpu" else None
     return {"model_gflop_per_token": round(f.model / f.tokens / 1e9, 3) if f.tokens else None,
-            "model_tflops_per_s": round(f.model / seconds / 1e12, 2),
-            "hardware_tflops_per_s": round(f.hardware / seconds / 1e12, 2),
+            "model_tflops_per_s": float(f"{f.model / seconds / 1e12:.4g}"),
+            "hardware_tflops_per_s": float(f"{f.hardware / seconds / 1e12:.4g}"),
             "gpu": peak.label if peak else None, "peak_tflops": round(peak.flops / 1e12, 1) if peak else None,
             "mfu": round(f.model / seconds / peak.flops, 4) if peak else None,
             "hfu": round(f.hardware / seconds / peak.flops, 4) if peak else None,
@@ -126,6 +127,7 @@ def run_one(name: str, shape: dict, mode: str, folder: Path, lengths: list[int],
     from mlbench_kit.train.data import token_losses
     from mlbench_kit.train.flops import rows_from_positions
     from mlbench_kit.train.model import (
+        DTYPES,
         add_lora,
         load_base,
         resolve_attention,
@@ -145,6 +147,10 @@ def run_one(name: str, shape: dict, mode: str, folder: Path, lengths: list[int],
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     model.train()
+    # the recipe's precision path: accelerate runs the forward under autocast in bf16/fp16 (accelerator.py,
+    # prepare_model). Without it QLoRA's fp32 norms (prepare_model_for_kbit_training) put activations in fp32
+    amp = device == "cuda" and precision != "fp32"
+    autocast = torch.autocast("cuda", dtype=DTYPES[precision]) if amp else contextlib.nullcontext()
     tokens, t0, timed = 0, None, []
     for i, b in enumerate(rows):
         if i == warmup:
@@ -154,8 +160,9 @@ def run_one(name: str, shape: dict, mode: str, folder: Path, lengths: list[int],
         if i >= warmup:
             timed += rows_from_positions(b["position_ids"], b.get("attention_mask"))
         b = {k: v.to(device) for k, v in b.items() if k != "real_tokens"}
-        logits = model(input_ids=b["input_ids"], position_ids=b["position_ids"], attention_mask=b.get("attention_mask"),
-                       use_cache=False).logits
+        with autocast:
+            logits = model(input_ids=b["input_ids"], position_ids=b["position_ids"],
+                           attention_mask=b.get("attention_mask"), use_cache=False).logits
         loss = token_losses(logits, b["labels"], loss_chunk).sum() / (b["labels"] != -100).sum()
         loss.backward()
         opt.step()
@@ -170,7 +177,7 @@ def run_one(name: str, shape: dict, mode: str, folder: Path, lengths: list[int],
         p = torch.cuda.get_device_properties(torch.cuda.current_device())
         gpu, sms, gib = p.name, p.multi_processor_count, p.total_memory / 2**30
     res = {"model": name, "mode": mode, "packed": packed, "loss_chunk": loss_chunk, "device": gpu, "sm_count": sms,
-           "precision": precision, "attention_requested": attention, "attention": ran,
+           "precision": precision, "autocast": amp, "attention_requested": attention, "attention": ran,
            "attention_packed": _packed_path(ran, timed), "seq_len": seq_len, "steps": steps,
            "tokens_per_s": round(tps, 1), "params": params,
            "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
