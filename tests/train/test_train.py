@@ -328,3 +328,38 @@ def test_resume_on_another_world_size_keeps_the_step_or_says_what_to_do():
     # 1 process did 8 micro-batches of an epoch of 21: on 2 processes each rank has done 4 (global 0..7 done)
     assert rank_position(8, 1, 2, 21) == 4 and rank_position(4, 2, 1, 21) == 8
     assert rank_position(21, 1, 2, 21) == 10  # a finished epoch stays finished (2 ranks use 20 of the 21)
+
+
+def test_varlen_boundaries_computed_once_equal_transformers_own(examples, tiny_tokenizer):
+    from mlbench_kit.train.data import varlen_kwargs
+    from transformers.modeling_flash_attention_utils import (
+        prepare_fa_kwargs_from_position_ids,
+    )
+    batch = collate(examples, [[0, 1, 2, 3]], tiny_tokenizer.pad_token_id)
+    (cu_q, cu_k), (max_q, max_k) = prepare_fa_kwargs_from_position_ids(batch["position_ids"])
+    got = varlen_kwargs(batch["position_ids"])
+    assert torch.equal(got["cu_seq_lens_q"], cu_q) and torch.equal(got["cu_seq_lens_k"], cu_k)
+    assert got["max_length_q"] == int(max_q) == got["max_length_k"] == max(len(examples[i]) for i in range(4))
+
+
+def test_the_gpu_lock_satisfies_the_gpu_extras_and_pins_the_stack():
+    import tomllib
+
+    from packaging.requirements import Requirement
+    pins = {}
+    for line in (REPO_ROOT / "constraints" / "gpu.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            assert version, line  # every line an exact pin
+            pins[name.lower().replace("_", "-")] = version
+    extras = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for spec in extras["gpu"] + extras["flash"]:
+        req = Requirement(spec)
+        assert req.name.lower() in pins and req.specifier.contains(pins[req.name.lower()]), spec
+    for name in ("torch", "vllm", "transformers", "peft", "bitsandbytes", "accelerate", "deepspeed", "flash-attn"):
+        assert name in pins, name
+    cpu = dict(x.split("==") for x in (REPO_ROOT / "constraints" / "cpu.txt").read_text().splitlines()
+               if "==" in x and not x.startswith("#"))
+    for name in ("transformers", "peft", "bitsandbytes", "accelerate", "deepspeed"):  # what the CPU tests ran
+        assert pins[name] == cpu[name], name
+    assert cpu["torch"].split("+")[0] == pins["torch"]
