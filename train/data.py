@@ -150,6 +150,20 @@ def collate(examples: list[Example], rows: list[list[int]], pad_id: int) -> dict
     return batch
 
 
+def varlen_kwargs(position_ids: torch.Tensor, device: Any = None) -> dict[str, Any]:
+    """The sample boundaries of ONE packed row for varlen flash attention, computed once per micro-batch on the host.
+
+    Given as ``cu_seq_lens_q/k`` and ``max_length_q/k``, transformers' flash path uses them as they are in every
+    layer (``_flash_attention_forward``: "pre-computed cu_seqlens"); without them it derives them from the
+    position ids in each layer and its recompute (``_is_packed_sequence``, ``prepare_fa_kwargs_from_position_ids``:
+    a ``nonzero`` and a ``bool()`` each, host syncs). Same values as ``prepare_fa_kwargs_from_position_ids``."""
+    pos = position_ids.reshape(-1).tolist()
+    starts = [i for i, p in enumerate(pos) if p == 0] + [len(pos)]
+    longest = max(b - a for a, b in zip(starts, starts[1:]))
+    cu = torch.tensor(starts, dtype=torch.int32, device=device)
+    return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
+
+
 def non_pad_share(rows_lengths: list[list[int]]) -> float:
     """Real tokens / (rows x longest row) for one micro-batch given each row's sample lengths."""
     widths = [sum(r) for r in rows_lengths]

@@ -309,8 +309,8 @@ class LoRAFinetuneRecipe:
         all ranks. Gradients are synchronised (all-reduce, reduce-scatter, ZeRO reduction) on the last
         micro-batch only. None when preemption was agreed before the step finished."""
         import torch
-        from mlbench_kit.train.data import collate, token_losses
-        from mlbench_kit.train.flops import rows_from_positions, step_flops
+        from mlbench_kit.train.data import collate, token_losses, varlen_kwargs
+        from mlbench_kit.train.flops import PACKED_PATH, rows_from_positions, step_flops
         acc, model = self.accelerator, self.model
         batches = [collate(self.train_set, rows, self.tok.pad_token_id) for rows in group]
         flops = step_flops(self.shape, [r for b in batches for r in rows_from_positions(b["position_ids"],
@@ -329,13 +329,15 @@ class LoRAFinetuneRecipe:
         scale = self.world * self.grad_accum / n_target
         model.train()
         loss_sum = torch.zeros((), dtype=torch.float64, device=acc.device)
+        varlen = PACKED_PATH.get(self.attention_ran) == "varlen"
         for i, b in enumerate(batches):
             last = i == len(batches) - 1
             acc.sync_gradients = last
+            extra = varlen_kwargs(b["position_ids"], acc.device) if varlen and "attention_mask" not in b else {}
             b = {k: v.to(acc.device) for k, v in b.items() if k != "real_tokens"}
             with acc.no_sync(model) if not last else contextlib.nullcontext():
                 logits = model(input_ids=b["input_ids"], position_ids=b["position_ids"],
-                               attention_mask=b.get("attention_mask"), use_cache=False).logits
+                               attention_mask=b.get("attention_mask"), use_cache=False, **extra).logits
                 summed = token_losses(logits, b["labels"], self.cfg.loss_chunk_tokens).sum()
                 acc.backward(summed * scale)
             loss_sum += summed.detach()
