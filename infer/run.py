@@ -207,31 +207,58 @@ def run(args: argparse.Namespace) -> int:
         return 0
     backend = make_backend(args, cfg, tokenizer, max_model_len, adapters)
     try:
-        for adapter, ident, items, path, desc in plan:
-            generate_task(backend, items, cfg, ident, path, desc, adapter)
+        calls = generate_plan(backend, plan, cfg)
     finally:
         backend.close()
-    print(f"infer: generations in {args.out} (score with `mlbench eval --generations`)", file=sys.stderr)
+    n = sum(len(p[2]) for p in plan)
+    print(f"infer: {n} prompts of {len(plan)} target/task pairs in {calls} engine call{'s' * (calls != 1)}; "
+          f"generations in {args.out} (score with `mlbench eval --generations`)", file=sys.stderr)
     return 0
 
 
-def generate_task(backend: Backend, items: list[PromptItem], cfg: InferConfig, ident: dict[str, Any],
-                  path: Path, desc: str, adapter: str | None = None) -> None:
-    """Generate in batches and append each finished prompt's line; the bar shows output tokens/s."""
-    n_tok, t0 = 0, time.perf_counter()
-    bar = tqdm(total=len(items), desc=desc, unit="prompt", file=sys.stderr, disable=not items)
-    with AppendLog(path) as log:
-        for start in range(0, len(items), cfg.batch_size):
-            batch = items[start: start + cfg.batch_size]
-            for it, comps in zip(batch, backend.generate(batch, adapter)):
-                raw = [c.text for c in comps]
-                rec = GenerationRecord(it.github_id, it.id, [parse_response(r, cfg.parser) for r in raw],
-                                       task=it.task, raw=raw, n_tokens=[c.n_tokens for c in comps],
-                                       prompt_sha=it.sha, model=ident["model"]["name"],
-                                       adapter=ident["adapter"]["name"] if ident["adapter"] else None,
-                                       backend=ident["backend"], sampling=ident["sampling"])
-                log.append(rec.to_json())
+def generate_plan(backend: Backend, plan: list[tuple], cfg: InferConfig) -> int:
+    """Every prompt of every (adapter, task) entry of ``plan`` through the engine in as few calls as
+    ``batch_size`` allows: one for all of them by default. vLLM then schedules the base model's and every
+    adapter's prompts together (a ``LoRARequest`` per prompt) instead of draining the engine at the end of each
+    of, say, 9 calls (3 tasks x base, ID and OOD). Backends that cannot mix adapters in one call get one call per
+    adapter in each chunk, all tasks together. Each chunk's lines are appended to their files when it finishes (a
+    killed run resumes). Per-prompt seeds make the samples the same either way. Returns the number of calls."""
+    work = [(k, it) for k, entry in enumerate(plan) for it in entry[2]]
+    mixed = getattr(backend, "generate_mixed", None) if getattr(backend, "mixes_adapters", False) else None
+    if mixed is None:  # one adapter per call: keep each adapter's prompts together, whatever the batch size
+        first = {a: i for i, a in reversed(list(enumerate(e[0] for e in plan)))}
+        work.sort(key=lambda w: first[plan[w[0]][0]])
+    calls, n_tok, t0 = 0, 0, time.perf_counter()
+    bar = tqdm(total=len(work), desc="infer", unit="prompt", file=sys.stderr, disable=not work)
+    logs = [AppendLog(entry[3]) for entry in plan]
+    try:
+        for start in range(0, len(work), cfg.batch_size):
+            chunk = work[start: start + cfg.batch_size]
+            if mixed is not None:
+                outs = mixed([it for _, it in chunk], [plan[k][0] for k, _ in chunk])
+                calls += 1
+            else:
+                outs = [None] * len(chunk)
+                for adapter in dict.fromkeys(plan[k][0] for k, _ in chunk):
+                    idx = [i for i, (k, _) in enumerate(chunk) if plan[k][0] == adapter]
+                    for i, comps in zip(idx, backend.generate([chunk[i][1] for i in idx], adapter)):
+                        outs[i] = comps
+                    calls += 1
+            for (k, it), comps in zip(chunk, outs):
+                logs[k].append(_record(it, comps, plan[k][1], cfg).to_json())
                 n_tok += sum(c.n_tokens for c in comps)
-            bar.update(len(batch))
+            bar.update(len(chunk))
             bar.set_postfix_str(f"{n_tok / max(time.perf_counter() - t0, 1e-9):.0f} tok/s")
-    bar.close()
+    finally:
+        for log in logs:
+            log.close()
+        bar.close()
+    return calls
+
+
+def _record(it: PromptItem, comps: list, ident: dict[str, Any], cfg: InferConfig) -> GenerationRecord:
+    raw = [c.text for c in comps]
+    return GenerationRecord(it.github_id, it.id, [parse_response(r, cfg.parser) for r in raw], task=it.task, raw=raw,
+                            n_tokens=[c.n_tokens for c in comps], prompt_sha=it.sha, model=ident["model"]["name"],
+                            adapter=ident["adapter"]["name"] if ident["adapter"] else None,
+                            backend=ident["backend"], sampling=ident["sampling"])

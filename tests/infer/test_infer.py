@@ -68,6 +68,26 @@ def test_vllm_lora_adapter_changes_generations(vllm_runs, trained_adapter):
 
 
 @pytest.mark.integration
+def test_vllm_one_engine_call_for_every_task_gives_the_per_call_samples(tmp_path, tiny_model_dir, real_prep):
+    """The prompts of several tasks go to vLLM in one generate call; a batch size of one task's prompts makes one
+    call per task, as before: the samples are the same (per-prompt seeds)."""
+    prep = tmp_path / "prep"
+    (prep / "test").mkdir(parents=True)
+    rows = [json.loads(x) for x in (real_prep / "test" / "task3.jsonl").read_text().splitlines()]
+    for t in (2, 3):  # task 2's records: task 3's prompts under another task, enough to make two plan entries
+        (prep / "test" / f"task{t}.jsonl").write_text("".join(json.dumps({**r, "task": t}) + "\n" for r in rows))
+    for name, extra in {"one": (), "per_task": ("--batch-size", "8")}.items():
+        r = run_cli("mlbench", "infer", "--model", tiny_model_dir, "--prompts", prep, "--split", "test", "--task", "2",
+                    "3", "--config", CFG, "--max-tokens", "12", "--limit", "8", "--out", tmp_path / name, *extra)
+        assert r.returncode == 0, r.stderr[-4000:]
+        calls = "1 engine call;" if name == "one" else "2 engine calls;"
+        assert f"16 prompts of 2 target/task pairs in {calls}" in r.stderr, r.stderr[-2000:]
+    for t in (2, 3):
+        one, per = _rows(tmp_path / "one" / f"task{t}.jsonl"), _rows(tmp_path / "per_task" / f"task{t}.jsonl")
+        assert len(one) == 8 and [x["raw"] for x in one] == [x["raw"] for x in per], t
+
+
+@pytest.mark.integration
 def test_hf_backend_same_format_same_seed_and_resume(tmp_path, tiny_model_dir, real_prep):
     out = tmp_path / "hf"
     r = _infer(tiny_model_dir, real_prep, out, "--backend", "hf", "--limit", "3")
