@@ -20,7 +20,6 @@ class Fit:
     dropped_tokens: int  # context tokens cut away
     total_tokens: int  # prompt + answer + EOS after cutting
     over_budget: bool  # instruction + answer alone exceed the budget (context emptied; nothing else is cut)
-    prompt_tokens: int = 0  # the prompt alone (what inference feeds the model), BOS included
 
 
 class TokenBudget:
@@ -62,7 +61,7 @@ class TokenBudget:
         r = make(context)
         n_prompt, total = self.count(r)
         if excess(n_prompt, total) <= 0:
-            return Fit(r, False, len(offs), 0, total, False, n_prompt)
+            return Fit(r, False, len(offs), 0, total, False)
         keep = len(offs) - excess(n_prompt, total)
         for _ in range(16):  # token merges at the cut can shift the count by a few tokens
             keep = max(keep, 0)
@@ -72,4 +71,4 @@ class TokenBudget:
             if excess(n_prompt, total) <= 0 or keep == 0:
                 break
             keep -= excess(n_prompt, total)
-        return Fit(r, True, len(offs), len(offs) - keep, total, excess(n_prompt, total) > 0, n_prompt)
+        return Fit(r, True, len(offs), len(offs) - keep, total, excess(n_prompt, total) > 0)

@@ -141,7 +141,9 @@ def jobs(sweep: Sweep) -> list[ArrayJob]:
 def _unit_model(sweep: Sweep, job: ArrayJob, unit: Unit) -> str | None:
     if job.stage == "report":
         return None
-    return unit.key if job.stage == "prep" else next(m for m in sweep.models if unit.key.startswith(f"{m}."))
+    if job.stage == "prep":
+        return unit.key
+    return max((m for m in sweep.models if unit.key.startswith(f"{m}.")), key=len)  # keys: model.split.taskT.sS
 
 
 def check_jobs(sweep: Sweep, all_jobs: list[ArrayJob]) -> None:

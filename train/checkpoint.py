@@ -49,6 +49,7 @@ class TrainState:
     target_tokens: int = 0  # answer tokens trained on
     world_size: int = 1
     grad_accum: int = 0  # micro-batches per rank and optimizer step (0: a checkpoint from before it was recorded)
+    config_sha: str = ""  # the run's config (as run.json holds it): a checkpoint resumes only under the same one
 
     @classmethod
     def read(cls, path: Path) -> TrainState:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -53,6 +54,7 @@ class LoRAFinetuneRecipe:
     def __init__(self, cfg: TrainConfig, resume: str = "auto") -> None:
         self.cfg, self.resume = cfg, resume
         self.out = cfg.out
+        self.config_sha = hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
         self.final_adapter = self.out / "adapter"
 
     # -- setup ---------------------------------------------------------------------------------------------------
@@ -120,6 +122,12 @@ class LoRAFinetuneRecipe:
         if self.resume_from is None:
             return
         old = TrainState.read(self.resume_from / "trainer_state.json")
+        if old.config_sha and old.config_sha != self.config_sha:
+            # run.json guards the folder, but a process still saving after the folder was emptied and claimed
+            # by another config (a SIGTERM'd run finishing its agreed save) can leave its checkpoint behind
+            raise MLBenchError("this checkpoint was made under another config than this run's", str(self.resume_from),
+                               "remove it (or the run folder) to start afresh, or resume with the config it was "
+                               "made with (its run folder's config.yaml)")
         self.grad_accum = regroup(old.world_size, old.grad_accum or self.cfg.optim.grad_accum, self.world,
                                   is_deepspeed(self.accelerator), str(self.resume_from))
         if self.grad_accum != self.cfg.optim.grad_accum:
@@ -225,7 +233,7 @@ class LoRAFinetuneRecipe:
                      "template": self.cfg.template, "task": d.task, "split": d.split, "seed": self.cfg.seed,
                      "data_file": str(self.cfg.data_file()), "precision": self.precision,
                      "max_seq_len": self.seq_len}
-        self.state = TrainState(world_size=self.world, grad_accum=self.grad_accum)
+        self.state = TrainState(world_size=self.world, grad_accum=self.grad_accum, config_sha=self.config_sha)
         resume_from = self.resume_from
         if self.main:
             (self.out / "PREEMPTED").unlink(missing_ok=True)
@@ -233,7 +241,7 @@ class LoRAFinetuneRecipe:
             s = self.state = load_checkpoint(self.accelerator, self.model, self.optimizer, self.scheduler, resume_from)
             # the position is per rank: carry the global one over to this number of processes
             s.micro = rank_position(s.micro, s.world_size, self.world, len(self._all_batches(s.epoch)))
-            s.world_size, s.grad_accum = self.world, self.grad_accum
+            s.world_size, s.grad_accum, s.config_sha = self.world, self.grad_accum, self.config_sha
             if self.main:
                 print(f"train: resumed from {resume_from} (step {s.step})", file=sys.stderr)
                 if self.resume_note:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -293,6 +294,22 @@ def test_the_card_command_verbatim_offline_then_with_a_local_model(tmp_path, tin
                        cwd=REPO_ROOT, env=offline, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert (out / "adapter" / "adapter_config.json").is_file() and len(_steps(out)) == 1
+
+
+@pytest.mark.integration
+def test_a_checkpoint_from_another_config_is_never_resumed(tmp_path, tiny_model_dir, real_prep):
+    # seen in a real run: a SIGTERM'd training finished its agreed save after its folder had been emptied and
+    # claimed by a run of another config, which then resumed that checkpoint as its own
+    out = tmp_path / "run"
+    r = subprocess.run(_launch(tiny_model_dir, real_prep, out, "--max-steps", "2", "--set", "checkpoint.every_steps=1"),
+                       cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    shutil.rmtree(out / "adapter")
+    (out / "run.json").unlink()  # the folder claimed afresh, the old run's checkpoint still there
+    r = subprocess.run(_launch(tiny_model_dir, real_prep, out, "--max-steps", "3", "--lr", "1e-3"), cwd=REPO_ROOT,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0 and "this checkpoint was made under another config" in r.stderr, r.stderr[-3000:]
+    assert "step-0000002" in r.stderr and not (out / "adapter").exists()
 
 
 @pytest.mark.integration
