@@ -85,7 +85,7 @@ stage model "SmolLM2-135M-Instruct from its GGUF file" "$BIN/python" examples/sm
 
 # 2. one environment per test repository, from the checkout at the benchmark's pinned commit
 SRC=(); [ -n "$REPOS" ] && SRC=(--tarballs "$REPOS")
-stage envs "environments: ${TEST_REPOS[*]}" "$BIN/mlbench" env build "${TEST_REPOS[@]}" "${SRC[@]}"
+stage envs "environments of the ${#TEST_REPOS[@]} test repositories" "$BIN/mlbench" env build "${TEST_REPOS[@]}" "${SRC[@]}"
 
 # 3. prompts: the model's chat template and tokenizer, README context for tasks 1-2 from the pinned checkouts
 prep() {
@@ -140,7 +140,7 @@ infer() {
 stage infer "vLLM: n=$N per prompt, base + ${ARMS[*]}-tuned" infer
 
 # 6. which rows can pass here at all: each gold answer run in its environment
-stage validate "gold validation of ${TEST_REPOS[*]}" "$BIN/mlbench" env validate "${TEST_REPOS[@]}" \
+stage validate "gold validation of the ${#TEST_REPOS[@]} test repositories" "$BIN/mlbench" env validate "${TEST_REPOS[@]}" \
   --data "$DATA" --split full --out "$RUN/validation" --modes "${MODES[@]}"
 
 # 7. every generation executed in its repository's environment, in the sandbox
