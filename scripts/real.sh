@@ -13,7 +13,7 @@
 #
 # Each stage is bounded and resumable: a re-run skips finished stages ($RUN/done/) and the tools resume their own
 # work (train from its checkpoint, infer and eval from what they wrote). One line per stage here; each tool's
-# output is in $RUN/logs/, named when a stage fails. About 45 minutes on 2 cores after set-up (--quick: 5).
+# output is in $RUN/logs/, named when a stage fails. About 50 minutes on 2 cores after set-up (--quick: 5-7).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=super-dainiu/ml-bench
