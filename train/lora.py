@@ -54,7 +54,9 @@ class LoRAFinetuneRecipe:
     def __init__(self, cfg: TrainConfig, resume: str = "auto") -> None:
         self.cfg, self.resume = cfg, resume
         self.out = cfg.out
-        self.config_sha = hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+        # where the run lives is not part of it: a checkpoint copied to another folder resumes there
+        same = {k: v for k, v in cfg.to_dict().items() if k != "output_dir"}
+        self.config_sha = hashlib.sha256(json.dumps(same, sort_keys=True).encode()).hexdigest()[:16]
         self.final_adapter = self.out / "adapter"
 
     # -- setup ---------------------------------------------------------------------------------------------------
