@@ -15,6 +15,8 @@ need() { command -v "$1" >/dev/null || { echo "cluster: $1 not found; install De
 stop() {
   pkill -f "slurmctld -f $CONF" 2>/dev/null || true
   pkill -f "slurmd -f $CONF" 2>/dev/null || true
+  # munged too, when this script started it (a system's own munged is left alone)
+  if [ -f "$STATE/munged.ours" ]; then pkill -x munged 2>/dev/null || true; rm -f "$STATE/munged.ours"; fi
   sleep 1
 }
 
@@ -24,6 +26,7 @@ if [ "$cmd" = stop ]; then stop; exit 0; fi
 need munged; need slurmctld; need slurmd
 
 if SLURM_CONF=$CONF scontrol ping 2>/dev/null | grep -q UP && SLURM_CONF=$CONF sinfo -h -o %T 2>/dev/null | grep -qxE '(idle|mixed|allocated)'; then
+  echo "cluster: already running ($CONF)" >&2
   echo "export SLURM_CONF=$CONF"; exit 0
 fi
 stop
@@ -33,6 +36,7 @@ if ! pgrep -x munged >/dev/null; then
   chown -R root /etc/munge /run/munge /var/lib/munge /var/log/munge 2>/dev/null || true
   chmod 700 /etc/munge; chmod 400 /etc/munge/munge.key
   munged --force
+  touch "$STATE/munged.ours"
 fi
 HOST=$(hostname -s)
 CPUS=$(nproc)

@@ -23,8 +23,9 @@ SAMPLE = REPO_ROOT / "examples" / "sample"
 
 
 @pytest.fixture(scope="session")
-def slurm() -> dict[str, str]:
-    """Start (or reuse) the one-node cluster; the environment its clients need."""
+def slurm():
+    """Start (or reuse) the one-node cluster; the environment its clients need. A cluster these tests started is
+    stopped after them (its daemons outlived the suite before)."""
     if os.geteuid() != 0 and not shutil.which("sbatch"):
         pytest.skip("needs root to start a Slurm cluster (CI runs as root; scripts/setup.sh installs slurm-wlm)")
     r = subprocess.run(["bash", "slurm/cluster.sh", "start"], cwd=REPO_ROOT, capture_output=True, text=True,
@@ -32,7 +33,9 @@ def slurm() -> dict[str, str]:
     assert r.returncode == 0, r.stderr
     conf = r.stdout.strip().rpartition("SLURM_CONF=")[2]
     os.environ["SLURM_CONF"] = conf
-    return {"SLURM_CONF": conf}
+    yield {"SLURM_CONF": conf}
+    if "already running" not in r.stderr:
+        subprocess.run(["bash", "slurm/cluster.sh", "stop"], cwd=REPO_ROOT, capture_output=True, timeout=60)
 
 
 def _sh(*cmd: str) -> subprocess.CompletedProcess:
