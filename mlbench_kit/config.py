@@ -31,7 +31,10 @@ class Lines:
         self.source, self.lines = source, {}
         if text:
             try:
-                self._walk(yaml.compose(text), ())
+                root = yaml.compose(text)
+                if root is not None:
+                    self.lines[()] = f"{source}:{root.start_mark.line + 1}"
+                self._walk(root, ())
             except yaml.YAMLError as exc:
                 mark = getattr(exc, "problem_mark", None)
                 raise MLBenchError(f"bad YAML: {getattr(exc, 'problem', exc)}",
@@ -53,7 +56,7 @@ class Lines:
         for n in range(len(path), 0, -1):
             if path[:n] in self.lines:
                 return self.lines[path[:n]]
-        return self.source
+        return self.lines.get((), self.source)
 
 
 def read_yaml(path: str | Path) -> tuple[dict[str, Any], Lines]:
@@ -105,6 +108,9 @@ def _check(obj: Any, lines: Lines, path: tuple[str, ...]) -> None:
         elif isinstance(v, dict):
             for k, item in v.items():
                 _check(item, lines, path + (f.name, str(k)))
+        elif isinstance(v, list):
+            for i, item in enumerate(v):
+                _check(item, lines, path + (f.name, str(i)))
     if hasattr(obj, "check"):
         obj.check(lambda key: lines.at(path + tuple(key.split("."))))
 
@@ -120,6 +126,11 @@ def build(cls: type[T], raw: Any, lines: Lines, path: tuple[str, ...] = ()) -> T
         if k not in names:
             raise MLBenchError(f"unknown key {'.'.join(path + (str(k),))!r}", lines.at(path + (str(k),)),
                                f"known keys here: {sorted(names)}")
+    required = [f.name for f in dataclasses.fields(cls)
+                if f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    for k in required:
+        if k not in raw:
+            raise MLBenchError(f"missing key {'.'.join(path + (k,))!r}", lines.at(path), f"add `{k}:`")
     kwargs = {k: _value(hints[k], v, lines, path + (k,)) for k, v in raw.items()}
     return cls(**kwargs)
 
@@ -157,7 +168,9 @@ def _value(tp: Any, v: Any, lines: Lines, path: tuple[str, ...]) -> Any:
                 continue
             try:
                 return _value(arg, v, lines, path)
-            except MLBenchError:
+            except MLBenchError as exc:
+                if isinstance(v, dict) and dataclasses.is_dataclass(arg):
+                    raise exc  # a mapping meant as this section: its own error says which key is wrong
                 continue
         raise bad()
     if origin is Literal:
@@ -170,7 +183,7 @@ def _value(tp: Any, v: Any, lines: Lines, path: tuple[str, ...]) -> Any:
         if not isinstance(v, list):
             raise bad()
         (item,) = typing.get_args(tp) or (Any,)
-        return [_value(item, x, lines, path) for x in v]
+        return [_value(item, x, lines, path + (str(i),)) for i, x in enumerate(v)]
     if origin is dict:
         if not isinstance(v, dict):
             raise bad()

@@ -34,21 +34,37 @@ def test_envs_yaml_names_the_modules_to_warm(tmp_path):
     (tmp_path / "r").mkdir()
     f = tmp_path / "envs.yaml"
     f.write_text("repos:\n  a: {checkout: r, warm: [torch]}\n  b: {checkout: r}\n  c: {checkout: r, warm: torch}\n")
+    with pytest.raises(MLBenchError, match="repos.c.warm must be a list or null") as e:
+        EnvConfig(f)  # when the file is read, before any repository runs
+    assert f"{f}:4" in str(e.value)
+    f.write_text("repos:\n  a: {checkout: r, warm: [torch]}\n  b: {checkout: r}\n  c:\n")
     envs = EnvConfig(f)
     assert envs.for_repo("a").warm == ("torch",) and envs.for_repo("b").warm is None
-    with pytest.raises(MLBenchError, match="list of module names") as e:
+    assert envs.for_repo("a").where == f"{f}:2"
+    with pytest.raises(MLBenchError, match="no checkout known for repository 'c'"):
         envs.for_repo("c")
-    assert f"{f}:4" in str(e.value)
+    f.write_text("repos:\n  a: {checkout: r, venv: [x]}\n")
+    with pytest.raises(MLBenchError, match="repos.a.venv must be") as e:
+        EnvConfig(f)
+    assert f"{f}:2" in str(e.value)
 
 
 @pytest.mark.parametrize("text, message, line", [
     ("repo: x\ncheckout: {path: .}\npython: '3.11'\npipp: [a]\n", "unknown key 'pipp'", 4),
     ("repo: x\ncheckout: {path: .}\npip: ['torch ==']\n", "not a pip requirement", 3),
     ("repo: x\ncheckout: {github: u, commit: abc}\n", "40 hex digits", 2),
-    ("repo: x\ncheckout: {path: .}\nassets:\n  - {path: ../etc/passwd, generate: picture}\n", "stay inside it", 3),
-    ("repo: x\ncheckout: {path: .}\nassets:\n  - {path: a.bin, url: 'https://x', sha256: zz}\n", "64 hex", 3),
+    # an asset's error names the asset's own line
+    ("repo: x\ncheckout: {path: .}\nassets:\n  - {path: ../etc/passwd, generate: picture}\n", "stay inside it", 4),
+    ("repo: x\ncheckout: {path: .}\nassets:\n  - {path: a.bin, url: 'https://x', sha256: zz}\n", "64 hex", 4),
+    ("repo: x\ncheckout: {path: .}\nassets:\n  - {path: a, generate: picture}\n  - {path: b, generate: picture, knd: data}\n",
+     "unknown key 'assets.1.knd'", 5),
+    ("repo: x\ncheckout: {path: .}\nassets:\n  - {path: a.zip, url: 'https://x', unpack: rar}\n",
+     "unpack must be one of 'zip', 'tar' or null", 4),
     ("repo: x\ncheckout: {path: .}\npython: '3'\n", "must look like 3.11", 3),
+    ("repo: x\ncheckout: {path: .}\npython: 3.10\n", "is a string", 3),
     ("repo: x\ncheckout: {path: .}\ngold_defects: {'261': wrong}\n", "maps a row id", 3),
+    ("checkout: {path: .}\npip: [a]\n", "missing key 'repo'", 1),
+    ("repo: x\ncheckout: {path: .}\nenv: [A=1]\n", "env must be a mapping", 3),
 ])
 def test_bad_recipes_name_file_and_line(tmp_path, text, message, line):
     f = tmp_path / "r.yaml"
