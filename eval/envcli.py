@@ -170,6 +170,7 @@ def _check(args: Namespace) -> int:
 
 def _validate(args: Namespace) -> int:
     from mlbench_kit.dataset import load_samples
+    from mlbench_kit.eval_config import load_eval_config
 
     from . import run as eval_run
     from .validate import validate, validation_markdown
@@ -183,11 +184,11 @@ def _validate(args: Namespace) -> int:
     for mode in args.modes:
         recs: list[dict] = []
         if built:
-            eval_args = eval_run.parse(["--data", args.data, "--split", args.split, "--gold", "--envs",
-                                        str(cache / "envs.yaml"), "--out", str(out / f"gold-{mode}"), "--mode", mode,
-                                        "--workers", str(args.workers), "--backend", args.backend, "--no-ci",
-                                        *(["--cpus", str(args.cpus)] if args.cpus else []), "--repos", *built])
-            code = eval_run.run(eval_args)
+            options = {"data": args.data, "split": args.split, "gold": True, "envs": str(cache / "envs.yaml"),
+                       "out": str(out / f"gold-{mode}"), "mode": mode, "workers": args.workers,
+                       "backend": args.backend, "ci": False, "cpus": args.cpus or None, "repos": built}
+            code = eval_run.score(load_eval_config(None, {k: (v, f"mlbench env validate ({k})")
+                                                          for k, v in options.items()}))
             if code not in (0, 3):
                 return code
             recs = [json.loads(x) for x in (out / f"gold-{mode}" / "results.jsonl").open()]

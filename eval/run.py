@@ -7,6 +7,7 @@ finished run re-run does nothing, and ``--rescore`` recomputes metrics without e
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import math
@@ -24,6 +25,7 @@ from tqdm import tqdm
 
 from mlbench_kit.dataset import Sample, load_samples
 from mlbench_kit.errors import MLBenchError
+from mlbench_kit.eval_config import BACKENDS, MODES, EvalConfig, load_eval_config
 from mlbench_kit.io import (
     AppendLog,
     claim_run_folder,
@@ -41,7 +43,6 @@ from .generations import load_generations
 from .metrics import score_results
 from .run_report import fmt_rate, render_run_report
 from .sandbox import (
-    BACKENDS,
     Env,
     ExecResult,
     Job,
@@ -52,57 +53,62 @@ from .sandbox import (
 )
 from .static_cli import check_command
 
-MODES = ("compat", "strict")
 # 18x the longest gold answer (3,511 characters): a longer output is a failure, neither parsed nor run, so no
 # generation can hold the harness (the checks run on the host, outside the sandbox's limits)
 MAX_OUTPUT_CHARS = 65536
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of ``mlbench eval``."""
-    p.add_argument("--data", required=True, help="ML-Bench rows the generations answer (file, folder or hub id)")
-    p.add_argument("--split", default="full")
-    src = p.add_mutually_exclusive_group(required=True)
+    """The options of ``mlbench eval``: each overrides the same key of ``--config`` (defaults: :class:`EvalConfig`)."""
+    d = EvalConfig()
+    p.add_argument("--config", help="YAML of eval options (keys: the flags' names, e.g. mode: strict); flags win")
+    p.add_argument("--data", help="ML-Bench rows the generations answer (file, folder or hub id)")
+    p.add_argument("--split", help=f"split of --data (default {d.split})")
+    src = p.add_mutually_exclusive_group()
     src.add_argument("--generations", help="generations JSONL: {github_id, id, output: [n strings]} per line")
-    src.add_argument("--gold", action="store_true", help="score the dataset's own `output` column")
-    p.add_argument("--out", required=True, help="run folder (results.jsonl, summary.json, report.md)")
-    p.add_argument("--mode", choices=MODES, default="compat",
-                   help="compat: exactly the benchmark's checker; strict: its known holes closed")
-    p.add_argument("--backend", choices=BACKENDS, default="bwrap")
-    p.add_argument("--unsafe-local", action="store_true", help="allow --backend local (no isolation)")
+    src.add_argument("--gold", action="store_true", default=None, help="score the dataset's own `output` column")
+    p.add_argument("--out", help="run folder (results.jsonl, summary.json, report.md)")
+    p.add_argument("--mode", choices=MODES,
+                   help="compat (default): exactly the benchmark's checker; strict: its known holes closed")
+    p.add_argument("--backend", choices=BACKENDS, help=f"sandbox (default {d.backend})")
+    p.add_argument("--unsafe-local", action="store_true", default=None, help="allow --backend local (no isolation)")
     p.add_argument("--envs", help="YAML of per-repository environments (configs/eval/*.yaml)")
     p.add_argument("--repos-dir", help="folder holding one checkout per repository")
-    p.add_argument("--parser", choices=["compat", "fenced"], default="compat", help="code parser for `raw` lines")
+    p.add_argument("--parser", choices=["compat", "fenced"], help="code parser for `raw` lines (default compat)")
     p.add_argument("--n", type=int, help="outputs per sample (default: the most common count)")
-    p.add_argument("--k", type=int, nargs="+", default=[1, 2, 5])
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--k", type=int, nargs="+", help=f"Pass@k (default {' '.join(map(str, d.k))})")
+    p.add_argument("--workers", type=int, help=f"executions at once (default {d.workers})")
     p.add_argument("--timeout", type=float, help="wall-clock limit per execution (default: the benchmark's)")
-    p.add_argument("--timeout-pass", action="store_true", help="strict mode: count a timeout as a pass")
-    p.add_argument("--static-gate", action="store_true",
+    p.add_argument("--timeout-pass", action="store_true", default=None,
+                   help="strict mode: count a timeout as a pass")
+    p.add_argument("--static-gate", action="store_true", default=None,
                    help="strict mode: fail outputs whose CLI check finds unknown options or invalid choices")
-    p.add_argument("--mem-mb", type=int, default=8192, help="memory of one execution, its whole process tree")
-    p.add_argument("--pids", type=int, default=512, help="processes of one execution at once")
+    p.add_argument("--mem-mb", type=int, help=f"memory of one execution, its whole process tree (default {d.mem_mb})")
+    p.add_argument("--pids", type=int, help=f"processes of one execution at once (default {d.pids})")
     p.add_argument("--cpus", type=float, help="CPU quota of one execution in cores (default: none)")
     p.add_argument("--threads", type=int,
                    help="OMP/MKL threads of one execution (default: the --cpus quota, else the cores this process "
                         "may use divided by --workers)")
-    p.add_argument("--disk-mb", type=int, default=2048, help="what one execution may write into the repository "
-                                                             "and its home")
+    p.add_argument("--disk-mb", type=int, help="what one execution may write into the repository and its home "
+                                               f"(default {d.disk_mb})")
     p.add_argument("--sandbox-uid", type=int, help="run as root: the uid untrusted code runs as (default 65534)")
-    p.add_argument("--require-cgroups", action="store_true",
+    p.add_argument("--require-cgroups", action="store_true", default=None,
                    help="refuse to run when memory/process limits could only hold per process")
     p.add_argument("--repos", nargs="+", help="score only these repositories' rows")
     p.add_argument("--validation", help="validation.json of `mlbench env validate`: also report Pass@k on the "
                                         "gold-valid rows, and which rows are excluded and why")
-    p.add_argument("--rescore", action="store_true", help="recompute metrics from results.jsonl only")
-    p.add_argument("--no-ci", action="store_true", help="skip bootstrap confidence intervals")
+    p.add_argument("--rescore", action="store_true", default=None, help="recompute metrics from results.jsonl only")
+    p.add_argument("--no-ci", dest="ci", action="store_false", default=None,
+                   help="skip bootstrap confidence intervals")
 
 
-def parse(argv: list[str]) -> argparse.Namespace:
-    """``mlbench eval`` options from a list (for stages that run eval in-process, e.g. gold validation)."""
-    p = argparse.ArgumentParser(prog="mlbench eval")
-    add_arguments(p)
-    return p.parse_args(argv)
+def resolve_config(args: argparse.Namespace) -> EvalConfig:
+    """The run's options: ``--config`` (else the defaults), then every flag given."""
+    keys = [f.name for f in dataclasses.fields(EvalConfig)]
+    flag = {"ci": "--no-ci"}
+    overrides = {k: (getattr(args, k), flag.get(k, "--" + k.replace("_", "-"))) for k in keys
+                 if getattr(args, k, None) is not None}
+    return load_eval_config(args.config, overrides)
 
 
 def default_threads(cpus: float | None, workers: int) -> int:
@@ -162,9 +168,8 @@ class ScoringRules:
     threads: int | None = None
 
     @classmethod
-    def from_args(cls, a: argparse.Namespace) -> "ScoringRules":
-        return cls(a.mode, a.timeout, a.timeout_pass, a.static_gate, a.mem_mb, a.pids, a.cpus, a.disk_mb,
-                   a.threads)
+    def from_config(cls, c: EvalConfig, threads: int) -> ScoringRules:
+        return cls(c.mode, c.timeout, c.timeout_pass, c.static_gate, c.mem_mb, c.pids, c.cpus, c.disk_mb, threads)
 
     @property
     def strict(self) -> bool:
@@ -277,19 +282,20 @@ def gold_ceiling(samples: list[Sample]) -> dict[str, dict[str, int]]:
     return dict(sorted(out.items(), key=lambda kv: (kv[0] == "ALL", kv[0])))
 
 
-def _config(args: argparse.Namespace) -> dict[str, Any]:
+def _config(cfg: EvalConfig, threads: int) -> dict[str, Any]:
+    """What run.json records: the options a run folder's verdicts depend on (threads resolved)."""
     keys = ("data", "split", "generations", "gold", "mode", "backend", "parser", "timeout", "timeout_pass",
-            "static_gate", "mem_mb", "pids", "cpus", "disk_mb", "threads")
-    return {k: getattr(args, k) for k in keys}
+            "static_gate", "mem_mb", "pids", "cpus", "disk_mb")
+    return {**{k: getattr(cfg, k) for k in keys}, "threads": threads}
 
 
 MAX_FAULTS = 10  # environment/sandbox faults before a run gives up: something is broken, not the model
 
 
-def _execute(args: argparse.Namespace, samples: dict, gens: Any, out: Path) -> int:
+def _execute(cfg: EvalConfig, threads: int, samples: dict, gens: Any, out: Path) -> int:
     """Preflight every environment the run uses, then score what is not done yet; returns the fault count."""
-    check_backend(args.backend, args.unsafe_local)
-    envs = EnvConfig(args.envs, args.repos_dir)
+    check_backend(cfg.backend, cfg.unsafe_local)
+    envs = EnvConfig(cfg.envs, cfg.repos_dir)
     repos = sorted({samples[k].repo for k in gens.outputs})
     for repo in repos:
         envs.for_repo(repo)  # fail before executing anything if a checkout is missing
@@ -306,9 +312,9 @@ def _execute(args: argparse.Namespace, samples: dict, gens: Any, out: Path) -> i
     done = {(r["github_id"], r["id"], r["idx"]) for r in records}
     todo = [(samples[k], i, o) for k, outs in gens.outputs.items() for i, o in enumerate(outs)
             if (k[0], k[1], i) not in done]
-    with Sandbox(args.backend, uid=args.sandbox_uid, strict_limits=args.require_cgroups) as sandbox:
-        if args.cpus and sandbox.limits_mode.startswith("rlimit"):
-            print(f"eval: warning: --cpus {args.cpus:g} is not enforced: a CPU quota needs a per-execution cgroup "
+    with Sandbox(cfg.backend, uid=cfg.sandbox_uid, strict_limits=cfg.require_cgroups) as sandbox:
+        if cfg.cpus and sandbox.limits_mode.startswith("rlimit"):
+            print(f"eval: warning: --cpus {cfg.cpus:g} is not enforced: a CPU quota needs a per-execution cgroup "
                   "(root, or a delegated cgroup v2 subtree); only the threads it implies apply", file=sys.stderr)
         if todo:
             used: dict[str, tuple[Env, dict[str, str]]] = {}  # repo -> (environment, its probe)
@@ -317,21 +323,21 @@ def _execute(args: argparse.Namespace, samples: dict, gens: Any, out: Path) -> i
                 if workdirs:
                     env = envs.for_repo(repo)
                     used[repo] = (env, sandbox.preflight(env, workdirs))
-            with ThreadPoolExecutor(max_workers=args.workers) as pool:  # seconds per environment: overlap them
+            with ThreadPoolExecutor(max_workers=cfg.workers) as pool:  # seconds per environment: overlap them
                 warmed = dict(zip(used, pool.map(sandbox.warm, [env for env, _ in used.values()])))
             for repo, (env, probe) in used.items():
                 warm = warmed[repo]
                 print(f"eval: environment {repo}: python {probe['version']} ({probe['python']}) ok in the "
-                      f"{args.backend} sandbox; limits: {sandbox.limits_mode}; {warm_summary(warm)}",
+                      f"{cfg.backend} sandbox; limits: {sandbox.limits_mode}; {warm_summary(warm)}",
                       file=sys.stderr)
                 if any(not w.compiled and not w.error for w in warm):
                     print(f"eval: warning: {repo}'s libraries have no bytecode and the sandbox cannot cache it: "
                           "every execution compiles them again (seconds of each time limit). Run `mlbench env "
                           "build` for built environments, or `python -m compileall` on your own", file=sys.stderr)
-        claim_run_folder(out / "run.json", _config(args))
+        claim_run_folder(out / "run.json", _config(cfg, threads))
         faults: list[EvalResult] = []
         stop = threading.Event()
-        scorer = Scorer(ScoringRules.from_args(args), envs, sandbox)
+        scorer = Scorer(ScoringRules.from_config(cfg, threads), envs, sandbox)
         lock = threading.Lock()
         with AppendLog(results_path) as log:
             def work(item: tuple[Sample, int, str]) -> bool:
@@ -347,7 +353,7 @@ def _execute(args: argparse.Namespace, samples: dict, gens: Any, out: Path) -> i
                     log.append(rec.to_json())
                 return bool(rec.passed)
 
-            with ThreadPoolExecutor(max_workers=max(1, args.workers)) as pool:
+            with ThreadPoolExecutor(max_workers=max(1, cfg.workers)) as pool:
                 bar = tqdm(pool.map(work, todo), total=len(todo), desc="eval", unit="gen",
                            disable=not todo, file=sys.stderr)
                 passed = sum(bar)
@@ -362,33 +368,39 @@ def _execute(args: argparse.Namespace, samples: dict, gens: Any, out: Path) -> i
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the eval stage; returns the exit status (3 when environment faults left generations unscored)."""
-    out = Path(args.out)
-    args.threads = args.threads or default_threads(args.cpus, args.workers)  # resolved once: recorded and compared
+    """``mlbench eval``: the options resolved into an :class:`EvalConfig`, then :func:`score`."""
+    return score(resolve_config(args))
+
+
+def score(cfg: EvalConfig) -> int:
+    """The one entry to scoring (``mlbench eval``, gold validation, the demo): execute what is not scored yet,
+    then write the metrics; returns the exit status (3 when environment faults left generations unscored)."""
+    out = Path(str(cfg.out))
+    threads = cfg.threads or default_threads(cfg.cpus, cfg.workers)  # resolved once: recorded and compared
     saved = out / "run.json"
     if saved.exists():
-        claim_run_folder(saved, _config(args))  # refuse other settings before any work
-    samples = {s.key: s for s in load_samples(args.data, args.split)}
-    if args.gold:
+        claim_run_folder(saved, _config(cfg, threads))  # refuse other settings before any work
+    samples = {s.key: s for s in load_samples(cfg.data, cfg.split)}
+    if cfg.gold:
         from .generations import Generations
         gens = Generations({k: [s.output] for k, s in samples.items()}, 1)
     else:
-        gens = load_generations(args.generations, samples, args.parser, args.n)
-    if args.repos:
-        unknown = sorted(set(args.repos) - {s.repo for s in samples.values()})
+        gens = load_generations(cfg.generations, samples, cfg.parser, cfg.n)
+    if cfg.repos:
+        unknown = sorted(set(cfg.repos) - {s.repo for s in samples.values()})
         if unknown:
             raise MLBenchError(f"no rows of repositories {unknown} in the data", "--repos",
                                f"repositories here: {sorted({s.repo for s in samples.values()})}")
-        gens.outputs = {k: v for k, v in gens.outputs.items() if samples[k].repo in args.repos}
-        gens.missing = [k for k in gens.missing if samples[k].repo in args.repos]
+        gens.outputs = {k: v for k, v in gens.outputs.items() if samples[k].repo in cfg.repos}
+        gens.missing = [k for k in gens.missing if samples[k].repo in cfg.repos]
     results_path = out / "results.jsonl"
-    n_faults = 0 if args.rescore else _execute(args, samples, gens, out)
+    n_faults = 0 if cfg.rescore else _execute(cfg, threads, samples, gens, out)
     results = read_jsonl_tolerant(results_path)
     if not results:
         if n_faults:
             return _fault_exit(out, n_faults)
         raise MLBenchError("no results to score", str(results_path), "run without --rescore first")
-    ks = sorted(k for k in args.k if k <= gens.n) or [1]
+    ks = sorted(k for k in cfg.k if k <= gens.n) or [1]
     scored = [samples[k] for k in gens.outputs]
     unscored = unscored_samples(results, gens.outputs)
     apart = {(u["github_id"], u["id"]) for u in unscored}
@@ -397,21 +409,21 @@ def run(args: argparse.Namespace) -> int:
              f"(first: {gens.missing[:5]})" if gens.missing else "every dataset row has generations",
              f"{len(gens.reference_would_drop)} rows have a number of outputs other than 5: the benchmark's "
              f"checker silently drops them; here they are scored (first: {gens.reference_would_drop[:3]})"
-             if gens.reference_would_drop and not args.gold else "no rows the benchmark's checker would drop",
+             if gens.reference_would_drop and not cfg.gold else "no rows the benchmark's checker would drop",
              f"{sum(bool(s.prefix_code.strip()) for s in scored)} rows carry prefix_code (environment preparation): "
              "it is not run per generation (installs and downloads belong to building the repository's env); only "
              f"its `export NAME=VALUE` lines are applied, to the {sum(bool(prefix_exports(s.prefix_code)) for s in scored)}"
              " rows that have them"]
     task = next(iter(gens.tasks)) if len(gens.tasks) == 1 else None
-    summary = {"generations": "gold" if args.gold else str(args.generations), "task": task, "mode": args.mode,
-               "backend": args.backend, "n": gens.n, "ks": ks,
+    summary = {"generations": "gold" if cfg.gold else str(cfg.generations), "task": task, "mode": cfg.mode,
+               "backend": cfg.backend, "n": gens.n, "ks": ks,
                "executions": sum(r["executed"] and not r["cached"] for r in results),
                "cached_executions": sum(r["cached"] for r in results),
-               "metrics": score_results(results, ks, ci=not args.no_ci), "gold_ceiling": gold_ceiling(scored),
+               "metrics": score_results(results, ks, ci=cfg.ci), "gold_ceiling": gold_ceiling(scored),
                "reference_would_drop": gens.reference_would_drop, "missing": gens.missing, "notes": notes,
-               "threads_per_execution": args.threads}
-    if args.validation:
-        summary["gold_valid"] = _gold_valid_metrics(args.validation, results, ks, not args.no_ci)
+               "threads_per_execution": threads}
+    if cfg.validation:
+        summary["gold_valid"] = _gold_valid_metrics(cfg.validation, results, ks, cfg.ci)
     if len(gens.outputs) <= PER_SAMPLE_MAX:
         summary["per_sample"] = per_sample_outcomes(results, samples, gens.outputs)
     if gens.invalid_unicode:

@@ -76,6 +76,8 @@ def test_a_stage_option_typo_fails_at_plan_with_its_line(tmp_path: Path) -> None
     # `mdoe: strict` used to pass `sweep plan` and fail only when the eval jobs started, after prep, train and infer
     text = (REPO_ROOT / "configs/sweeps/paper.yaml").read_text()
     cases = [("  workers: 16\n", "  workers: 16\n  mdoe: strict\n", "  mdoe:", "unrecognized arguments: --mdoe"),
+             # a rule across options, checked by eval's own config (EvalConfig.check), not only its parser
+             ("  workers: 16\n", "  workers: 16\n  timeout_pass: true\n", "  timeout_pass:", "strict-mode rule"),
              ("  max_tokens: 8192\n", "  max_tokens: 8192\n  tasks: [4]\n", "  tasks: [4]", "invalid choice: 4"),
              ("  config: configs/infer/paper.yaml\n", "  config: configs/infer/paper.yaml\n  temperature: hot\n",
               "  temperature:", "invalid float value: 'hot'"),
