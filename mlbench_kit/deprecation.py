@@ -10,11 +10,13 @@ For config files the loader (:mod:`mlbench_kit.config`) reads a field's old name
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
-from typing import Any
+from typing import Any, Callable, Iterator
 
 _warned: set[str] = set()  # each warning once per process (a sweep parses each stage's command many times)
+_locate: Callable[[str], str | None] | None = None  # where a flag came from, when a file wrote it (a sweep)
 
 
 def warn_renamed(old: str, new: str, where: str | None = None) -> None:
@@ -43,7 +45,8 @@ class _DeprecatedFlag(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
-        warn_renamed(option_string or self.option_strings[0], self.new)
+        flag = option_string or self.option_strings[0]
+        warn_renamed(flag, self.new, _locate(flag) if _locate else None)
         setattr(namespace, self.dest, values)
 
 
@@ -51,3 +54,15 @@ def deprecated_flag(parser: argparse.ArgumentParser, old: str, new: str, **kw: A
     """``old`` as a hidden alias of the option ``new`` (same ``dest``; ``kw``: its ``type``, ``nargs``...)."""
     parser.add_argument(old, dest=new.lstrip("-").replace("-", "_"), action=_DeprecatedFlag, new=new,
                         default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kw)
+
+
+@contextlib.contextmanager
+def flags_from(locate: Callable[[str], str | None]) -> Iterator[None]:
+    """While parsing a command line that a file wrote (a sweep's stage options), an old flag's warning names the
+    file:line ``locate(flag)`` gives."""
+    global _locate
+    before, _locate = _locate, locate
+    try:
+        yield
+    finally:
+        _locate = before

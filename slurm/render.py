@@ -19,6 +19,7 @@ from typing import Any
 import jinja2
 
 from mlbench_kit.cli import check_stage
+from mlbench_kit.deprecation import flags_from
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.hf import model_positions
 
@@ -163,7 +164,8 @@ def check_jobs(sweep: Sweep, all_jobs: list[ArrayJob]) -> None:
                 model = _unit_model(sweep, job, unit)
                 argv = unit.argv[4:] if unit.argv[:3] == ["$PY", "-m", "mlbench_kit.cli"] else unit.argv[1:]
                 try:
-                    args, cfg = check_stage(job.stage, argv)
+                    with flags_from(lambda flag: sweep.where(job.stage, model, flag.lstrip("-").replace("-", "_"))):
+                        args, cfg = check_stage(job.stage, argv)
                 except MLBenchError as exc:
                     flag = re.search(r"--([a-z][a-z0-9-]*)", exc.what + " " + (exc.where or ""))
                     key = flag.group(1).replace("-", "_") if flag else ""
