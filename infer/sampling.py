@@ -71,7 +71,9 @@ class InferConfig:
         return asdict(self)
 
 
-_SAMPLING = {f.name for f in fields(Sampling)} | {old for f in fields(Sampling) for old in f.metadata.get("aliases", ())}
+# sampling keys, and their names before a rename (the loader warns and renames them)
+_SAMPLING = ({f.name for f in fields(Sampling)}
+             | {old for f in fields(Sampling) for old in f.metadata.get("aliases", ())})
 
 
 def load_config(path: str | Path | None, overrides: dict[str, Any]) -> InferConfig:

@@ -135,7 +135,8 @@ def rename_old_keys(cls: Any, raw: Any, lines: Lines | None = None, path: tuple[
                 warn_renamed(old_name, new_name, where)
                 for key in [k for k in lines.lines if k[:len(path) + 1] == path + (old,)]:
                     lines.lines[path + (f.name,) + key[len(path) + 1:]] = lines.lines[key]
-            raw[f.name] = raw.pop(old)
+            value = raw.pop(old)
+            raw.setdefault(f.name, value)  # a record holding both (never written so): the new name's value
         inner, is_dict = _nested(hints.get(f.name))
         value = raw.get(f.name)
         if inner is not None and isinstance(value, dict):
