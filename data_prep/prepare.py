@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from mlbench_kit.dataset import HUB_ID, Sample, load_samples
-from mlbench_kit.errors import MLBenchError
 from mlbench_kit.deprecation import deprecated_flag
+from mlbench_kit.errors import MLBenchError
 from mlbench_kit.hf import check_model_available, load_tokenizer, model_positions
 from mlbench_kit.io import (
     atomic_dir,

@@ -34,7 +34,7 @@ def test_positions_and_tokenizers_are_read_in_one_place_only() -> None:
             if f == REPO_ROOT / "mlbench_kit" / "hf.py":
                 continue
             for n, line in enumerate(f.read_text().splitlines(), 1):
-                if re.search(r"max_position_embeddings|n_positions|AutoTokenizer", line):
+                if re.search(r"max_position_embeddings|\bn_positions\b|AutoTokenizer", line):
                     found.append(f"{f.relative_to(REPO_ROOT)}:{n}: {line.strip()}")
     assert found == []
 
