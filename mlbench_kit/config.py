@@ -7,6 +7,10 @@ is), applies dotted overrides (each with its own origin, e.g. ``--task`` or ``--
 unknown key, or a value of the wrong type or outside a ``Literal``, is one :class:`MLBenchError` naming the file
 and line (or the flag). A dataclass may define ``check(self, at)`` for rules across fields; ``at("data.task")``
 gives the location of that key for its error.
+
+A field that was renamed keeps its old names for one release: ``field(default=..., metadata=renamed_from("old"))``
+(:mod:`mlbench_kit.deprecation`). The old key, in the file or in an override, loads as the new one with one
+warning naming the new name and the old key's file:line; both names at once are an error.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any, Callable, Literal, TypeVar, Union
 
 import yaml
 
+from .deprecation import warn_renamed
 from .errors import MLBenchError
 
 T = TypeVar("T")
@@ -88,14 +93,94 @@ def load(cls: type[T], path: str | Path | None = None, overrides: dict[str, tupl
     if raw is None:
         raw, lines = read_yaml(path) if path is not None else ({}, Lines("defaults"))
     lines = lines or Lines(str(path or "defaults"))
+    rename_old_keys(cls, raw, lines)
     for dotted, (value, origin) in (overrides or {}).items():
         if value is None:
             continue
+        dotted = _new_name(cls, dotted, origin)
         _set(raw, dotted, value)
         lines.lines[tuple(dotted.split("."))] = origin
     obj = build(cls, raw, lines)
     _check(obj, lines, ())
     return obj
+
+
+def _nested(tp: Any) -> tuple[Any, bool]:
+    """The dataclass inside an annotation (``X``, ``X | None``, ``dict[str, X]``), and whether it is a dict's."""
+    if dataclasses.is_dataclass(tp):
+        return tp, False
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        found = [a for a in args if dataclasses.is_dataclass(a)]
+        return (found[0], False) if len(found) == 1 else (None, False)
+    if origin is dict and len(args) == 2 and dataclasses.is_dataclass(args[1]):
+        return args[1], True
+    return None, False
+
+
+def rename_old_keys(cls: Any, raw: Any, lines: Lines | None = None, path: tuple[str, ...] = ()) -> None:
+    """Old names of renamed fields (their ``aliases`` metadata) in ``raw`` become the new ones, in place. With
+    ``lines`` (a config being loaded) each is one warning with its file:line; without, silently (a record written
+    before the rename, read back)."""
+    if not isinstance(raw, dict) or not dataclasses.is_dataclass(cls):
+        return
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        for old in f.metadata.get("aliases", ()):
+            if old not in raw:
+                continue
+            old_name, new_name = ".".join(path + (old,)), ".".join(path + (f.name,))
+            if lines is not None:
+                where = lines.at(path + (old,))
+                if f.name in raw:
+                    raise MLBenchError(f"{old_name} and {new_name} are both set ({old} is the old name of "
+                                       f"{f.name})", where, f"keep only {new_name}")
+                warn_renamed(old_name, new_name, where)
+                for key in [k for k in lines.lines if k[:len(path) + 1] == path + (old,)]:
+                    lines.lines[path + (f.name,) + key[len(path) + 1:]] = lines.lines[key]
+            value = raw.pop(old)
+            raw.setdefault(f.name, value)  # a record holding both (never written so): the new name's value
+        inner, is_dict = _nested(hints.get(f.name))
+        value = raw.get(f.name)
+        if inner is not None and isinstance(value, dict):
+            for k, v in (value.items() if is_dict else [(None, value)]):
+                rename_old_keys(inner, v, lines, path + ((f.name, str(k)) if is_dict else (f.name,)))
+
+
+def _new_name(cls: Any, dotted: str, origin: str) -> str:
+    """An override's dotted key with old field names replaced by the new ones (one warning each)."""
+    parts, tp = dotted.split("."), cls
+    i = 0
+    while i < len(parts) and dataclasses.is_dataclass(tp):
+        fields = {f.name: f for f in dataclasses.fields(tp)}
+        renamed = {old: f.name for f in fields.values() for old in f.metadata.get("aliases", ())}
+        if parts[i] in renamed and parts[i] not in fields:
+            new = parts[:i] + [renamed[parts[i]]]
+            warn_renamed(".".join(parts[:i + 1]), ".".join(new), origin)
+            parts[i] = renamed[parts[i]]
+        if parts[i] not in fields:
+            break
+        tp, is_dict = _nested(typing.get_type_hints(tp).get(parts[i]))
+        i += 2 if is_dict else 1
+    return ".".join(parts)
+
+
+def with_old_names(cls: Any, data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (as :func:`to_dict` gives it) with each renamed field under its old name again: what the same
+    config looked like before the rename (to recognise what an older run recorded)."""
+    out = dict(data)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        aliases = f.metadata.get("aliases", ())
+        inner, is_dict = _nested(hints.get(f.name))
+        value = out.get(f.name)
+        if inner is not None and isinstance(value, dict):
+            value = ({k: with_old_names(inner, v) if isinstance(v, dict) else v for k, v in value.items()}
+                     if is_dict else with_old_names(inner, value))
+        if f.name in out:
+            out.pop(f.name)
+            out[aliases[0] if aliases else f.name] = value
+    return out
 
 
 def _check(obj: Any, lines: Lines, path: tuple[str, ...]) -> None:

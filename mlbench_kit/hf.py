@@ -1,5 +1,9 @@
-"""Model-side contracts every stage shares: loading a tokenizer, the compute dtype, the one rule that keeps
-prep's token counts, training's inputs and inference's prompts token-identical, and the adapter fingerprint."""
+"""Model-side contracts every stage shares: the model's facts (where it loads from, its tokenizer, its context
+length), the compute dtype, the one rule that keeps prep's token counts, training's inputs and inference's prompts
+token-identical, and the adapter fingerprint.
+
+Every stage reads a model's context length with :func:`model_positions` and loads its tokenizer with
+:func:`load_tokenizer`; nothing else reads ``max_position_embeddings`` or calls ``AutoTokenizer``."""
 
 from __future__ import annotations
 
@@ -53,17 +57,49 @@ def check_model_available(name: str, flag: str = "--model") -> str:
     return "hub"
 
 
-def load_tokenizer(name_or_path: str) -> Any:
-    """A fast tokenizer from a local folder or a hub id, with a clear error offline."""
+def load_tokenizer(name_or_path: str, flag: str = "--tokenizer", fast: bool = True) -> Any:
+    """The tokenizer of a local folder or a hub id, with a clear error when it cannot be loaded. ``fast``: refuse
+    a slow (Python) tokenizer; prep and training need a fast one (offsets cut the context), inference does not."""
     from transformers import AutoTokenizer
     try:
-        tok = AutoTokenizer.from_pretrained(name_or_path)
+        tok = AutoTokenizer.from_pretrained(str(name_or_path))
     except Exception as exc:  # transformers raises many types for a missing or unreachable model
-        raise MLBenchError(f"could not load tokenizer ({exc.__class__.__name__}: {str(exc).splitlines()[0][:160]})",
-                           name_or_path, "pass a local tokenizer folder, or run with network access to the hub")
-    if not getattr(tok, "is_fast", False):
-        raise MLBenchError("a fast tokenizer is needed (offsets are used to cut the context)", name_or_path)
+        raise MLBenchError(f"could not load the tokenizer ({exc.__class__.__name__}: "
+                           f"{(str(exc).splitlines() or [''])[0][:160]})", str(name_or_path),
+                           f"pass {flag} a local tokenizer or model folder, or run with network access to the hub")
+    if fast and not getattr(tok, "is_fast", False):
+        raise MLBenchError("a fast tokenizer is needed (offsets are used to cut the context)", str(name_or_path))
     return tok
+
+
+# The config keys a model's context length goes by, in the order they are read: ``max_position_embeddings``
+# (Llama, Mistral, Qwen, ...), then the older names some architectures use instead (GPT-2's ``n_positions``, ...).
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length")
+
+
+def model_positions(model: Any, local_only: bool = False) -> int | None:
+    """The model's context length in tokens (its positions), or None where that is unknown.
+
+    ``model`` is a loaded config (a ``PretrainedConfig`` or its dict), a model folder or a hub id. A folder
+    without ``config.json`` (a tokenizer alone), an API model's name, or a hub id that cannot be reached gives
+    None; with ``local_only`` nothing is fetched (a hub id not in the cache gives None). The one place every stage
+    reads it: prep caps ``max_context_tokens`` with it and cuts prompts to positions - ``max_new_tokens``, training
+    caps ``max_context_tokens``, inference caps vLLM's ``max_model_len``, and ``sweep plan`` checks prep's room for
+    new tokens against it."""
+    if isinstance(model, (str, Path)):
+        path = Path(model).expanduser()
+        if path.is_dir() and not (path / "config.json").is_file():
+            return None  # a tokenizer-only folder: no model config to read
+        from transformers import AutoConfig
+        try:
+            model = AutoConfig.from_pretrained(str(model), local_files_only=local_only)
+        except Exception:  # an API model name, no network, not in the cache: unknown here
+            return None
+    for key in POSITION_KEYS:
+        value = model.get(key) if isinstance(model, dict) else getattr(model, key, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 def compute_dtype() -> Any:

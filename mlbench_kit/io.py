@@ -8,7 +8,7 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from .errors import MLBenchError
 
@@ -131,13 +131,17 @@ class AppendLog:
         self.close()
 
 
-def claim_run_folder(path: str | Path, settings: dict[str, Any]) -> None:
+def claim_run_folder(path: str | Path, settings: dict[str, Any],
+                     upgrade: Callable[[dict[str, Any]], None] | None = None) -> None:
     """Record ``settings`` in ``path`` (a run's JSON); refuse if it already holds different ones.
 
-    Resuming needs the same settings; a different run must use another folder, never mix into this one."""
+    Resuming needs the same settings; a different run must use another folder, never mix into this one.
+    ``upgrade`` brings what an older version recorded up to today's names first (in place), so its run resumes."""
     path = Path(path)
     if path.exists():
         old = json.loads(path.read_text())
+        if upgrade is not None:
+            upgrade(old)
         diff = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
         if diff:
             raise MLBenchError(f"this run folder was made with other settings: {diff}", str(path),

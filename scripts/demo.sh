@@ -60,7 +60,7 @@ if [ -z "$MODEL" ]; then
   synth_prep() {
     for r in toybench toyvision; do
       "$BIN/mlbench" prep --data "$RUN/synth/synthetic-$r.jsonl" --splits full --tasks 3 --template llama-inst \
-        --tokenizer "$MODEL" --max-tokens $MAXTOK --no-hf --out "$RUN/prep-synth-$r" || return 1
+        --tokenizer "$MODEL" --max-context-tokens $MAXTOK --no-hf --out "$RUN/prep-synth-$r" || return 1
     done
   }
   # 8 epochs: at 4 the 2-layer model sat at the edge of the task (ID strict Pass@5 0.17 on one machine, 0.25+ on
@@ -77,7 +77,7 @@ fi
 # 2. prompts for tasks 1-3, cut to the model's budget with its own tokenizer
 prep() {
   "$BIN/mlbench" prep "${PREP_SRC[@]}" --splitter $SPLITTER --tasks 1 2 3 --template llama-inst \
-    --tokenizer "$MODEL" --max-tokens $MAXTOK --no-hf --out "$RUN/prep" && synth_prep
+    --tokenizer "$MODEL" --max-context-tokens $MAXTOK --no-hf --out "$RUN/prep" && synth_prep
 }
 run prep "prompts for tasks 1-3 (prep)" prep
 TEST=test; [ -d "$RUN/prep/test" ] || TEST=full

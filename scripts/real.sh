@@ -111,7 +111,7 @@ EOF
   # shellcheck disable=SC2086
   "$BIN/mlbench" prep --data "$DATA" --splits full --repos "${TEST_REPOS[@]}" "${OOD_REPOS[@]}" --build-splits \
     "${ood[@]}" --id-test-fraction $TEST_FRACTION --seed 0 --tasks $TASKS --template chat --tokenizer "$MODEL" \
-    --max-tokens 1024 --max-new-tokens $NEW_TOKENS "${readmes[@]}" --no-hf --out "$RUN/prep"
+    --max-context-tokens 1024 --max-new-tokens $NEW_TOKENS "${readmes[@]}" --no-hf --out "$RUN/prep"
 }
 stage prep "prep: tasks $TASKS, chat template, ID/OOD splits" prep
 
@@ -133,7 +133,7 @@ infer() {
     local adapters=()
     for arm in "${ARMS[@]}"; do adapters+=("$arm-tuned=$RUN/train-$arm-task$t/adapter"); done
     "$BIN/mlbench" infer --model "$MODEL" --adapters "${adapters[@]}" --with-base --prompts "$RUN/prep" \
-      --split test --task "$t" --config configs/infer/paper.yaml --n $N --max-tokens $NEW_TOKENS \
+      --split test --task "$t" --config configs/infer/paper.yaml --n $N --max-new-tokens $NEW_TOKENS \
       --out "$RUN/infer-task$t" || return 1
   done
 }

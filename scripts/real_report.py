@@ -84,6 +84,7 @@ def main() -> None:
     a = ap.parse_args()
     run = a.run
     manifest = json.loads((run / "prep" / "manifest.json").read_text())
+    budget = manifest.get("max_context_tokens", manifest.get("max_tokens"))  # max_tokens: prep before the rename
     t0 = a.tasks[0]
     test = _jsonl(run / "prep" / "test" / f"task{t0}.jsonl")
     keys = {(r["github_id"], r["id"]) for r in test}
@@ -111,7 +112,7 @@ def main() -> None:
          + (f"**OOD-train** {sum(ood_rows.values())} rows of {', '.join(sorted(ood_rows))} only (never tested)."
             if ood_rows else "no OOD arm (quick run)."),
          f"- **Prompts**: task{'s' if len(a.tasks) > 1 else ''} {', '.join(map(str, a.tasks))}, the model's chat "
-         f"template, README context cut to a {manifest['max_tokens']}-token budget (prompt + answer) with the "
+         f"template, README context cut to a {budget}-token budget (prompt + answer) with the "
          "model's tokenizer; the test split keeps room for the new tokens.",
          f"- **Fine-tuning**: LoRA r=16 on all projections, `configs/train/smollm2-135m-cpu.yaml`"
          + (" (2 epochs)" if a.quick else "") + ".",

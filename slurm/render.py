@@ -19,7 +19,9 @@ from typing import Any
 import jinja2
 
 from mlbench_kit.cli import check_stage
+from mlbench_kit.deprecation import flags_from
 from mlbench_kit.errors import MLBenchError
+from mlbench_kit.hf import model_positions
 
 from .spec import Cell, Sweep
 
@@ -45,7 +47,8 @@ class ArrayJob:
 
 
 def options(opts: dict[str, Any]) -> list[str]:
-    """``{max_tokens: 8192, no_hf: true, set: [a=1, b=2]}`` → ``--max-tokens 8192 --no-hf --set a=1 --set b=2``."""
+    """``{max_context_tokens: 8192, no_hf: true, set: [a=1, b=2]}`` → ``--max-context-tokens 8192 --no-hf --set a=1
+    --set b=2``."""
     argv: list[str] = []
     for k, v in opts.items():
         flag = "--" + k.replace("_", "-")
@@ -149,8 +152,9 @@ def _unit_model(sweep: Sweep, job: ArrayJob, unit: Unit) -> str | None:
 def check_jobs(sweep: Sweep, all_jobs: list[ArrayJob]) -> None:
     """Every unit's command checked by its stage's own parser and config loader, before anything is submitted:
     a typo that would fail only when its jobs start (after prep, train and infer ran) fails here, with the sweep
-    file's line. Also: the room prep leaves for generation must hold infer's new tokens (Llama-2's 4,096
-    positions otherwise refuse the task-1 prompts)."""
+    file's line. Also: the room prep leaves for generation must fit in the model's positions (read from a local
+    model folder, or the hub cache, by the same :func:`~mlbench_kit.hf.model_positions` prep uses) and hold infer's
+    new tokens (Llama-2's 4,096 positions otherwise refuse the task-1 prompts)."""
     room: dict[str, int] = {}
     here = os.getcwd()
     os.chdir(sweep.root)  # the jobs run there: config paths are relative to it
@@ -160,7 +164,8 @@ def check_jobs(sweep: Sweep, all_jobs: list[ArrayJob]) -> None:
                 model = _unit_model(sweep, job, unit)
                 argv = unit.argv[4:] if unit.argv[:3] == ["$PY", "-m", "mlbench_kit.cli"] else unit.argv[1:]
                 try:
-                    args, cfg = check_stage(job.stage, argv)
+                    with flags_from(lambda flag: sweep.where(job.stage, model, flag.lstrip("-").replace("-", "_"))):
+                        args, cfg = check_stage(job.stage, argv)
                 except MLBenchError as exc:
                     flag = re.search(r"--([a-z][a-z0-9-]*)", exc.what + " " + (exc.where or ""))
                     key = flag.group(1).replace("-", "_") if flag else ""
@@ -170,12 +175,20 @@ def check_jobs(sweep: Sweep, all_jobs: list[ArrayJob]) -> None:
                                        f"`mlbench {job.stage} --help` lists its options") from None
                 if job.stage == "prep" and model is not None:
                     room[model] = args.max_new_tokens
-                elif job.stage == "infer" and model is not None and room.get(model):
-                    if cfg.sampling.max_tokens > room[model]:
+                    positions = model_positions(args.tokenizer, local_only=True) if args.tokenizer else None
+                    if positions and args.max_new_tokens >= positions:
                         raise MLBenchError(
-                            f"infer generates up to {cfg.sampling.max_tokens} new tokens, but prep left room for "
+                            f"prep leaves {args.max_new_tokens} new tokens of room, but {model} ({args.tokenizer}) "
+                            f"has {positions} positions: no room for a prompt",
+                            sweep.where("prep", model, "max_new_tokens"),
+                            f"set prep max_new_tokens below {positions}")
+                elif job.stage == "infer" and model is not None and room.get(model):
+                    new = cfg.sampling.max_new_tokens
+                    if new > room[model]:
+                        raise MLBenchError(
+                            f"infer generates up to {new} new tokens, but prep left room for "
                             f"{room[model]} in {model}'s prompts", sweep.where("prep", model, "max_new_tokens"),
-                            f"set prep max_new_tokens: {cfg.sampling.max_tokens} (or lower infer's max_tokens)")
+                            f"set prep max_new_tokens: {new} (or lower infer's max_new_tokens)")
     finally:
         os.chdir(here)
 

@@ -78,7 +78,8 @@ class SlurmConfig:
 @dataclass
 class SweepConfig:
     """A sweep file: models x training splits x tasks x seeds, the options of each stage, cluster resources.
-    Stage options are written as the stage's long options (``max_tokens: 8192`` -> ``--max-tokens 8192``)."""
+    Stage options are written as the stage's long options (``max_context_tokens: 8192`` ->
+    ``--max-context-tokens 8192``)."""
 
     name: str
     models: dict[str, ModelSpec]

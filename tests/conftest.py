@@ -82,7 +82,7 @@ def real_prep(tmp_path_factory: pytest.TempPathFactory, shared: Path, tiny_token
     """Task 3 records of the real rows, split ID/OOD, rendered with llama-inst and cut to 512 tokens."""
     out = tmp_path_factory.mktemp("prep")
     r = run_cli("mlbench", "prep", "--data", shared / "full.jsonl", "--splits", "full", "--tasks", "3",
-                "--template", "llama-inst", "--tokenizer", tiny_tokenizer_dir, "--max-tokens", "512", "--no-hf",
+                "--template", "llama-inst", "--tokenizer", tiny_tokenizer_dir, "--max-context-tokens", "512", "--no-hf",
                 "--build-splits", "--ood-repos", "vid2vid", "--seed", "0", "--out", out)
     assert r.returncode == 0, r.stderr
     return out
@@ -94,7 +94,7 @@ def trained_adapter(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Pa
     out = tmp_path_factory.mktemp("train") / "run"
     r = run_cli("accelerate", "launch", "--num_processes", "1", "--cpu", "--main_process_port", "0",
                 "train/lora.py", "--config", "configs/train/tiny-cpu.yaml", "--model", tiny_model_dir,
-                "--prep-dir", real_prep, "--output-dir", out, "--max-steps", "6", "--max-seq-len", "1024")
+                "--prep-dir", real_prep, "--output-dir", out, "--max-steps", "6", "--max-context-tokens", "1024")
     assert r.returncode == 0, r.stderr[-3000:]
     return out / "adapter"
 

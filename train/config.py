@@ -13,6 +13,7 @@ from typing import Any, Literal
 import yaml
 
 from mlbench_kit.config import Check, load, parse_set, to_dict
+from mlbench_kit.deprecation import renamed_from
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.io import write_atomic
 from mlbench_kit.records import TASKS
@@ -29,7 +30,9 @@ class DataConfig:
     path: str | None = None  # a prep .jsonl file instead of prep_dir/<split>/task<t>.jsonl
     extra: list[str] = field(default_factory=list)  # more prep .jsonl files for training only (never held out)
     eval_fraction: float = 0.05
-    max_seq_len: int = 8192  # capped at the model's max_position_embeddings
+    # prompt + answer + EOS of one example (a packed row holds several), capped at the model's positions; was
+    # max_seq_len (still read, with a warning, for one release)
+    max_context_tokens: int = field(default=8192, metadata=renamed_from("max_seq_len"))
     batching: Literal["packing", "grouped", "padding"] = "packing"
     micro_batch_size: int = 1
 
@@ -38,8 +41,9 @@ class DataConfig:
             raise MLBenchError(f"task must be 1, 2 or 3, got {self.task!r}", at("task"), "--task 1|2|3")
         if not 0 <= self.eval_fraction < 1:
             raise MLBenchError("eval_fraction must be in [0, 1)", at("eval_fraction"), "e.g. 0.05")
-        if self.max_seq_len < 16 or self.micro_batch_size < 1:
-            raise MLBenchError("max_seq_len >= 16 and micro_batch_size >= 1 are needed", at("max_seq_len"))
+        if self.max_context_tokens < 16 or self.micro_batch_size < 1:
+            raise MLBenchError("max_context_tokens >= 16 and micro_batch_size >= 1 are needed",
+                               at("max_context_tokens"))
 
 
 @dataclass
@@ -129,9 +133,11 @@ class TrainConfig:
 
 
 # Short command-line flags for the keys people change most; anything else goes through --set a.b=value.
+# Renamed flags keep their old spelling for one release (train/lora.py's add_arguments): old -> new.
+OLD_FLAGS = {"max_seq_len": "max_context_tokens"}
 SHORTCUTS = {"task": "data.task", "split": "data.split", "lr": "optim.lr", "epochs": "optim.epochs",
              "max_steps": "optim.max_steps", "seed": "seed", "model": "model", "output_dir": "output_dir",
-             "batching": "data.batching", "max_seq_len": "data.max_seq_len", "prep_dir": "data.prep_dir",
+             "batching": "data.batching", "max_context_tokens": "data.max_context_tokens", "prep_dir": "data.prep_dir",
              "grad_accum": "optim.grad_accum", "micro_batch_size": "data.micro_batch_size"}
 
 

@@ -41,20 +41,22 @@ def tokenize_record(rec: PrepRecord, tok: Any) -> Example:
     return Example(rec.key, prompt + answer, [IGNORE] * len(prompt) + answer)
 
 
-def load_examples(path: Path, tok: Any, template: str, max_seq_len: int) -> tuple[list[Example], list[str]]:
-    """Tokenize a prep file. Records longer than ``max_seq_len`` are dropped (and reported), never cut."""
+def load_examples(path: Path, tok: Any, template: str, max_context_tokens: int
+                  ) -> tuple[list[Example], list[str]]:
+    """Tokenize a prep file. Records longer than ``max_context_tokens`` are dropped (and reported), never cut."""
     examples, notes, dropped = [], [], []
     for where, rec in read_prep_records(path):
         if rec.template != template:
             raise MLBenchError(f"record rendered with template {rec.template!r}, the config says {template!r}",
                                where, f"re-run `mlbench prep --template {template}` or change template:")
         ex = tokenize_record(rec, tok)
-        (examples if len(ex) <= max_seq_len else dropped).append(ex)
+        (examples if len(ex) <= max_context_tokens else dropped).append(ex)
     if dropped:
-        notes.append(f"{len(dropped)} records longer than max_seq_len {max_seq_len} were left out "
-                     f"(re-run prep with --max-tokens {max_seq_len} and this tokenizer to cut their README instead)")
+        notes.append(f"{len(dropped)} records longer than max_context_tokens {max_context_tokens} were left out "
+                     f"(re-run prep with --max-context-tokens {max_context_tokens} and this tokenizer to cut their "
+                     "README instead)")
     if not examples:
-        raise MLBenchError("no training records fit", str(path), "check the prep output and data.max_seq_len")
+        raise MLBenchError("no training records fit", str(path), "check the prep output and data.max_context_tokens")
     return examples, notes
 
 
@@ -91,14 +93,14 @@ def pack(lengths: list[int], capacity: int) -> list[list[int]]:
     return bins
 
 
-def epoch_batches(examples: list[Example], mode: str, micro_batch: int, max_seq_len: int, seed: int,
+def epoch_batches(examples: list[Example], mode: str, micro_batch: int, max_context_tokens: int, seed: int,
                   epoch: int) -> list[list[list[int]]]:
     """The micro-batches of one epoch: each a list of rows, each row a list of example indices."""
     rng = random.Random(seed * 100_003 + epoch)
     order = list(range(len(examples)))
     rng.shuffle(order)
     if mode == "packing":
-        rows = [[order[j] for j in b] for b in pack([len(examples[i]) for i in order], max_seq_len)]
+        rows = [[order[j] for j in b] for b in pack([len(examples[i]) for i in order], max_context_tokens)]
         rng.shuffle(rows)
     elif mode == "grouped":
         # sort within chunks of 64 micro-batches, so batches hold similar lengths but the epoch stays shuffled

@@ -35,12 +35,15 @@ if __package__ in (None, "") and sys.path and Path(sys.path[0]).resolve() == Pat
     sys.path.pop(0)
 
 from mlbench_kit.train.config import (
+    OLD_FLAGS,
     SHORTCUTS,
     TrainConfig,
     load_train_config,
     save_resolved,
 )
 
+from mlbench_kit.config import rename_old_keys, with_old_names
+from mlbench_kit.deprecation import deprecated_flag
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.io import AppendLog, atomic_dir, claim_run_folder, write_json_atomic
 
@@ -56,7 +59,9 @@ class LoRAFinetuneRecipe:
         self.out = cfg.out
         # where the run lives is not part of it: a checkpoint copied to another folder resumes there
         same = {k: v for k, v in cfg.to_dict().items() if k != "output_dir"}
-        self.config_sha = hashlib.sha256(json.dumps(same, sort_keys=True).encode()).hexdigest()[:16]
+        self.config_sha = _sha(same)
+        # the same config as a run made before data.max_seq_len became data.max_context_tokens recorded it
+        self.config_sha_before_rename = _sha(with_old_names(TrainConfig, same))
         self.final_adapter = self.out / "adapter"
 
     # -- setup ---------------------------------------------------------------------------------------------------
@@ -69,7 +74,8 @@ class LoRAFinetuneRecipe:
                 print(f"train: already finished: {self.final_adapter}", file=sys.stderr)
             return False
         if self.main:
-            claim_run_folder(self.out / "run.json", {"config": self.cfg.to_dict()})
+            claim_run_folder(self.out / "run.json", {"config": self.cfg.to_dict()},
+                             upgrade=lambda old: rename_old_keys(TrainConfig, old.get("config")))
             save_resolved(self.cfg, self.out / "config.yaml")
         from accelerate.utils import set_seed
         set_seed(self.cfg.seed)
@@ -124,7 +130,7 @@ class LoRAFinetuneRecipe:
         if self.resume_from is None:
             return
         old = TrainState.read(self.resume_from / "trainer_state.json")
-        if old.config_sha and old.config_sha != self.config_sha:
+        if old.config_sha and old.config_sha not in (self.config_sha, self.config_sha_before_rename):
             # run.json guards the folder, but a process still saving after the folder was emptied and claimed
             # by another config (a SIGTERM'd run finishing its agreed save) can leave its checkpoint behind
             raise MLBenchError("this checkpoint was made under another config than this run's", str(self.resume_from),
@@ -140,20 +146,14 @@ class LoRAFinetuneRecipe:
                                 " micro-batches per optimizer step")
 
     def _setup_tokenizer_and_context(self) -> None:
-        from mlbench_kit.train.model import max_positions
         from transformers import AutoConfig
 
         from mlbench_kit.hf import load_tokenizer
-        self.tok = load_tokenizer(self.cfg.model)
+        self.tok = load_tokenizer(self.cfg.model, "--model")
         if self.tok.pad_token_id is None:
             self.tok.pad_token = self.tok.eos_token  # padding is masked and never counted, so EOS is safe here
         self.model_config = AutoConfig.from_pretrained(self.cfg.model)
-        positions = max_positions(self.model_config)
-        self.seq_len = min(self.cfg.data.max_seq_len, positions or self.cfg.data.max_seq_len)
-        self.context_note = None
-        if positions and self.cfg.data.max_seq_len > positions:
-            self.context_note = (f"data.max_seq_len {self.cfg.data.max_seq_len} capped at the model's "
-                                 f"{positions} positions")
+        self.seq_len, positions, self.context_note = context_budget(self.cfg, self.model_config)
         _check_prep_budget(self.cfg, positions)
 
     def _setup_data(self) -> None:
@@ -234,7 +234,7 @@ class LoRAFinetuneRecipe:
         self.meta = {"base_model": self.cfg.model, "base_fingerprint": fingerprint(self.model_config.to_dict()),
                      "template": self.cfg.template, "task": d.task, "split": d.split, "seed": self.cfg.seed,
                      "data_file": str(self.cfg.data_file()), "precision": self.precision,
-                     "max_seq_len": self.seq_len}
+                     "max_context_tokens": self.seq_len}
         self.state = TrainState(world_size=self.world, grad_accum=self.grad_accum, config_sha=self.config_sha)
         resume_from = self.resume_from
         if self.main:
@@ -264,7 +264,7 @@ class LoRAFinetuneRecipe:
                              "eval_samples": len(self.eval_set), "trainable_params": self.n_trainable,
                              "linear_4bit_modules": self.n_4bit, "world_size": self.world,
                              "distributed": _distribution(self.accelerator, self.model), "precision": self.precision,
-                             **self._attention_record(), "max_seq_len": self.seq_len,
+                             **self._attention_record(), "max_context_tokens": self.seq_len,
                              "device": self.device_name, "gpu": self.peak.label if self.peak else None,
                              "peak_tflops": self.peak.flops / 1e12 if self.peak else None,
                              "steps": self.total_steps, "notes": self.notes})
@@ -489,7 +489,9 @@ def merge_weights(base: str, adapter: Path, out: Path, precision: str = "bf16", 
     import torch
     from mlbench_kit.train.model import DTYPES, nf4_config
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from mlbench_kit.hf import load_tokenizer
     dtype = DTYPES[precision]
     device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
     kwargs: dict[str, Any] = {"dtype": dtype, "device_map": {"": device}}
@@ -499,8 +501,23 @@ def merge_weights(base: str, adapter: Path, out: Path, precision: str = "bf16", 
     if quantization == "nf4":
         model = model.dequantize(dtype=dtype)
     PeftModel.from_pretrained(model, adapter).merge_and_unload().save_pretrained(out)
-    AutoTokenizer.from_pretrained(adapter).save_pretrained(out)
+    load_tokenizer(str(adapter), "--adapter", fast=False).save_pretrained(out)
     return f"{'NF4-dequantized' if quantization else precision} base, merged on {device}"
+
+
+def context_budget(cfg: TrainConfig, model_config: Any) -> tuple[int, int | None, str | None]:
+    """``(tokens per example, the model's positions, a note when the config asked for more)``:
+    ``data.max_context_tokens`` capped at the model's positions (:func:`mlbench_kit.hf.model_positions`)."""
+    from mlbench_kit.hf import model_positions
+    positions = model_positions(model_config)
+    asked = cfg.data.max_context_tokens
+    if positions and asked > positions:
+        return positions, positions, f"data.max_context_tokens {asked} capped at the model's {positions} positions"
+    return asked, positions, None
+
+
+def _sha(config: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _check_prep_budget(cfg: TrainConfig, positions: int | None) -> None:
@@ -508,11 +525,12 @@ def _check_prep_budget(cfg: TrainConfig, positions: int | None) -> None:
     manifest = Path(cfg.data.prep_dir) / "manifest.json"
     if cfg.data.path or not positions or not manifest.is_file():
         return
-    budget = json.loads(manifest.read_text()).get("max_tokens")
+    written = json.loads(manifest.read_text())
+    budget = written.get("max_context_tokens", written.get("max_tokens"))  # max_tokens: prep before the rename
     if budget and budget > positions:
         raise MLBenchError(f"prep cut the README context for {budget} tokens, but {cfg.model} has {positions} "
                            "positions", str(manifest),
-                           f"re-run `mlbench prep --max-tokens {positions}` with this model's tokenizer")
+                           f"re-run `mlbench prep --max-context-tokens {positions}` with this model's tokenizer")
 
 
 def _distribution(accelerator: Any, model: Any) -> str:
@@ -549,10 +567,12 @@ def _trackers(cfg: TrainConfig) -> list[str]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``mlbench train`` and ``train/lora.py``."""
     p.add_argument("--config", help=f"configs/train/<model>.yaml (default: {DEFAULT_CONFIG})")
+    types = {"task": int, "lr": float, "epochs": int, "max_steps": int, "seed": int, "max_context_tokens": int,
+             "grad_accum": int, "micro_batch_size": int}
     for key in SHORTCUTS:
-        typ = {"task": int, "lr": float, "epochs": int, "max_steps": int, "seed": int, "max_seq_len": int,
-               "grad_accum": int, "micro_batch_size": int}.get(key, str)
-        p.add_argument(f"--{key.replace('_', '-')}", dest=key, type=typ, help=f"sets {SHORTCUTS[key]}")
+        p.add_argument(f"--{key.replace('_', '-')}", dest=key, type=types.get(key, str), help=f"sets {SHORTCUTS[key]}")
+    for old, new in OLD_FLAGS.items():
+        deprecated_flag(p, f"--{old.replace('_', '-')}", f"--{new.replace('_', '-')}", type=types.get(new, str))
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any other config key, dotted (e.g. --set lora.r=64 --set quantization=nf4)")
     p.add_argument("--resume", default="auto", help="auto (newest complete checkpoint, default), none, or a path")

@@ -72,11 +72,6 @@ def resolve_attention(requested: str) -> str:
     return choose_attention(requested, capability, installed)
 
 
-def max_positions(config: Any) -> int | None:
-    """The model's context length (``max_position_embeddings``), if its config says."""
-    return getattr(config, "max_position_embeddings", None)
-
-
 def nf4_config(dtype: torch.dtype) -> Any:
     """QLoRA's quantization: NF4 with double quantization, computing (and stored) in ``dtype``."""
     from transformers import BitsAndBytesConfig

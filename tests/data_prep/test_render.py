@@ -13,7 +13,7 @@ from mlbench_kit.errors import MLBenchError
 @pytest.mark.parametrize("template", ["paper", "llama-inst", "chat"])
 def test_truncation_cuts_only_the_context(shared, tiny_tokenizer, template):
     samples = load_samples(shared / "full.jsonl")[:40]
-    r = Renderer(ReadmeCorpus(shared / "readmes"), template, tiny_tokenizer, max_tokens=1024)
+    r = Renderer(ReadmeCorpus(shared / "readmes"), template, tiny_tokenizer, max_context_tokens=1024)
     recs = r.render_task(samples, 1)
     assert sum(x["truncated"] for x in recs) >= 20
     for s, rec in zip(samples, recs):
@@ -46,7 +46,7 @@ def test_prep_cli_writes_every_split_task_and_stats(shared, tiny_tokenizer_dir, 
     out = tmp_path / "prep"
     rc = main(["prep", "--data", str(shared / "full.jsonl"), "--splits", "full", "--readmes",
                str(shared / "readmes"), "--build-splits", "--ood-repos", "bert", "esm", "--tokenizer",
-               str(tiny_tokenizer_dir), "--max-tokens", "2048", "--out", str(out)])
+               str(tiny_tokenizer_dir), "--max-context-tokens", "2048", "--out", str(out)])
     assert rc == 0
     import datasets
     for split in ("test", "id_train", "ood_train"):

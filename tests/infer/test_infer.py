@@ -20,7 +20,7 @@ CFG = "configs/infer/tiny-cpu.yaml"
 
 def _infer(model: Path, prep: Path, out: Path, *extra: str):
     return run_cli("mlbench", "infer", "--model", model, "--prompts", prep, "--split", "test", "--task", "3",
-                   "--config", CFG, "--max-tokens", "12", "--out", out, *extra)
+                   "--config", CFG, "--max-new-tokens", "12", "--out", out, *extra)
 
 
 def _rows(path: Path) -> list[dict]:
@@ -78,7 +78,7 @@ def test_vllm_one_engine_call_for_every_task_gives_the_per_call_samples(tmp_path
         (prep / "test" / f"task{t}.jsonl").write_text("".join(json.dumps({**r, "task": t}) + "\n" for r in rows))
     for name, extra in {"one": (), "per_task": ("--batch-size", "8")}.items():
         r = run_cli("mlbench", "infer", "--model", tiny_model_dir, "--prompts", prep, "--split", "test", "--task", "2",
-                    "3", "--config", CFG, "--max-tokens", "12", "--limit", "8", "--out", tmp_path / name, *extra)
+                    "3", "--config", CFG, "--max-new-tokens", "12", "--limit", "8", "--out", tmp_path / name, *extra)
         assert r.returncode == 0, r.stderr[-4000:]
         calls = "1 engine call;" if name == "one" else "2 engine calls;"
         assert f"16 prompts of 2 target/task pairs in {calls}" in r.stderr, r.stderr[-2000:]
@@ -139,7 +139,7 @@ def test_openai_backend_against_a_real_vllm_server(tmp_path, tiny_model_dir, rea
             "http://127.0.0.1:8000/v1", f"http://127.0.0.1:{port}/v1"))
         out = tmp_path / "oa"
         r = run_cli("mlbench", "infer", "--model", "tiny", "--tokenizer", tiny_model_dir, "--prompts", real_prep,
-                    "--split", "test", "--task", "3", "--config", cfg, "--max-tokens", "12", "--limit", "4",
+                    "--split", "test", "--task", "3", "--config", cfg, "--max-new-tokens", "12", "--limit", "4",
                     "--out", out)
         assert r.returncode == 0, r.stderr[-3000:]
         rows = _rows(out / "task3.jsonl")
@@ -166,7 +166,7 @@ def test_a_4096_position_model_keeps_room_for_1024_new_tokens_on_real_task1_prom
     prep = tmp_path / "prep"
     r = run_cli("mlbench", "prep", "--data", shared / "full.jsonl", "--splits", "full", "--tasks", "1",
                 "--repos", "External-Attention-pytorch", "--template", "llama-inst", "--tokenizer", tiny_model_dir,
-                "--max-tokens", "4096", "--readmes", shared / "readmes", "--no-hf", "--out", prep)
+                "--max-context-tokens", "4096", "--readmes", shared / "readmes", "--no-hf", "--out", prep)
     assert r.returncode == 0, r.stderr[-3000:]
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     recs = _rows(prep / "full" / "task1.jsonl")

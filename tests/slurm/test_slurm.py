@@ -78,11 +78,11 @@ def test_a_stage_option_typo_fails_at_plan_with_its_line(tmp_path: Path) -> None
     cases = [("  workers: 16\n", "  workers: 16\n  mdoe: strict\n", "  mdoe:", "unrecognized arguments: --mdoe"),
              # a rule across options, checked by eval's own config (EvalConfig.check), not only its parser
              ("  workers: 16\n", "  workers: 16\n  timeout_pass: true\n", "  timeout_pass:", "strict-mode rule"),
-             ("  max_tokens: 8192\n", "  max_tokens: 8192\n  tasks: [4]\n", "  tasks: [4]", "invalid choice: 4"),
+             ("  max_context_tokens: 8192\n", "  max_context_tokens: 8192\n  tasks: [4]\n", "  tasks: [4]", "invalid choice: 4"),
              ("  config: configs/infer/paper.yaml\n", "  config: configs/infer/paper.yaml\n  temperature: hot\n",
               "  temperature:", "invalid float value: 'hot'"),
              # Llama-2: 4,096 positions; prep must leave infer's 1,024 new tokens free, or every task-1 prompt fails
-             ("max_new_tokens: 1024}", "max_new_tokens: 512}", "    prep: {max_tokens",
+             ("max_new_tokens: 1024}", "max_new_tokens: 512}", "    prep: {max_context_tokens",
               "infer generates up to 1024 new tokens, but prep left room for 512")]
     for old, new, line_text, message in cases:
         assert old in text, old

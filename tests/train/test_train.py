@@ -32,7 +32,7 @@ def _launch(model: Path, prep: Path, out: Path, *extra: str, config: str = "conf
     acc = ["--config_file", config] if nproc > 1 else ["--num_processes", "1", "--cpu", "--mixed_precision", "no"]
     return [str(Path(sys.executable).with_name("accelerate")), "launch", *acc, "--main_process_port", "0",
             "train/lora.py", "--config", "configs/train/tiny-cpu.yaml", "--model", str(model), "--prep-dir", str(prep),
-            "--output-dir", str(out), "--max-seq-len", "1024", *extra]
+            "--output-dir", str(out), "--max-context-tokens", "1024", *extra]
 
 
 def _steps(out: Path) -> list[dict]:
@@ -291,7 +291,7 @@ def test_the_card_command_verbatim_offline_then_with_a_local_model(tmp_path, tin
     # with --model and a prep folder, the same command trains (the default CodeLlama config: llama-inst prompts)
     out = tmp_path / "run"
     r = subprocess.run(card + ["--model", str(tiny_model_dir), "--prep-dir", str(real_prep), "--output-dir", str(out),
-                               "--max-steps", "1", "--grad-accum", "1", "--max-seq-len", "512"],
+                               "--max-steps", "1", "--grad-accum", "1", "--max-context-tokens", "512"],
                        cwd=REPO_ROOT, env=offline, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert (out / "adapter" / "adapter_config.json").is_file() and len(_steps(out)) == 1
