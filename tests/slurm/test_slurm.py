@@ -46,7 +46,7 @@ def test_sweep_file_errors_name_the_line(tmp_path: Path) -> None:
     base = yaml.safe_load((REPO_ROOT / "configs/sweeps/tiny-cpu.yaml").read_text())
     # (change, the text of the offending line, the message)
     cases = [({"seed": [1]}, "seed:", "unknown key 'seed'"),
-             ({"splits": ["none", "idd"]}, "splits:", "splits must be one of 'none', 'id', 'ood'"),
+             ({"splits": ["none", "idd"]}, "- idd", "splits.1 must be one of 'none', 'id', 'ood'"),  # the item's line
              ({"models": {"m": {"path": "x"}}}, "  m:", "needs `train_config`"),
              ({"slurm": {"resources": {"train": {"gpu": 1}}}}, "      gpu: 1", "unknown key 'slurm.resources.train.gpu'"),
              ({"slurm": {"resources": {"eval": {"nodes": 2}}}}, "      nodes: 2", "only training spans nodes"),
