@@ -38,8 +38,9 @@ class _RaisingParser(argparse.ArgumentParser):
 
 def check_stage(stage: str, argv: list[str]) -> tuple[argparse.Namespace, Any]:
     """A stage's command line checked as the stage checks it before it runs: the options parsed by the stage's own
-    parser and, for train, infer and eval, the config file loaded with the flags on top. Returns the options and the
-    resolved config (None for the other stages); a bad option or value is an :class:`MLBenchError`."""
+    parser and, for prep, train, infer and eval, the config file loaded with the flags on top. Returns the options and the
+    resolved config (None for report, env and sweep); a bad option or value is an :class:`MLBenchError`."""
+    from mlbench_kit.data_prep import prepare
     from mlbench_kit.eval import run as eval_run
     from mlbench_kit.infer import run as infer_run
     from mlbench_kit.train import lora
@@ -49,7 +50,7 @@ def check_stage(stage: str, argv: list[str]) -> tuple[argparse.Namespace, Any]:
         raise MLBenchError(f"unknown stage {stage!r}", None, f"stages: {sorted(stages)}")
     stages[stage][1](parser)
     args = parser.parse_args(argv)
-    resolve = {"train": lora.resolve_config, "infer": infer_run.resolve_config,
+    resolve = {"prep": prepare.resolve_config, "train": lora.resolve_config, "infer": infer_run.resolve_config,
                "eval": eval_run.resolve_config}.get(stage)
     return args, resolve(args) if resolve else None
 

@@ -165,7 +165,7 @@ def check_jobs(sweep: Sweep, all_jobs: list[ArrayJob]) -> None:
                 argv = unit.argv[4:] if unit.argv[:3] == ["$PY", "-m", "mlbench_kit.cli"] else unit.argv[1:]
                 try:
                     with flags_from(lambda flag: sweep.where(job.stage, model, flag.lstrip("-").replace("-", "_"))):
-                        args, cfg = check_stage(job.stage, argv)
+                        _, cfg = check_stage(job.stage, argv)
                 except MLBenchError as exc:
                     flag = re.search(r"--([a-z][a-z0-9-]*)", exc.what + " " + (exc.where or ""))
                     key = flag.group(1).replace("-", "_") if flag else ""
@@ -174,11 +174,11 @@ def check_jobs(sweep: Sweep, all_jobs: list[ArrayJob]) -> None:
                                        sweep.where(job.stage, model, key), exc.fix or
                                        f"`mlbench {job.stage} --help` lists its options") from None
                 if job.stage == "prep" and model is not None:
-                    room[model] = args.max_new_tokens
-                    positions = model_positions(args.tokenizer, local_only=True) if args.tokenizer else None
-                    if positions and args.max_new_tokens >= positions:
+                    room[model] = cfg.max_new_tokens
+                    positions = model_positions(cfg.tokenizer, local_only=True) if cfg.tokenizer else None
+                    if positions and cfg.max_new_tokens >= positions:
                         raise MLBenchError(
-                            f"prep leaves {args.max_new_tokens} new tokens of room, but {model} ({args.tokenizer}) "
+                            f"prep leaves {cfg.max_new_tokens} new tokens of room, but {model} ({cfg.tokenizer}) "
                             f"has {positions} positions: no room for a prompt",
                             sweep.where("prep", model, "max_new_tokens"),
                             f"set prep max_new_tokens below {positions}")

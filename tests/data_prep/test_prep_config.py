@@ -1,0 +1,67 @@
+"""`mlbench prep`'s options as one typed config (issue 23): flags override a --config file, which overrides the
+defaults; a bad key, value or combination is one error with its file:line or flag, before anything is written."""
+
+import argparse
+from pathlib import Path
+
+import pytest
+from mlbench_kit.data_prep import prepare
+from mlbench_kit.data_prep.templates import TEMPLATES
+
+from mlbench_kit.errors import MLBenchError
+from mlbench_kit.prep_config import PrepConfig
+
+REPO = Path(__file__).parents[2]
+
+
+def _resolve(*argv: str) -> PrepConfig:
+    p = argparse.ArgumentParser()
+    prepare.add_arguments(p)
+    return prepare.resolve_config(p.parse_args(list(argv)))
+
+
+def test_flags_override_the_file_which_overrides_the_defaults(tmp_path: Path) -> None:
+    f = tmp_path / "prep.yaml"
+    f.write_text("template: chat\nmax_context_tokens: 4096\nhf: false\ntasks: [3]\n")
+    cfg = _resolve("--config", str(f), "--out", "o", "--tasks", "2", "3", "--splitter", "regex")
+    assert (cfg.template, cfg.max_context_tokens, cfg.hf, cfg.tasks, cfg.splitter) == ("chat", 4096, False, [2, 3],
+                                                                                      "regex")
+    assert cfg.max_new_tokens == PrepConfig.max_new_tokens and cfg.out == "o"
+    assert _resolve("--out", "o", "--no-hf").hf is False and _resolve("--out", "o").hf is True
+
+
+@pytest.mark.parametrize("text, argv, message, where", [
+    ("templat: chat\n", (), "unknown key 'templat'", "prep.yaml:1"),
+    ("template: alpaca\n", (), "template must be one of", "prep.yaml:1"),
+    ("splits: [a, b]\ndata: rows.jsonl\n", (), "a file holds one split", "prep.yaml:1"),
+    ("checkout: repos.json\n", (), "needs `repos_dir`", "prep.yaml:1"),
+    ("id_test_fraction: 1.5\n", (), "between 0 and 1", "prep.yaml:1"),
+    ("", ("--max-new-tokens", "-1"), "must be >= 0", "--max-new-tokens"),
+    ("", ("--build-splits", "--splits", "a", "b"), "exactly one loaded split", "--splits"),
+])
+def test_a_bad_option_is_one_error_naming_its_line_or_flag(tmp_path: Path, text: str, argv: tuple, message: str,
+                                                           where: str) -> None:
+    f = tmp_path / "prep.yaml"
+    f.write_text(text or "{}\n")
+    with pytest.raises(MLBenchError, match=message) as e:
+        _resolve("--config", str(f), "--out", str(tmp_path / "out"), *argv)
+    assert e.value.where.endswith(where), e.value.where
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_old_budget_key_in_a_file_loads_with_one_warning(tmp_path: Path, capsys) -> None:
+    f = tmp_path / "prep.yaml"
+    f.write_text("template: paper\nmax_tokens: 2048\n")
+    assert _resolve("--config", str(f), "--out", "o").max_context_tokens == 2048
+    err = capsys.readouterr().err
+    assert f"{f}:2" in err and "max_context_tokens" in err
+
+
+def test_the_config_s_templates_are_the_stage_s() -> None:
+    import typing
+    assert set(typing.get_args(typing.get_type_hints(PrepConfig)["template"])) == set(TEMPLATES)
+
+
+def test_the_shipped_prep_config_loads() -> None:
+    cfg = _resolve("--config", str(REPO / "configs/prep/paper.yaml"), "--out", "o")
+    assert (cfg.template, cfg.splitter, cfg.max_context_tokens, cfg.max_new_tokens) == ("paper", "punkt", 8192, 1024)
