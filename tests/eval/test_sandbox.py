@@ -20,18 +20,19 @@ import psutil
 import pytest
 from conftest import REPO_ROOT
 from mlbench_kit.cli import main as cli_main
-from mlbench_kit.eval import cgroups, seccomp
 from mlbench_kit.eval.checks import check_output
-from mlbench_kit.eval.engines import Mounts, container_argv
 from mlbench_kit.eval.sandbox import (
     Env,
     Job,
     Limits,
     Sandbox,
     Warmed,
+    cgroups,
     check_backend,
+    seccomp,
     warm_summary,
 )
+from mlbench_kit.eval.sandbox.cmdline import Mounts, container_argv
 from mlbench_kit.eval.static_cli import check_command
 
 from mlbench_kit.errors import MLBenchError
@@ -361,7 +362,7 @@ def test_backends_refuse_clearly():
 
 
 def test_one_seccomp_policy_for_every_engine(tmp_path):
-    """podman's JSON profile and bwrap's BPF program are both derived from eval/seccomp.py's rules."""
+    """podman's JSON profile and bwrap's BPF program are both derived from eval/sandbox/seccomp.py's rules."""
     prof = seccomp.podman_profile()
     assert prof["defaultAction"] == "SCMP_ACT_ALLOW"
     denied = {n for r in prof["syscalls"] if not r.get("args") for n in r["names"]}

@@ -5,8 +5,8 @@ One :class:`Sandbox` per eval run. Each execution:
 1. gets its own cgroup (memory, processes, CPU for the whole tree; :mod:`.cgroups`) where this host allows;
 2. runs a stage script in a private mount namespace that mounts a size-capped tmpfs, an overlay of the
    pristine checkout on it (copy-on-write: ~ms whatever the repository's size) and read-only binds of the
-   environment, then drops to an unprivileged uid (:mod:`.engines`);
-3. starts the engine (bwrap or a container) whose PID 1 is the trusted runner (``sandbox_runner.py``);
+   environment, then drops to an unprivileged uid (:mod:`.cmdline`);
+3. starts the engine (bwrap or a container) whose PID 1 is the trusted runner (``runner.py``);
 4. takes exit status and survivors from the runner's report pipe alone, the limit that was hit from the
    cgroup, and never reads a file the generation could have written.
 
@@ -34,7 +34,7 @@ from pathlib import Path
 from mlbench_kit.errors import MLBenchError
 
 from . import cgroups, seccomp
-from .engines import (
+from .cmdline import (
     NONCE_ENV,
     SANDBOX,
     Identity,
@@ -48,7 +48,7 @@ from .engines import (
 
 BACKENDS = ("bwrap", "podman", "docker", "apptainer", "local")
 PIPE_BUF = 65536
-RUNNER = Path(__file__).with_name("sandbox_runner.py")
+RUNNER = Path(__file__).with_name("runner.py")
 REPORT_CAP = 16384
 DEFAULT_UID = 65534  # as root, untrusted code runs as nobody:nogroup (never as host root)
 
@@ -245,7 +245,7 @@ class Sandbox:
         self.staged_s = 0.0
         self._runner_python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else os.path.realpath(
             sys.executable)
-        self._seccomp: Path | None = None  # one policy (eval/seccomp.py): JSON for containers, BPF for bwrap
+        self._seccomp: Path | None = None  # one policy (eval/sandbox/seccomp.py): JSON for containers, BPF for bwrap
         if backend in ("podman", "docker"):
             self._seccomp = self.root / "seccomp.json"
             self._seccomp.write_text(json.dumps(seccomp.podman_profile()))

@@ -22,7 +22,7 @@ import yaml
 
 from mlbench_kit.errors import MLBenchError
 
-from .sandbox import Env
+from ..sandbox import Env
 
 _KEYS = {"checkout", "venv", "prefix", "conda", "image", "ro_paths", "recipe", "env", "warm"}
 _TOP = {"repos_dir", "conda_root", "repos"}
