@@ -106,7 +106,8 @@ def test_the_check_sees_a_wing_violation(tmp_path):
     files = {
         "eval/sandbox/sandbox.py": "from ..run import score\nfrom .. import envs\nfrom . import cgroups\n"
                                    "from mlbench_kit.records import EvalResult\n",
-        "eval/envs/build.py": "from ..sandbox import Env\nfrom .. import run\nfrom mlbench_kit.eval.report import cli\n",
+        "eval/envs/build.py": "from ..sandbox import Env\nfrom .. import run\n"
+                              "from mlbench_kit.eval.report import cli\n",
         "eval/report/render.py": "from ..metrics import ERROR_CLASSES\nfrom .data import Setting\n",
         "eval/run.py": "from .envs import EnvConfig\nfrom .sandbox import Sandbox\nfrom .report.data import load\n",
         "eval/envcli.py": "from . import run\nfrom .envs.validate import validate\n",
