@@ -25,7 +25,7 @@ def main() -> None:
     a = p.parse_args()
     image = None
     if a.backend in ("podman", "docker"):
-        from mlbench_kit.eval.images import build_base_image
+        from mlbench_kit.eval.envs.images import build_base_image
         image = build_base_image()
     env = Env("toybench", REPO, image=image)
     times = []

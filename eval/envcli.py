@@ -18,8 +18,8 @@ from pathlib import Path
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.io import write_atomic, write_json_atomic
 
-from .envbuild import Builder, default_cache, env_dir, stale_builds, write_envs_yaml
-from .recipes import load_recipes
+from .envs.build import Builder, default_cache, env_dir, stale_builds, write_envs_yaml
+from .envs.recipes import load_recipes
 
 RECIPES = Path(__file__).resolve().parents[1] / "configs" / "eval" / "envs"
 
@@ -173,7 +173,7 @@ def _validate(args: Namespace) -> int:
     from mlbench_kit.eval_config import load_eval_config
 
     from . import run as eval_run
-    from .validate import validate, validation_markdown
+    from .envs.validate import validate, validation_markdown
     cache = _cache(args)
     recipes = load_recipes(args.recipes, args.repos or None)
     status = built_status(cache, recipes)
@@ -207,6 +207,6 @@ def _validate(args: Namespace) -> int:
 
 
 def _base_image(args: Namespace) -> int:
-    from .images import BASE_TAG, build_base_image
+    from .envs.images import BASE_TAG, build_base_image
     print(build_base_image(BASE_TAG, mirror=args.mirror, force=args.force))
     return 0

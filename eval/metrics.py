@@ -8,21 +8,6 @@ from collections import Counter, defaultdict
 from math import comb
 from typing import Any, Callable
 
-ERROR_CLASSES = {
-    "E1": "type mismatch / hallucinated form (bash vs python)",
-    "E2": "missing or unknown parameter",
-    "E4": "syntax error: the output does not parse (Python's compiler, bash -n) or reads undefined names",
-    "E5": "runtime error (non-zero exit)",
-    "TIMEOUT": "still running at the time limit (strict mode)",
-    "BACKGROUND": "left processes running after exit (strict mode)",
-    "LIMIT_MEMORY": "killed for exceeding the execution's memory limit",
-    "LIMIT_PIDS": "ran into the execution's process limit",
-    "LIMIT_DISK": "filled the execution's writable space",
-    "LIMIT_FSIZE": "wrote a file over the per-file size limit",
-    "LIMIT_CPU": "used up its CPU-time limit",
-    "OVERSIZE": "an output over the length cap: not parsed, not executed",
-}
-
 
 def paper_pass_at_k(passed: list[bool], k: int) -> float:
     """The paper's Pass@k: 1 if any of the first k outputs passes."""

@@ -36,7 +36,6 @@ from mlbench_kit.io import (
 )
 from mlbench_kit.records import EvalResult
 
-from .cgroups import usable_cores
 from .checks import check_output, runs_as_shell, syntax_error, type_ok
 from .envs import EnvConfig
 from .generations import load_generations
@@ -51,6 +50,7 @@ from .sandbox import (
     check_backend,
     warm_summary,
 )
+from .sandbox.cgroups import usable_cores
 from .static_cli import check_command
 
 # 18x the longest gold answer (3,511 characters): a longer output is a failure, neither parsed nor run, so no
@@ -478,7 +478,7 @@ def per_sample_outcomes(results: list[dict[str, Any]], samples: dict, outputs: d
 
 def _gold_valid_metrics(path: str, results: list[dict[str, Any]], ks: list[int], ci: bool) -> dict[str, Any]:
     """Pass@k over the rows whose own gold answer passes in its environment, and the excluded rows' causes."""
-    from .validate import gold_valid
+    from .envs.validate import gold_valid
     if not Path(path).is_file():
         raise MLBenchError("validation file not found", path, "run `mlbench env validate` first")
     valid = gold_valid(path)

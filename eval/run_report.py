@@ -1,39 +1,11 @@
-"""The markdown report of one eval run (``OUT/report.md``); `mlbench report` compares runs (report.py)."""
+"""The markdown report of one eval run (``OUT/report.md``); `mlbench report` compares runs (eval/report/)."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from .metrics import ERROR_CLASSES
-
-# C0/C1 controls, DEL, line/paragraph separators and bidirectional overrides: a terminal or a viewer would act on
-# them (CR rewrites a line, ESC starts a sequence, U+202E reverses text)
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-
-
-def md_text(text: str, limit: int | None = None) -> str:
-    """``text`` as one markdown table cell: newlines as `` ; ``, ``|`` escaped, every control character shown as
-    an escape (``\\x1b``), cut to ``limit`` characters."""
-    text = text.strip().replace("\r\n", "\n").replace("\n", " ; ")
-    text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256 else f"\\u{ord(m.group()):04x}",
-                        text)
-    text = text.replace("|", "\\|")
-    return text[:limit] if limit else text
-
-
-def md_code(text: str, limit: int | None = None) -> str:
-    """``text`` as an inline code span inside a table cell (fenced by more backticks than it holds)."""
-    text = md_text(text, limit)
-    ticks = "`" * (max((len(r) for r in re.findall("`+", text)), default=0) + 1)
-    return f"{ticks} {text} {ticks}"
-
-
-def fmt_rate(v: float | None, rng: tuple | list | None = None) -> str:
-    """A rate to 3 places, with its interval in brackets when given; ``–`` when there is none."""
-    if v is None:
-        return "–"
-    return f"{v:.3f}" + (f" [{rng[0]:.2f}, {rng[1]:.2f}]" if rng else "")
+from mlbench_kit.markdown import fmt_rate, md_code, md_text
+from mlbench_kit.records import ERROR_CLASSES
 
 
 def _row(name: str, m: dict[str, Any], ks: list[int]) -> str:

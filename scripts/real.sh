@@ -101,7 +101,7 @@ prep() {
     "$BIN/python" - "$RUN/repos.json" <<'EOF' || return 1
 import json, sys
 from mlbench_kit.eval.envcli import RECIPES
-from mlbench_kit.eval.recipes import load_recipes
+from mlbench_kit.eval.envs.recipes import load_recipes
 repos = [{"name": r.repo, "github": r.github, "commit": r.commit} for r in load_recipes(RECIPES) if r.github]
 json.dump({"test_repos": repos}, open(sys.argv[1], "w"), indent=1)
 EOF

@@ -110,5 +110,5 @@ def base_image() -> str | None:
         if os.environ.get("MLBENCH_REQUIRE_PODMAN"):
             pytest.fail("MLBENCH_REQUIRE_PODMAN is set but podman/mmdebstrap are missing or not root")
         return None
-    from mlbench_kit.eval.images import build_base_image
+    from mlbench_kit.eval.envs.images import build_base_image
     return build_base_image()

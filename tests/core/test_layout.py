@@ -1,20 +1,40 @@
-"""The layout's promise: one folder per stage, one core package of contracts, and no stage importing another."""
+"""The layout's promise: one folder per stage, one core package of contracts, no stage importing another, and
+eval/'s wings importing one way only."""
 
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 STAGES = {"data_prep": "data_prep", "train": "train", "infer": "infer", "eval": "eval", "slurm": "slurm"}
+# eval/'s wings and the wings each may import; "scoring" is everything at the top of eval/ (run.py, envcli.py, ...)
+WINGS = {"sandbox": set(), "envs": {"sandbox"}, "report": set(), "scoring": {"sandbox", "envs"}}
 
 
-def _imports(path: Path) -> list[tuple[int, str]]:
+def _package(path: Path, root: Path) -> str:
+    """The installed package a stage file belongs to: ``eval/envs/build.py`` -> ``mlbench_kit.eval.envs``."""
+    return ".".join(["mlbench_kit", *path.parent.relative_to(root).parts])
+
+
+def _imports(path: Path, root: Path) -> list[tuple[int, str, tuple[str, ...]]]:
+    """``(line, module, names)`` of every import in ``path``; relative imports are resolved against the file's
+    package (``from ..infer import x`` in ``eval/run.py`` is ``mlbench_kit.infer``)."""
     out = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            out += [(node.lineno, a.name) for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.append((node.lineno, node.module))
+            out += [(node.lineno, a.name, ()) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                parts = _package(path, root).split(".")
+                base = parts[: len(parts) - node.level + 1]
+                module = ".".join(base + ([module] if module else []))
+            out.append((node.lineno, module, tuple(a.name for a in node.names if a.name != "*")))
     return out
+
+
+def _targets(module: str, names: tuple[str, ...]) -> list[str]:
+    """What one import reaches: ``from mlbench_kit import eval`` reaches ``mlbench_kit.eval``."""
+    return [module, *(f"{module}.{n}" for n in names)]
 
 
 def stage_violations(root: Path = ROOT) -> list[str]:
@@ -22,10 +42,35 @@ def stage_violations(root: Path = ROOT) -> list[str]:
     bad = []
     for folder, stage in STAGES.items():
         for f in sorted((root / folder).rglob("*.py")):
-            for line, mod in _imports(f):
-                parts = mod.split(".")
-                if parts[0] == "mlbench_kit" and len(parts) > 1 and parts[1] in STAGES.values() and parts[1] != stage:
-                    bad.append(f"{f.relative_to(root)}:{line} imports {mod}")
+            for line, mod, names in _imports(f, root):
+                for target in _targets(mod, names):
+                    parts = target.split(".")
+                    if parts[0] == "mlbench_kit" and len(parts) > 1 and parts[1] in STAGES.values() \
+                            and parts[1] != stage:
+                        bad.append(f"{f.relative_to(root)}:{line} imports {target}")
+                        break
+    return bad
+
+
+def _wing(module: str) -> str | None:
+    """The eval wing of a module (None outside eval/): ``mlbench_kit.eval.sandbox.cgroups`` -> ``sandbox``."""
+    parts = module.split(".")
+    if parts[:2] != ["mlbench_kit", "eval"]:
+        return None
+    return parts[2] if len(parts) > 2 and parts[2] in WINGS else "scoring"
+
+
+def wing_violations(root: Path = ROOT) -> list[str]:
+    """Every import inside eval/ that goes against the wings' direction, as file:line."""
+    bad = []
+    for f in sorted((root / "eval").rglob("*.py")):
+        own = _wing(_package(f, root) + "." + f.stem)
+        for line, mod, names in _imports(f, root):
+            # ``from . import cgroups`` reaches the submodule; ``from .sandbox import Env`` the sandbox wing
+            for target in [f"{mod}.{n}" for n in names] or [mod]:
+                wing = _wing(target)
+                if wing is not None and wing != own and wing not in WINGS[own]:
+                    bad.append(f"{f.relative_to(root)}:{line} ({own}) imports {target} ({wing})")
     return bad
 
 
@@ -33,8 +78,47 @@ def test_no_stage_imports_another_stage():
     assert stage_violations() == []
 
 
+def test_eval_wings_import_one_way():
+    assert wing_violations() == []
+
+
 def test_the_check_sees_a_violation(tmp_path):
     for folder in STAGES:
         (tmp_path / folder).mkdir()
     (tmp_path / "infer" / "run.py").write_text("from mlbench_kit.eval.parse import parse_response\n")
     assert stage_violations(tmp_path) == ["infer/run.py:1 imports mlbench_kit.eval.parse"]
+
+
+def test_the_check_sees_relative_imports(tmp_path):
+    for folder in STAGES:
+        (tmp_path / folder).mkdir()
+    (tmp_path / "eval" / "sandbox").mkdir()
+    (tmp_path / "eval" / "run.py").write_text("from ..infer import x\nfrom .. import train\nfrom . import checks\n")
+    (tmp_path / "eval" / "sandbox" / "box.py").write_text("from ...slurm.sweep import y\nfrom . import cgroups\n")
+    assert stage_violations(tmp_path) == ["eval/run.py:1 imports mlbench_kit.infer",
+                                          "eval/run.py:2 imports mlbench_kit.train",
+                                          "eval/sandbox/box.py:1 imports mlbench_kit.slurm.sweep"]
+
+
+def test_the_check_sees_a_wing_violation(tmp_path):
+    for wing in ("sandbox", "envs", "report"):
+        (tmp_path / "eval" / wing).mkdir(parents=True)
+    files = {
+        "eval/sandbox/sandbox.py": "from ..run import score\nfrom .. import envs\nfrom . import cgroups\n"
+                                   "from mlbench_kit.records import EvalResult\n",
+        "eval/envs/build.py": "from ..sandbox import Env\nfrom .. import run\n"
+                              "from mlbench_kit.eval.report import cli\n",
+        "eval/report/render.py": "from ..metrics import ERROR_CLASSES\nfrom .data import Setting\n",
+        "eval/run.py": "from .envs import EnvConfig\nfrom .sandbox import Sandbox\nfrom .report.data import load\n",
+        "eval/envcli.py": "from . import run\nfrom .envs.validate import validate\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    assert wing_violations(tmp_path) == [
+        "eval/envs/build.py:2 (envs) imports mlbench_kit.eval.run (scoring)",
+        "eval/envs/build.py:3 (envs) imports mlbench_kit.eval.report.cli (report)",
+        "eval/report/render.py:1 (report) imports mlbench_kit.eval.metrics.ERROR_CLASSES (scoring)",
+        "eval/run.py:3 (scoring) imports mlbench_kit.eval.report.data.load (report)",
+        "eval/sandbox/sandbox.py:1 (sandbox) imports mlbench_kit.eval.run.score (scoring)",
+        "eval/sandbox/sandbox.py:2 (sandbox) imports mlbench_kit.eval.envs (envs)",
+    ]

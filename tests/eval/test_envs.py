@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO_ROOT
-from mlbench_kit.eval.envbuild import Builder, apptainer_def, containerfile, env_dir
 from mlbench_kit.eval.envs import EnvConfig
-from mlbench_kit.eval.recipes import load_recipe, load_recipes
+from mlbench_kit.eval.envs.build import Builder, apptainer_def, containerfile, env_dir
+from mlbench_kit.eval.envs.recipes import load_recipe, load_recipes
 
 from mlbench_kit.cli import main
 from mlbench_kit.errors import MLBenchError

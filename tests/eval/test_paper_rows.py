@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO_ROOT
-from mlbench_kit.eval.report_data import load_reference
+from mlbench_kit.eval.report.data import load_reference
 
 from mlbench_kit.errors import MLBenchError
 

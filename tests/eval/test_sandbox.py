@@ -20,18 +20,21 @@ import psutil
 import pytest
 from conftest import REPO_ROOT
 from mlbench_kit.cli import main as cli_main
-from mlbench_kit.eval import cgroups, seccomp
 from mlbench_kit.eval.checks import check_output
-from mlbench_kit.eval.engines import Mounts, container_argv
 from mlbench_kit.eval.sandbox import (
+    ENGINES,
     Env,
     Job,
     Limits,
     Sandbox,
     Warmed,
+    cgroups,
     check_backend,
+    seccomp,
     warm_summary,
 )
+from mlbench_kit.eval.sandbox.cmdline import Identity, Mounts, container_argv
+from mlbench_kit.eval.sandbox.engines import Launch
 from mlbench_kit.eval.static_cli import check_command
 
 from mlbench_kit.errors import MLBenchError
@@ -360,8 +363,43 @@ def test_backends_refuse_clearly():
         sb.run(Job("ls", True, Env("toybench", REPO), "./"), Limits())
 
 
+def test_one_engine_per_backend(tmp_path):
+    """Each --backend is one engine from the registry; what each decides (isolation, image, cgroup, staging) and the
+    command it starts, docker's and apptainer's included, which no test here executes."""
+    assert tuple(ENGINES) == ("bwrap", "podman", "docker", "apptainer", "local")  # --backend's choices, in order
+    root, user = Identity(65534, 65534, True), Identity(os.getuid(), os.getgid(), False)
+    assert {n: (e.isolated, e.container, e.cgroup, e.binds_env, e.staged(root), e.staged(user))
+            for n, e in ENGINES.items()} == {"bwrap": (True, False, True, True, True, True),
+                                             "podman": (True, True, True, False, True, False),
+                                             "docker": (True, True, False, False, False, False),
+                                             "apptainer": (True, True, False, False, False, False),
+                                             "local": (False, False, False, False, False, False)}
+    with pytest.raises(MLBenchError, match="unknown backend"):
+        check_backend("lxc", unsafe_local=True)
+    (tmp_path / "j").mkdir()
+    m = Mounts(tmp_path / "s", tmp_path / "j", REPO, 64)
+    job = Job("ls", True, Env("toybench", REPO, image="img:1"), "./")
+
+    def command(backend: str, who: Identity, staged: bool) -> list[str]:
+        return ENGINES[backend].command(Launch(job, Limits(), m, "mlbench-x", who, None, tmp_path / "p", "python3",
+                                               9, staged))
+
+    docker = command("docker", user, False)
+    assert docker[:2] == ["docker", "run"] and f"{REPO.resolve()}:/sandbox/src:ro" in docker
+    assert docker[docker.index("img:1") + 1:] == ["python3", "-I", "-S", "/sandbox/job/runner.py",
+                                                  "/sandbox/job/spec.json", "stderr"]
+    apptainer = command("apptainer", user, False)
+    assert apptainer[:2] == ["apptainer", "exec"] and "img:1" in apptainer and apptainer[-1] == "stderr"
+    for backend, who, engine_line in (("podman", root, "exec podman run"), ("bwrap", root, "exec setpriv"),
+                                      ("bwrap", user, "exec bwrap")):
+        assert command(backend, who, True)[0] == "unshare"
+        script = (tmp_path / "j" / "stage.sh").read_text()
+        assert script.splitlines()[-1].startswith(engine_line)
+        assert ("--seccomp" in script) == (backend == "bwrap") and ("4<" in script) == (backend == "bwrap")
+
+
 def test_one_seccomp_policy_for_every_engine(tmp_path):
-    """podman's JSON profile and bwrap's BPF program are both derived from eval/seccomp.py's rules."""
+    """podman's JSON profile and bwrap's BPF program are both derived from eval/sandbox/seccomp.py's rules."""
     prof = seccomp.podman_profile()
     assert prof["defaultAction"] == "SCMP_ACT_ALLOW"
     denied = {n for r in prof["syscalls"] if not r.get("args") for n in r["names"]}

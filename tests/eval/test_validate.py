@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from mlbench_kit.eval.validate import classify, validate
+from mlbench_kit.eval.envs.validate import classify, validate
 
 RAN = {"params_ok": True, "type_ok": True, "passed": False, "timed_out": False, "exit_code": 1}
 
@@ -54,7 +54,7 @@ def test_a_known_defect_that_compat_passed_by_timing_out_is_still_not_gold_valid
     # 261 fails ~12 s in on 2 cores: compat's 10 s limit counts it a pass there, a faster machine a failure
     import json
 
-    from mlbench_kit.eval.validate import gold_valid, validation_markdown
+    from mlbench_kit.eval.envs.validate import gold_valid, validation_markdown
     row = {"github_id": 9, "id": 261, "repo": "External-Attention-pytorch", "type": "Python Code"}
     timed_out = RAN | {"github_id": 9, "id": 261, "passed": True, "timed_out": True, "exit_code": None}
     report = validate({"compat": [timed_out]}, [row], {"External-Attention-pytorch": None},

@@ -13,8 +13,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from .report_data import load_reference, load_settings
-from .report_render import write_csv, write_markdown, write_plots
+from .data import load_reference, load_settings
+from .render import write_csv, write_markdown, write_plots
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

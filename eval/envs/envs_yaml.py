@@ -16,7 +16,7 @@ from pathlib import Path
 from mlbench_kit.envspec import EnvsFile, RepoEnv, load_envs_file
 from mlbench_kit.errors import MLBenchError
 
-from .sandbox import Env
+from ..sandbox import Env
 
 
 class EnvConfig:

@@ -5,8 +5,9 @@ One :class:`Sandbox` per eval run. Each execution:
 1. gets its own cgroup (memory, processes, CPU for the whole tree; :mod:`.cgroups`) where this host allows;
 2. runs a stage script in a private mount namespace that mounts a size-capped tmpfs, an overlay of the
    pristine checkout on it (copy-on-write: ~ms whatever the repository's size) and read-only binds of the
-   environment, then drops to an unprivileged uid (:mod:`.engines`);
-3. starts the engine (bwrap or a container) whose PID 1 is the trusted runner (``sandbox_runner.py``);
+   environment, then drops to an unprivileged uid (:mod:`.cmdline`);
+3. starts the engine (bwrap or a container; :mod:`.engines`, one class per backend) whose PID 1 is the trusted
+   runner (``runner.py``);
 4. takes exit status and survivors from the runner's report pipe alone, the limit that was hit from the
    cgroup, and never reads a file the generation could have written.
 
@@ -28,28 +29,19 @@ import tempfile
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlbench_kit.errors import MLBenchError
 
-from . import cgroups, seccomp
-from .engines import (
-    NONCE_ENV,
-    SANDBOX,
-    Identity,
-    Mounts,
-    apptainer_argv,
-    bwrap_argv,
-    container_argv,
-    stage_script,
-    unshare_argv,
-)
+from . import cgroups
+from .capture import capture_and_wait, read_undrained
+from .cmdline import NONCE_ENV, SANDBOX, Identity, Mounts
+from .engines import Launch, engine
+from .local import run_local
+from .spec import Env, ExecResult, Job, Limits, Warmed, thread_vars
+from .verdict import read_report, report_from_log, result_from_report
 
-BACKENDS = ("bwrap", "podman", "docker", "apptainer", "local")
-PIPE_BUF = 65536
-RUNNER = Path(__file__).with_name("sandbox_runner.py")
-REPORT_CAP = 16384
+RUNNER = Path(__file__).with_name("runner.py")
 DEFAULT_UID = 65534  # as root, untrusted code runs as nobody:nogroup (never as host root)
 
 # Imported (when installed) by Sandbox.warm before a run's first verdict. Python 3.7 syntax: bert's env.
@@ -74,132 +66,6 @@ for m in %r:
 print("MLBENCH-WARM " + json.dumps(out), flush=True)
 """
 CONTAINER_PREFIX = "/opt/venv"
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Per-execution limits. Memory, processes and CPU hold for the whole process tree (a cgroup), the tmpfs
-    sizes for everything written; ``cpu_s`` and ``fsize_mb`` are per process (rlimits)."""
-
-    wall_s: float = 10.0
-    mem_mb: int = 8192
-    pids: int = 512
-    cpus: float | None = None  # CPU quota in cores; None: no quota
-    disk_mb: int = 2048  # the repository's writable layer plus home
-    tmp_mb: int = 1024  # /tmp and /dev/shm, each
-    cpu_s: int = 300
-    fsize_mb: int = 1024
-    nofile: int = 1024
-    log_bytes: int = 65536
-    threads: int | None = None  # OMP/MKL/BLAS threads of one execution; None: the libraries' defaults
-
-
-THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
-               "VECLIB_MAXIMUM_THREADS")
-
-
-def thread_vars(limits: Limits) -> dict[str, str]:
-    """The thread-count variables of one execution. Without them torch starts one thread per core of the host,
-    so the same answer's run time (and, at the benchmark's timeouts, its verdict) depends on the machine and on
-    how many executions share it."""
-    return {v: str(limits.threads) for v in THREAD_VARS} if limits.threads else {}
-
-
-@dataclass(frozen=True)
-class Env:
-    """Where a repository's code runs: its pristine checkout and its environment."""
-
-    name: str
-    checkout: Path
-    prefix: str | None = None  # a venv / conda env / interpreter prefix: its bin/ leads PATH
-    image: str | None = None  # container backends
-    ro_paths: tuple[str, ...] = ()  # more host folders the environment needs, read-only at their own path
-    recipe: str | None = None  # the recipe hash the environment was built from (mlbench env build)
-    where: str = ""  # where it was configured (file:line), for errors
-    vars: tuple[tuple[str, str], ...] = ()  # environment variables the repository's commands rely on
-    warm: tuple[str, ...] | None = None  # modules Sandbox.warm imports before a run; None: WARM_MODULES
-
-
-@dataclass(frozen=True)
-class Warmed:
-    """One library :meth:`Sandbox.warm` imported: how long it took, whether it had bytecode, or why it failed."""
-
-    module: str
-    seconds: float | None = None  # None when the import failed
-    compiled: bool = True  # False: no bytecode, and the read-only sandbox cannot cache it, so every run compiles it
-    error: str | None = None  # the exception's type name, or why the warm-up itself failed
-
-
-@dataclass(frozen=True)
-class Job:
-    """One execution: ``code`` as a shell command (``bash cmd.sh``) or as ``python temp.py``, in ``workdir``."""
-
-    code: str
-    as_shell: bool
-    env: Env
-    workdir: str  # path inside the repository, e.g. "./examples/gnn"
-    vars: tuple[tuple[str, str], ...] = ()  # variables of this sample (the exports of its prefix_code)
-
-
-@dataclass
-class ExecResult:
-    """What happened, as the runner and the cgroup saw it."""
-
-    exit_code: int | None
-    timed_out: bool
-    duration: float
-    survivors: int
-    log: str  # captured stdout + stderr (strict) or stderr (compat), capped: head and tail kept
-    signal: int | None = None
-    limit: str | None = None  # memory | pids | disk | fsize | cpu: a limit the execution ran into
-    fault: str | None = None  # an environment or sandbox fault: no verdict may be drawn from this execution
-    usage: dict[str, float] = field(default_factory=dict)
-
-
-class _Capture:
-    """Drain a pipe in a thread, keeping at most ``cap`` bytes (head and tail)."""
-
-    def __init__(self, stream, cap: int) -> None:
-        self.head, self.tail, self.dropped, self.cap = bytearray(), bytearray(), 0, cap
-        self.t = threading.Thread(target=self._run, args=(stream,), daemon=True)
-        self.t.start()
-
-    def _run(self, stream) -> None:
-        half = self.cap // 2
-        for chunk in iter(lambda: stream.read1(8192), b""):
-            room = half - len(self.head)
-            if room > 0:
-                self.head += chunk[:room]
-                chunk = chunk[room:]
-            self.tail += chunk
-            if len(self.tail) > half:
-                self.dropped += len(self.tail) - half
-                del self.tail[: len(self.tail) - half]
-
-    def text(self) -> str:
-        self.t.join(timeout=2)
-        mid = f"\n[... {self.dropped} bytes dropped ...]\n".encode() if self.dropped else b""
-        return bytes(self.head + mid + self.tail).decode("utf-8", errors="replace")
-
-
-def check_backend(backend: str, unsafe_local: bool) -> None:
-    """Fail early, clearly, when a backend cannot run here or is unsafe without consent."""
-    if backend not in BACKENDS:
-        raise MLBenchError(f"unknown backend {backend!r}", "--backend", f"use one of {BACKENDS}")
-    if backend == "local":
-        if not unsafe_local:
-            raise MLBenchError("the local backend runs untrusted generations without isolation", "--backend local",
-                               "pass --unsafe-local to accept that, or use --backend bwrap")
-        return
-    need = {"bwrap": ["bwrap", "unshare"], "podman": ["podman", "unshare"], "docker": ["docker"],
-            "apptainer": ["apptainer"]}[backend]
-    if os.geteuid() == 0 and backend in ("bwrap", "podman"):
-        need.append("setpriv")
-    for exe in need:
-        if shutil.which(exe) is None:
-            pkg = {"bwrap": "bubblewrap", "unshare": "util-linux", "setpriv": "util-linux"}.get(exe, exe)
-            raise MLBenchError(f"{exe} is not installed", f"--backend {backend}",
-                               f"install it (Debian: apt-get install {pkg}), or choose another --backend")
 
 
 def _interpreter_dirs() -> list[str]:
@@ -227,11 +93,12 @@ class Sandbox:
     def __init__(self, backend: str, scratch_root: Path | None = None, uid: int | None = None,
                  strict_limits: bool = False) -> None:
         self.backend = backend
+        self.engine = engine(backend)
         is_root = os.geteuid() == 0
         uid = (DEFAULT_UID if is_root else os.getuid()) if uid is None else uid
         self.who = Identity(uid, uid if is_root else os.getgid(), is_root)
         self.cgroups = cgroups.available() if is_root or os.environ.get("MLBENCH_CGROUPS") else None
-        if strict_limits and self.cgroups is None and backend in ("bwrap", "local"):
+        if strict_limits and self.cgroups is None and not self.engine.container:
             # before the scratch folder exists: a refusal leaves nothing behind
             raise MLBenchError("per-execution cgroups are unavailable here, so memory and process limits would "
                                "hold per process only", "--require-cgroups",
@@ -245,20 +112,15 @@ class Sandbox:
         self.staged_s = 0.0
         self._runner_python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else os.path.realpath(
             sys.executable)
-        self._seccomp: Path | None = None  # one policy (eval/seccomp.py): JSON for containers, BPF for bwrap
-        if backend in ("podman", "docker"):
-            self._seccomp = self.root / "seccomp.json"
-            self._seccomp.write_text(json.dumps(seccomp.podman_profile()))
-        elif backend == "bwrap":
-            self._seccomp = self.root / "seccomp.bpf"
-            seccomp.write_bpf(self._seccomp)
+        # one policy (eval/sandbox/seccomp.py): JSON for containers, BPF for bwrap
+        self._seccomp = self.engine.seccomp(self.root)
         if self._seccomp is not None:
             self._seccomp.chmod(0o644)
 
     @property
     def limits_mode(self) -> str:
         """How memory/process limits hold: 'cgroup-v1'/'cgroup-v2' (whole tree), 'container' or 'rlimit'."""
-        if self.backend in ("podman", "docker", "apptainer"):
+        if self.engine.container:
             return "container"
         return f"cgroup-{self.cgroups[0]}" if self.cgroups else "rlimit (per process)"
 
@@ -302,7 +164,7 @@ class Sandbox:
     # -- one execution -----------------------------------------------------------------------------------------
 
     def _env_vars(self, env: Env) -> dict[str, str]:
-        if self.backend in ("bwrap", "local"):
+        if not self.engine.container:
             # resolved, as _ro_binds mounts it: a venv reached through a symlink is not under its link's path
             prefix = os.path.realpath(env.prefix or sys.base_prefix)
         else:  # images built by `mlbench env build --image` hold the environment in /opt/venv
@@ -355,7 +217,7 @@ class Sandbox:
                 "writable": [f"{SANDBOX}/work", f"{SANDBOX}/home", "/tmp", "/dev/shm"],
                 "rlimits": {"RLIMIT_CPU": limits.cpu_s, "RLIMIT_FSIZE": limits.fsize_mb * 2**20,
                             "RLIMIT_CORE": 0, "RLIMIT_NOFILE": limits.nofile}}
-        if self.cgroups is None and self.backend in ("bwrap", "local"):  # no cgroup: per-process fallbacks
+        if self.cgroups is None and not self.engine.container:  # no cgroup: per-process fallbacks
             spec["rlimits"] |= {"RLIMIT_AS": limits.mem_mb * 2**20, "RLIMIT_NPROC": limits.pids}
         if copy:
             spec |= {"copy_from": f"{SANDBOX}/src", "copy_to": f"{SANDBOX}/work"}
@@ -375,46 +237,30 @@ class Sandbox:
         """Execute ``job``. ``drain=False`` reproduces the benchmark's checker: stdout goes to a pipe nobody
         reads while the command runs, so a command printing more than the pipe holds blocks (and, in compat
         mode, "passes" by still running at the limit)."""
-        if self.backend == "local":
-            return _run_local(job, limits, self.root, drain, self._job_env(job, limits))
+        eng = self.engine
+        if not eng.isolated:
+            return run_local(job, limits, self.root, drain, self._job_env(job, limits))
         xid = uuid.uuid4().hex[:12]
         scratch, jobdir = self.root / xid, self.root / f"{xid}.job"
-        staged = self.backend in ("bwrap",) or (self.backend == "podman" and self.who.root)
+        staged = eng.staged(self.who)
         lower = self.lower(job.env) if staged else None
         self._write_job(job, limits, jobdir, copy=not staged)
         scratch.mkdir(mode=0o700)
         cg = None
-        if self.cgroups and self.backend in ("bwrap", "podman"):
+        if self.cgroups and eng.cgroup:
             try:
                 cg = cgroups.ExecCgroup.create(limits.mem_mb, limits.pids, limits.cpus)
             except OSError as exc:
                 return ExecResult(None, False, 0.0, 0, "", fault=f"SANDBOX: cannot create a cgroup ({exc})")
-        binds = self._ro_binds(job.env) if self.backend == "bwrap" else ()
+        binds = self._ro_binds(job.env) if eng.binds_env else ()
         m = Mounts(scratch, jobdir, lower, limits.disk_mb, binds)
         name = f"mlbench-{xid}"
         report_r, report_w = os.pipe()
         nonce = secrets.token_hex(16)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", NONCE_ENV: nonce,
                f"APPTAINERENV_{NONCE_ENV}": nonce}
-        if self.backend == "bwrap":
-            engine = bwrap_argv(m, limits.tmp_mb, self._runner_python)
-        elif self.backend in ("podman", "docker"):
-            engine = container_argv(self.backend, _need_image(job.env, self.backend), name, m, limits.mem_mb,
-                                    limits.pids, limits.cpus, limits.tmp_mb, self.who.uid,
-                                    cg.parent_for_podman() if cg else None, self._seccomp,
-                                    src=None if staged else str(job.env.checkout.resolve()))
-        else:
-            engine = apptainer_argv(_need_image(job.env, "apptainer"), jobdir, str(job.env.checkout.resolve()))
-        if staged:
-            script = jobdir / "stage.sh"
-            # bwrap's whole tree joins the cgroup; podman's CLI stays out of it (the container goes in via
-            # --cgroup-parent), so the engine's own memory is not charged to the generation
-            procs = cg.procs_files if cg and self.backend == "bwrap" else []
-            script.write_text(stage_script(m, self.who, procs, report_w, engine, drop=self.backend == "bwrap",
-                                           seccomp_bpf=self._seccomp if self.backend == "bwrap" else None))
-            argv = unshare_argv(self.who, script)
-        else:
-            argv = engine
+        argv = eng.command(Launch(job, limits, m, name, self.who, cg, self._seccomp, self._runner_python, report_w,
+                                  staged))
         t0 = time.monotonic()
         try:
             proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -426,13 +272,13 @@ class Sandbox:
             self._cleanup(scratch, jobdir, cg)
             return ExecResult(None, False, 0.0, 0, "", fault=f"SANDBOX: cannot start {argv[0]} ({exc})")
         os.close(report_w)
-        out_cap, err_cap, timed_out, duration = _capture_and_wait(proc, limits, drain, t0)
+        out_cap, err_cap, timed_out, duration = capture_and_wait(proc, limits, drain, t0)
         self._kill(proc, cg, name)
-        log = out_cap.text() if out_cap else _read_undrained(proc) + err_cap.text()
-        raw = _read_report(report_r)
+        log = out_cap.text() if out_cap else read_undrained(proc) + err_cap.text()
+        raw = read_report(report_r)
         if not staged:  # engines without a pipe: the report is the stderr line carrying our nonce
-            raw, log = _report_from_log(log, nonce)
-        res = _result(raw, timed_out, duration, log, proc.returncode, limits)
+            raw, log = report_from_log(log, nonce)
+        res = result_from_report(raw, timed_out, duration, log, proc.returncode, limits)
         if cg is not None:
             hit = cg.hit()
             res.usage = cg.usage()
@@ -450,9 +296,7 @@ class Sandbox:
             os.killpg(proc.pid, signal.SIGKILL)  # bwrap: its PID 1 dies with it, and the namespace with that
         except ProcessLookupError:
             pass
-        if self.backend in ("podman", "docker") and (proc.poll() is None or cg is None):
-            # passthrough: the container outlives its CLI; without our cgroup to kill, the engine must remove it
-            subprocess.run([self.backend, "rm", "-f", "-t", "0", name], capture_output=True)
+        self.engine.stop(name, proc, cg)
         proc.wait()
         if cg is not None:
             cg.kill_all()
@@ -534,145 +378,3 @@ def warm_summary(warm: list[Warmed]) -> str:
     bad = [f"{w.module} FAILED ({w.error})" for w in warm if w.error]
     ok = [f"{w.module} {w.seconds:.2f} s" + ("" if w.compiled else " (not compiled)") for w in warm if not w.error]
     return "warm-up: " + (", ".join(bad + ok) or "nothing to import")
-
-
-def _need_image(env: Env, backend: str) -> str:
-    if not env.image:
-        raise MLBenchError(f"backend {backend} needs an image for repository {env.name!r}", env.where or "envs config",
-                           "set `image:` for the repository, or build one: mlbench env build --image")
-    return env.image
-
-
-def _read_report(fd: int) -> bytes:
-    """Read the runner's report: bounded, non-blocking (every writer is dead by now)."""
-    os.set_blocking(fd, False)
-    data = b""
-    try:
-        while len(data) <= REPORT_CAP:
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                break
-            data += chunk
-    except BlockingIOError:
-        pass
-    finally:
-        os.close(fd)
-    return data
-
-
-def _report_from_log(log: str, nonce: str) -> tuple[bytes, str]:
-    marker = f"MLBENCH-REPORT {nonce} "
-    i = log.rfind(marker)
-    if i < 0:
-        return b"", log
-    line = log[i + len(marker):].split("\n", 1)[0]
-    return line.encode(), log[:i].rstrip("\n")
-
-
-def _limit_hit(rep: dict, code: object, sig: object, limits: Limits) -> str | None:
-    """The per-process limit an execution ran into, from what the runner saw: the signal its child died of (or
-    a shell's exit status for it) backed by evidence of the limit (a file at the size limit; CPU seconds at the
-    CPU limit, from the rusage of everything the child waited for). A status or a signal alone proves nothing:
-    any program may ``exit 153`` or send itself SIGXFSZ."""
-    if (sig == signal.SIGXFSZ or code == 128 + signal.SIGXFSZ) and rep.get("at_fsize") is True:
-        return "fsize"
-    cpu = rep.get("cpu_s")
-    # rusage is sampled: it may read a little under the limit the kernel enforced on exact run time
-    used_up = isinstance(cpu, (int, float)) and cpu >= 0.9 * limits.cpu_s
-    if used_up and (sig in (signal.SIGXCPU, signal.SIGKILL) or code in (128 + signal.SIGXCPU, 128 + signal.SIGKILL)):
-        return "cpu"
-    if rep.get("full"):
-        return "disk"
-    return None
-
-
-def _result(raw: bytes, timed_out: bool, duration: float, log: str, returncode: int | None,
-            limits: Limits) -> ExecResult:
-    """Turn the runner's report into a result; anything unexpected is a sandbox fault, never a verdict."""
-    base = dict(timed_out=timed_out, duration=round(duration, 3), log=log)
-    if timed_out:
-        return ExecResult(None, survivors=0, **base)
-    try:
-        rep = json.loads(raw.decode("utf-8")) if raw and len(raw) <= REPORT_CAP else None
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        rep = None
-    if not isinstance(rep, dict) or rep.get("v") != 1:
-        why = "no report from the runner" if not raw else "an unreadable report from the runner"
-        return ExecResult(None, survivors=0, fault=f"SANDBOX: {why} (engine exit {returncode})", **base)
-    fault = rep.get("fault")
-    if fault:
-        kind = fault.get("kind") if isinstance(fault, dict) else "?"
-        detail = str(fault.get("detail", ""))[:300] if isinstance(fault, dict) else str(fault)[:300]
-        cls = "ENV" if kind in ("workdir", "exec", "interpreter") else "SANDBOX"
-        return ExecResult(None, survivors=0, fault=f"{cls}: {kind}: {detail}", **base)
-    code, sig, surv = rep.get("exit"), rep.get("signal"), rep.get("survivors")
-    if not (isinstance(code, int) or isinstance(sig, int)) or not isinstance(surv, int):
-        return ExecResult(None, survivors=0, fault="SANDBOX: an incomplete report from the runner", **base)
-    limit = _limit_hit(rep, code, sig, limits)
-    exit_code = code if isinstance(code, int) else 128 + sig
-    return ExecResult(exit_code, survivors=surv, signal=sig if isinstance(sig, int) else None, limit=limit, **base)
-
-
-def _read_undrained(proc: subprocess.Popen) -> str:
-    os.set_blocking(proc.stdout.fileno(), False)
-    try:
-        data = proc.stdout.read(PIPE_BUF) or b""
-    except (BlockingIOError, ValueError):
-        data = b""
-    return data.decode("utf-8", errors="replace")
-
-
-def _capture_and_wait(proc: subprocess.Popen, limits: Limits, drain: bool, t0: float) \
-        -> tuple[_Capture | None, _Capture | None, bool, float]:
-    """Capture stdout+stderr (``drain``) or only stderr (the benchmark's undrained stdout), wait up to the wall
-    limit; ``(stdout capture, stderr capture, timed out, seconds since t0)``."""
-    out_cap = _Capture(proc.stdout, limits.log_bytes) if drain else None
-    err_cap = None if drain else _Capture(proc.stderr, limits.log_bytes)
-    try:
-        proc.wait(timeout=limits.wall_s)
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        timed_out = True
-    return out_cap, err_cap, timed_out, time.monotonic() - t0
-
-
-def _run_local(job: Job, limits: Limits, root: Path, drain: bool, env: dict[str, str]) -> ExecResult:
-    """``--backend local --unsafe-local``: no isolation at all, a private copy of the checkout, a scrubbed
-    environment; processes left behind are found by session id (a ``setsid`` daemon escapes this count)."""
-    import psutil
-    scratch = root / uuid.uuid4().hex[:12]
-    work = scratch / "work"
-    shutil.copytree(job.env.checkout, work, symlinks=True)
-    (scratch / "home").mkdir()
-    cwd = work / job.workdir
-    if not cwd.is_dir():
-        shutil.rmtree(scratch, ignore_errors=True)
-        return ExecResult(None, False, 0.0, 0, "", fault=f"ENV: workdir: {job.workdir} is not in the checkout")
-    if job.as_shell:
-        (scratch / "cmd.sh").write_text(job.code + "\n")
-        argv = ["bash", str(scratch / "cmd.sh")]
-    else:
-        (cwd / "temp.py").write_text(job.code)
-        argv = ["python", "temp.py"]
-    env = env | {"HOME": str(scratch / "home")}
-    t0 = time.monotonic()
-    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT if drain else subprocess.PIPE, start_new_session=True)
-    out_cap, err_cap, timed_out, duration = _capture_and_wait(proc, limits, drain, t0)
-    survivors = 0
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if p.pid != proc.pid and os.getsid(p.pid) == proc.pid:
-                survivors += 1
-                p.kill()
-        except (psutil.Error, ProcessLookupError, PermissionError):
-            continue
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-    log = out_cap.text() if out_cap else _read_undrained(proc) + err_cap.text()
-    shutil.rmtree(scratch, ignore_errors=True)
-    code = None if timed_out else proc.returncode
-    return ExecResult(code, timed_out, round(duration, 3), 0 if timed_out else survivors, log)

@@ -1,6 +1,6 @@
 """The trusted supervisor that runs as PID 1 inside every sandbox (bwrap, podman, docker, apptainer).
 
-Started as ``python3 -I -S sandbox_runner.py SPEC REPORT`` (``REPORT``: a file descriptor, or ``stderr`` for
+Started as ``python3 -I -S runner.py SPEC REPORT`` (``REPORT``: a file descriptor, or ``stderr`` for
 engines that cannot pass one; the report line then carries the nonce from ``$MLBENCH_REPORT_NONCE``, which
 only this process knows: its environment is unreadable once it is non-dumpable, and the child never gets
 it). Standard library only, never imports the project. It makes itself non-dumpable (so the generation, running under the same uid, can neither ptrace it

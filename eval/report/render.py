@@ -8,12 +8,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlbench_kit.io import write_atomic
-
-from .metrics import ERROR_CLASSES
-from .run_report import fmt_rate, md_code, md_text
+from mlbench_kit.markdown import fmt_rate, md_code, md_text
+from mlbench_kit.records import ERROR_CLASSES
 
 if TYPE_CHECKING:
-    from .report_data import Reference, Setting
+    from .data import Reference, Setting
 
 EXTRA = ("param_hit_precision", "param_all_hit_rate", "type_accuracy")
 

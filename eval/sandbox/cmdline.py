@@ -6,7 +6,7 @@ Inside every engine the execution sees the same thing::
     /sandbox/home   a scratch home        /tmp, /dev/shm   size-capped tmpfs
     /sandbox/job    read-only: runner.py, spec.json (what to run), cmd.sh / temp.py
 
-and the trusted runner (``sandbox_runner.py``) is PID 1. The writable parts live on one size-capped tmpfs that
+and the trusted runner (``runner.py``) is PID 1. The writable parts live on one size-capped tmpfs that
 a *stage script* mounts in a private mount namespace before anything untrusted starts; the pristine checkout
 is only ever an overlay's lower layer, so no execution can change it or see another's writes. Everything here
 builds argv lists or script text and runs nothing; :mod:`.sandbox` runs them.

@@ -1,0 +1,63 @@
+"""An execution's output, bounded: a pipe drained in a thread (head and tail kept), or left undrained as the
+benchmark's checker leaves stdout, and the wait up to the wall limit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+
+from .spec import Limits
+
+PIPE_BUF = 65536
+
+
+class Capture:
+    """Drain a pipe in a thread, keeping at most ``cap`` bytes (head and tail)."""
+
+    def __init__(self, stream, cap: int) -> None:
+        self.head, self.tail, self.dropped, self.cap = bytearray(), bytearray(), 0, cap
+        self.t = threading.Thread(target=self._run, args=(stream,), daemon=True)
+        self.t.start()
+
+    def _run(self, stream) -> None:
+        half = self.cap // 2
+        for chunk in iter(lambda: stream.read1(8192), b""):
+            room = half - len(self.head)
+            if room > 0:
+                self.head += chunk[:room]
+                chunk = chunk[room:]
+            self.tail += chunk
+            if len(self.tail) > half:
+                self.dropped += len(self.tail) - half
+                del self.tail[: len(self.tail) - half]
+
+    def text(self) -> str:
+        self.t.join(timeout=2)
+        mid = f"\n[... {self.dropped} bytes dropped ...]\n".encode() if self.dropped else b""
+        return bytes(self.head + mid + self.tail).decode("utf-8", errors="replace")
+
+
+def read_undrained(proc: subprocess.Popen) -> str:
+    os.set_blocking(proc.stdout.fileno(), False)
+    try:
+        data = proc.stdout.read(PIPE_BUF) or b""
+    except (BlockingIOError, ValueError):
+        data = b""
+    return data.decode("utf-8", errors="replace")
+
+
+def capture_and_wait(proc: subprocess.Popen, limits: Limits, drain: bool, t0: float) \
+        -> tuple[Capture | None, Capture | None, bool, float]:
+    """Capture stdout+stderr (``drain``) or only stderr (the benchmark's undrained stdout), wait up to the wall
+    limit; ``(stdout capture, stderr capture, timed out, seconds since t0)``."""
+    out_cap = Capture(proc.stdout, limits.log_bytes) if drain else None
+    err_cap = None if drain else Capture(proc.stderr, limits.log_bytes)
+    try:
+        proc.wait(timeout=limits.wall_s)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    return out_cap, err_cap, timed_out, time.monotonic() - t0
+

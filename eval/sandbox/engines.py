@@ -1,0 +1,206 @@
+"""The isolation engines behind one interface, one class per ``--backend``, chosen once from :data:`ENGINES`.
+
+- ``bwrap``: bubblewrap, started by the stage script in a private mount namespace, in the execution's cgroup;
+- ``podman``: a container with the same layout (staged and in our cgroup as root; else it copies the checkout);
+- ``docker``: podman's command line; the daemon cannot see our mounts, so the runner copies the checkout;
+- ``apptainer``: HPC clusters, a generated command line;
+- ``local``: no isolation, run in place (:mod:`.local`), only with ``--unsafe-local``.
+
+An engine only says how its executions start and stop; :class:`~.sandbox.Sandbox` runs them, and whether an
+engine can run on this host at all is :mod:`.probe`'s question.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from mlbench_kit.errors import MLBenchError
+
+from . import cgroups, seccomp
+from .cmdline import Identity, Mounts, apptainer_argv, bwrap_argv, container_argv, stage_script, unshare_argv
+from .spec import Env, Job, Limits
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One execution as the engine starts it: its job, limits and mounts, who runs it, and where its report goes."""
+
+    job: Job
+    limits: Limits
+    mounts: Mounts
+    name: str  # the execution's name (containers are named after it)
+    who: Identity
+    cgroup: cgroups.ExecCgroup | None  # the execution's own cgroup, when the host gives one
+    seccomp: Path | None  # the policy file :meth:`Engine.seccomp` wrote
+    runner_python: str  # the host interpreter that runs the runner in engines without an image
+    report_fd: int  # the write end of the runner's report pipe
+    staged: bool  # :meth:`Engine.staged`: started by the stage script
+
+
+class Engine(Protocol):
+    """How one backend starts and stops an execution. ``tools`` (what must be installed) serves the probe;
+    ``seccomp`` writes the policy in the form the engine reads, once per run; ``staged``: started by the stage
+    script, on an overlay of the pristine checkout, reporting over a pipe (else the runner copies the checkout and
+    reports on stderr); ``command`` builds the command line (writing the stage script where staged), ``stop``
+    removes what outlives it."""
+
+    name: str
+    isolated: bool  # False: runs on the host itself (``local``)
+    container: bool  # runs an image (its environment in /opt/venv) that holds limits of its own
+    cgroup: bool  # runs in the execution's own cgroup where the host gives one
+    binds_env: bool  # the host's environment folders are bound in, read-only
+
+    def tools(self, root: bool) -> tuple[str, ...]: ...
+
+    def seccomp(self, folder: Path) -> Path | None: ...
+
+    def staged(self, who: Identity) -> bool: ...
+
+    def command(self, x: Launch) -> list[str]: ...
+
+    def stop(self, name: str, proc: subprocess.Popen, cg: cgroups.ExecCgroup | None) -> None: ...
+
+
+def need_image(env: Env, backend: str) -> str:
+    if not env.image:
+        raise MLBenchError(f"backend {backend} needs an image for repository {env.name!r}", env.where or "envs config",
+                           "set `image:` for the repository, or build one: mlbench env build --image")
+    return env.image
+
+
+def _staged(x: Launch, engine_argv: list[str], join_cgroup: bool, drop: bool, seccomp_bpf: Path | None) -> list[str]:
+    """Write the stage script that prepares the mounts and then execs ``engine_argv``; the command that starts it."""
+    script = x.mounts.job / "stage.sh"
+    procs = x.cgroup.procs_files if x.cgroup and join_cgroup else []
+    script.write_text(stage_script(x.mounts, x.who, procs, x.report_fd, engine_argv, drop=drop,
+                                   seccomp_bpf=seccomp_bpf))
+    return unshare_argv(x.who, script)
+
+
+class Bwrap:
+    """bubblewrap: the whole tree joins the execution's cgroup, the stage script drops to the sandbox uid before
+    bwrap starts, and the seccomp policy is compiled to BPF."""
+
+    name, isolated, container, cgroup, binds_env = "bwrap", True, False, True, True
+
+    def tools(self, root: bool) -> tuple[str, ...]:
+        return ("bwrap", "unshare", "setpriv") if root else ("bwrap", "unshare")
+
+    def seccomp(self, folder: Path) -> Path | None:
+        path = folder / "seccomp.bpf"
+        seccomp.write_bpf(path)
+        return path
+
+    def staged(self, who: Identity) -> bool:
+        return True
+
+    def command(self, x: Launch) -> list[str]:
+        return _staged(x, bwrap_argv(x.mounts, x.limits.tmp_mb, x.runner_python), join_cgroup=True, drop=True,
+                       seccomp_bpf=x.seccomp)
+
+    def stop(self, name: str, proc: subprocess.Popen, cg: cgroups.ExecCgroup | None) -> None:
+        pass  # its PID 1 died with the process group, and the namespace with it
+
+
+class Docker:
+    """docker: no pipe reaches the container, so the runner copies the checkout and reports on stderr under a
+    nonce; the daemon's own limits hold (``--memory``, ``--pids-limit``)."""
+
+    name, isolated, container, cgroup, binds_env = "docker", True, True, False, False
+
+    def tools(self, root: bool) -> tuple[str, ...]:
+        return ("docker",)
+
+    def seccomp(self, folder: Path) -> Path | None:
+        path = folder / "seccomp.json"
+        path.write_text(json.dumps(seccomp.podman_profile()))
+        return path
+
+    def staged(self, who: Identity) -> bool:
+        return False
+
+    def command(self, x: Launch) -> list[str]:
+        lim = x.limits
+        return container_argv(self.name, need_image(x.job.env, self.name), x.name, x.mounts, lim.mem_mb, lim.pids,
+                              lim.cpus, lim.tmp_mb, x.who.uid, x.cgroup.parent_for_podman() if x.cgroup else None,
+                              x.seccomp, src=None if x.staged else str(x.job.env.checkout.resolve()))
+
+    def stop(self, name: str, proc: subprocess.Popen, cg: cgroups.ExecCgroup | None) -> None:
+        if proc.poll() is None or cg is None:
+            # passthrough: the container outlives its CLI; without our cgroup to kill, the engine must remove it
+            subprocess.run([self.name, "rm", "-f", "-t", "0", name], capture_output=True)
+
+
+class Podman(Docker):
+    """podman: as root, staged like bwrap (the overlay, the report pipe) and in the execution's cgroup through
+    ``--cgroup-parent`` (its CLI stays out of it, so the engine's own memory is not charged to the generation);
+    without root, docker's way."""
+
+    name, isolated, container, cgroup, binds_env = "podman", True, True, True, False
+
+    def tools(self, root: bool) -> tuple[str, ...]:
+        return ("podman", "unshare", "setpriv") if root else ("podman", "unshare")
+
+    def staged(self, who: Identity) -> bool:
+        return who.root
+
+    def command(self, x: Launch) -> list[str]:
+        argv = super().command(x)
+        return _staged(x, argv, join_cgroup=False, drop=False, seccomp_bpf=None) if x.staged else argv
+
+
+class Apptainer:
+    """Apptainer: a generated command line, the checkout copied by the runner, the report on stderr."""
+
+    name, isolated, container, cgroup, binds_env = "apptainer", True, True, False, False
+
+    def tools(self, root: bool) -> tuple[str, ...]:
+        return ("apptainer",)
+
+    def seccomp(self, folder: Path) -> Path | None:
+        return None
+
+    def staged(self, who: Identity) -> bool:
+        return False
+
+    def command(self, x: Launch) -> list[str]:
+        return apptainer_argv(need_image(x.job.env, self.name), x.mounts.job, str(x.job.env.checkout.resolve()))
+
+    def stop(self, name: str, proc: subprocess.Popen, cg: cgroups.ExecCgroup | None) -> None:
+        pass
+
+
+class Local:
+    """No isolation: :func:`.local.run_local` runs the job in place; there is no command to start."""
+
+    name, isolated, container, cgroup, binds_env = "local", False, False, False, False
+
+    def tools(self, root: bool) -> tuple[str, ...]:
+        return ()
+
+    def seccomp(self, folder: Path) -> Path | None:
+        return None
+
+    def staged(self, who: Identity) -> bool:
+        return False
+
+    def command(self, x: Launch) -> list[str]:
+        raise NotImplementedError("the local engine runs in place (run_local)")
+
+    def stop(self, name: str, proc: subprocess.Popen, cg: cgroups.ExecCgroup | None) -> None:
+        pass
+
+
+ENGINES: dict[str, Engine] = {e.name: e for e in (Bwrap(), Podman(), Docker(), Apptainer(), Local())}
+BACKENDS = tuple(ENGINES)  # bwrap, podman, docker, apptainer, local
+
+
+def engine(backend: str) -> Engine:
+    """The engine of ``--backend``."""
+    if backend not in ENGINES:
+        raise MLBenchError(f"unknown backend {backend!r}", "--backend", f"use one of {BACKENDS}")
+    return ENGINES[backend]

@@ -1,0 +1,56 @@
+"""``--backend local``: the one engine without isolation, run in place (only with ``--unsafe-local``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+from .capture import capture_and_wait, read_undrained
+from .spec import ExecResult, Job, Limits
+
+
+def run_local(job: Job, limits: Limits, root: Path, drain: bool, env: dict[str, str]) -> ExecResult:
+    """``--backend local --unsafe-local``: no isolation at all, a private copy of the checkout, a scrubbed
+    environment; processes left behind are found by session id (a ``setsid`` daemon escapes this count)."""
+    import psutil
+    scratch = root / uuid.uuid4().hex[:12]
+    work = scratch / "work"
+    shutil.copytree(job.env.checkout, work, symlinks=True)
+    (scratch / "home").mkdir()
+    cwd = work / job.workdir
+    if not cwd.is_dir():
+        shutil.rmtree(scratch, ignore_errors=True)
+        return ExecResult(None, False, 0.0, 0, "", fault=f"ENV: workdir: {job.workdir} is not in the checkout")
+    if job.as_shell:
+        (scratch / "cmd.sh").write_text(job.code + "\n")
+        argv = ["bash", str(scratch / "cmd.sh")]
+    else:
+        (cwd / "temp.py").write_text(job.code)
+        argv = ["python", "temp.py"]
+    env = env | {"HOME": str(scratch / "home")}
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT if drain else subprocess.PIPE, start_new_session=True)
+    out_cap, err_cap, timed_out, duration = capture_and_wait(proc, limits, drain, t0)
+    survivors = 0
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.pid != proc.pid and os.getsid(p.pid) == proc.pid:
+                survivors += 1
+                p.kill()
+        except (psutil.Error, ProcessLookupError, PermissionError):
+            continue
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+    log = out_cap.text() if out_cap else read_undrained(proc) + err_cap.text()
+    shutil.rmtree(scratch, ignore_errors=True)
+    code = None if timed_out else proc.returncode
+    return ExecResult(code, timed_out, round(duration, 3), 0 if timed_out else survivors, log)

@@ -1,0 +1,86 @@
+"""What the sandbox is given and what it returns: an environment, a job, the limits of one execution, its result."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-execution limits. Memory, processes and CPU hold for the whole process tree (a cgroup), the tmpfs
+    sizes for everything written; ``cpu_s`` and ``fsize_mb`` are per process (rlimits)."""
+
+    wall_s: float = 10.0
+    mem_mb: int = 8192
+    pids: int = 512
+    cpus: float | None = None  # CPU quota in cores; None: no quota
+    disk_mb: int = 2048  # the repository's writable layer plus home
+    tmp_mb: int = 1024  # /tmp and /dev/shm, each
+    cpu_s: int = 300
+    fsize_mb: int = 1024
+    nofile: int = 1024
+    log_bytes: int = 65536
+    threads: int | None = None  # OMP/MKL/BLAS threads of one execution; None: the libraries' defaults
+
+
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
+               "VECLIB_MAXIMUM_THREADS")
+
+
+def thread_vars(limits: Limits) -> dict[str, str]:
+    """The thread-count variables of one execution. Without them torch starts one thread per core of the host,
+    so the same answer's run time (and, at the benchmark's timeouts, its verdict) depends on the machine and on
+    how many executions share it."""
+    return {v: str(limits.threads) for v in THREAD_VARS} if limits.threads else {}
+
+
+@dataclass(frozen=True)
+class Env:
+    """Where a repository's code runs: its pristine checkout and its environment."""
+
+    name: str
+    checkout: Path
+    prefix: str | None = None  # a venv / conda env / interpreter prefix: its bin/ leads PATH
+    image: str | None = None  # container backends
+    ro_paths: tuple[str, ...] = ()  # more host folders the environment needs, read-only at their own path
+    recipe: str | None = None  # the recipe hash the environment was built from (mlbench env build)
+    where: str = ""  # where it was configured (file:line), for errors
+    vars: tuple[tuple[str, str], ...] = ()  # environment variables the repository's commands rely on
+    warm: tuple[str, ...] | None = None  # modules Sandbox.warm imports before a run; None: WARM_MODULES
+
+
+@dataclass(frozen=True)
+class Warmed:
+    """One library :meth:`Sandbox.warm` imported: how long it took, whether it had bytecode, or why it failed."""
+
+    module: str
+    seconds: float | None = None  # None when the import failed
+    compiled: bool = True  # False: no bytecode, and the read-only sandbox cannot cache it, so every run compiles it
+    error: str | None = None  # the exception's type name, or why the warm-up itself failed
+
+
+@dataclass(frozen=True)
+class Job:
+    """One execution: ``code`` as a shell command (``bash cmd.sh``) or as ``python temp.py``, in ``workdir``."""
+
+    code: str
+    as_shell: bool
+    env: Env
+    workdir: str  # path inside the repository, e.g. "./examples/gnn"
+    vars: tuple[tuple[str, str], ...] = ()  # variables of this sample (the exports of its prefix_code)
+
+
+@dataclass
+class ExecResult:
+    """What happened, as the runner and the cgroup saw it."""
+
+    exit_code: int | None
+    timed_out: bool
+    duration: float
+    survivors: int
+    log: str  # captured stdout + stderr (strict) or stderr (compat), capped: head and tail kept
+    signal: int | None = None
+    limit: str | None = None  # memory | pids | disk | fsize | cpu: a limit the execution ran into
+    fault: str | None = None  # an environment or sandbox fault: no verdict may be drawn from this execution
+    usage: dict[str, float] = field(default_factory=dict)

@@ -1,0 +1,82 @@
+"""The runner's report turned into an :class:`ExecResult`: bounded, checked, and a fault (never a verdict)
+whenever it is missing, unreadable or incomplete. The limit that was hit comes from evidence, never a status."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+from .spec import ExecResult, Limits
+
+REPORT_CAP = 16384
+
+
+def read_report(fd: int) -> bytes:
+    """Read the runner's report: bounded, non-blocking (every writer is dead by now)."""
+    os.set_blocking(fd, False)
+    data = b""
+    try:
+        while len(data) <= REPORT_CAP:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            data += chunk
+    except BlockingIOError:
+        pass
+    finally:
+        os.close(fd)
+    return data
+
+
+def report_from_log(log: str, nonce: str) -> tuple[bytes, str]:
+    marker = f"MLBENCH-REPORT {nonce} "
+    i = log.rfind(marker)
+    if i < 0:
+        return b"", log
+    line = log[i + len(marker):].split("\n", 1)[0]
+    return line.encode(), log[:i].rstrip("\n")
+
+
+def _limit_hit(rep: dict, code: object, sig: object, limits: Limits) -> str | None:
+    """The per-process limit an execution ran into, from what the runner saw: the signal its child died of (or
+    a shell's exit status for it) backed by evidence of the limit (a file at the size limit; CPU seconds at the
+    CPU limit, from the rusage of everything the child waited for). A status or a signal alone proves nothing:
+    any program may ``exit 153`` or send itself SIGXFSZ."""
+    if (sig == signal.SIGXFSZ or code == 128 + signal.SIGXFSZ) and rep.get("at_fsize") is True:
+        return "fsize"
+    cpu = rep.get("cpu_s")
+    # rusage is sampled: it may read a little under the limit the kernel enforced on exact run time
+    used_up = isinstance(cpu, (int, float)) and cpu >= 0.9 * limits.cpu_s
+    if used_up and (sig in (signal.SIGXCPU, signal.SIGKILL) or code in (128 + signal.SIGXCPU, 128 + signal.SIGKILL)):
+        return "cpu"
+    if rep.get("full"):
+        return "disk"
+    return None
+
+
+def result_from_report(raw: bytes, timed_out: bool, duration: float, log: str, returncode: int | None,
+            limits: Limits) -> ExecResult:
+    """Turn the runner's report into a result; anything unexpected is a sandbox fault, never a verdict."""
+    base = dict(timed_out=timed_out, duration=round(duration, 3), log=log)
+    if timed_out:
+        return ExecResult(None, survivors=0, **base)
+    try:
+        rep = json.loads(raw.decode("utf-8")) if raw and len(raw) <= REPORT_CAP else None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        rep = None
+    if not isinstance(rep, dict) or rep.get("v") != 1:
+        why = "no report from the runner" if not raw else "an unreadable report from the runner"
+        return ExecResult(None, survivors=0, fault=f"SANDBOX: {why} (engine exit {returncode})", **base)
+    fault = rep.get("fault")
+    if fault:
+        kind = fault.get("kind") if isinstance(fault, dict) else "?"
+        detail = str(fault.get("detail", ""))[:300] if isinstance(fault, dict) else str(fault)[:300]
+        cls = "ENV" if kind in ("workdir", "exec", "interpreter") else "SANDBOX"
+        return ExecResult(None, survivors=0, fault=f"{cls}: {kind}: {detail}", **base)
+    code, sig, surv = rep.get("exit"), rep.get("signal"), rep.get("survivors")
+    if not (isinstance(code, int) or isinstance(sig, int)) or not isinstance(surv, int):
+        return ExecResult(None, survivors=0, fault="SANDBOX: an incomplete report from the runner", **base)
+    limit = _limit_hit(rep, code, sig, limits)
+    exit_code = code if isinstance(code, int) else 128 + sig
+    return ExecResult(exit_code, survivors=surv, signal=sig if isinstance(sig, int) else None, limit=limit, **base)
