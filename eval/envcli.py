@@ -15,11 +15,11 @@ import sys
 from argparse import Namespace
 from pathlib import Path
 
+from mlbench_kit.envspec import load_recipes
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.io import write_atomic, write_json_atomic
 
 from .envs.build import Builder, default_cache, env_dir, stale_builds, write_envs_yaml
-from .envs.recipes import load_recipes
 
 RECIPES = Path(__file__).resolve().parents[1] / "configs" / "eval" / "envs"
 

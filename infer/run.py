@@ -20,7 +20,12 @@ from tqdm import tqdm
 from mlbench_kit.config import rename_old_keys
 from mlbench_kit.deprecation import deprecated_flag
 from mlbench_kit.errors import MLBenchError
-from mlbench_kit.hf import TRAIN_META, check_model_available, load_tokenizer, model_positions
+from mlbench_kit.hf import (
+    TRAIN_META,
+    check_model_available,
+    load_tokenizer,
+    model_positions,
+)
 from mlbench_kit.io import AppendLog, claim_run_folder, read_jsonl_tolerant
 from mlbench_kit.parse import PARSERS, parse_response
 from mlbench_kit.records import TASKS, GenerationRecord

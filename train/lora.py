@@ -47,7 +47,6 @@ from mlbench_kit.deprecation import deprecated_flag
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.io import AppendLog, atomic_dir, claim_run_folder, write_json_atomic
 
-
 DEFAULT_CONFIG = "configs/train/codellama-7b-instruct.yaml"  # the paper's main open model (the card's command)
 
 

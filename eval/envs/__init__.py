@@ -1,6 +1,7 @@
 """The environments wing (``mlbench env``'s parts): how each repository's code gets an environment to run in.
 
-- :mod:`.recipes`: recipes (``configs/eval/envs/*.yaml``), checked key by key;
+- recipes (``configs/eval/envs/*.yaml``) and ``envs.yaml`` are typed configs in the core,
+  :mod:`mlbench_kit.envspec`;
 - :mod:`.build`: builds from recipes (venvs, images, Containerfile / Apptainer ``.def``) and ``envs.yaml``;
 - :mod:`.images`: the podman base image, without a registry;
 - :mod:`.envs_yaml`: ``envs.yaml`` read into the sandbox's :class:`~mlbench_kit.eval.sandbox.Env` per repository;

@@ -32,10 +32,9 @@ from pathlib import Path
 
 import yaml
 
+from mlbench_kit.envspec import Asset, Recipe
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.io import write_json_atomic
-
-from .recipes import Asset, Recipe
 
 SANDBOX_UID = 65534
 

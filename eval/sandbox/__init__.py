@@ -14,7 +14,14 @@ This wing imports nothing from scoring, environments or reports. Its public name
 
 from .engines import BACKENDS, ENGINES, Engine
 from .probe import check_backend
-from .sandbox import CONTAINER_PREFIX, DEFAULT_UID, WARM_MODULES, Sandbox, warm_code, warm_summary
+from .sandbox import (
+           CONTAINER_PREFIX,
+           DEFAULT_UID,
+           WARM_MODULES,
+           Sandbox,
+           warm_code,
+           warm_summary,
+)
 from .spec import THREAD_VARS, Env, ExecResult, Job, Limits, Warmed, thread_vars
 
 __all__ = ["BACKENDS", "CONTAINER_PREFIX", "DEFAULT_UID", "ENGINES", "THREAD_VARS", "WARM_MODULES", "Engine", "Env",

@@ -21,7 +21,15 @@ from typing import Protocol
 from mlbench_kit.errors import MLBenchError
 
 from . import cgroups, seccomp
-from .cmdline import Identity, Mounts, apptainer_argv, bwrap_argv, container_argv, stage_script, unshare_argv
+from .cmdline import (
+    Identity,
+    Mounts,
+    apptainer_argv,
+    bwrap_argv,
+    container_argv,
+    stage_script,
+    unshare_argv,
+)
 from .spec import Env, Job, Limits
 
 

@@ -11,9 +11,9 @@ import yaml
 from conftest import REPO_ROOT
 from mlbench_kit.eval.envs import EnvConfig
 from mlbench_kit.eval.envs.build import Builder, apptainer_def, containerfile, env_dir
-from mlbench_kit.eval.envs.recipes import load_recipe, load_recipes
 
 from mlbench_kit.cli import main
+from mlbench_kit.envspec import load_recipe, load_recipes
 from mlbench_kit.errors import MLBenchError
 
 RECIPES = REPO_ROOT / "configs" / "eval" / "envs"

@@ -19,7 +19,6 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import REPO_ROOT
-from mlbench_kit.cli import main as cli_main
 from mlbench_kit.eval.checks import check_output
 from mlbench_kit.eval.sandbox import (
     ENGINES,
@@ -37,6 +36,7 @@ from mlbench_kit.eval.sandbox.cmdline import Identity, Mounts, container_argv
 from mlbench_kit.eval.sandbox.engines import Launch
 from mlbench_kit.eval.static_cli import check_command
 
+from mlbench_kit.cli import main as cli_main
 from mlbench_kit.errors import MLBenchError
 
 REPO = REPO_ROOT / "examples" / "sample" / "repos" / "toybench"

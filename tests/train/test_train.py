@@ -390,7 +390,6 @@ def test_varlen_boundaries_computed_once_equal_transformers_own(examples, tiny_t
 
 def test_the_gpu_lock_satisfies_the_gpu_extras_and_pins_the_stack():
     import tomllib
-
     from packaging.requirements import Requirement
     pins = {}
     for line in (REPO_ROOT / "constraints" / "gpu.txt").read_text().splitlines():
