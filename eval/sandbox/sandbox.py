@@ -39,7 +39,7 @@ from .cmdline import NONCE_ENV, SANDBOX, Identity, Mounts
 from .engines import Launch, engine
 from .local import run_local
 from .spec import Env, ExecResult, Job, Limits, Warmed, thread_vars
-from .verdict import read_report, report_from_log, result_from_report
+from .verdict import cpu_limit_hit, read_report, report_from_log, result_from_report
 
 RUNNER = Path(__file__).with_name("runner.py")
 DEFAULT_UID = 65534  # as root, untrusted code runs as nobody:nogroup (never as host root)
@@ -288,6 +288,9 @@ class Sandbox:
                 res.limit, res.fault = "memory", None
             elif hit and res.limit is None and not res.fault:
                 res.limit = hit[0]
+            elif res.limit is None and not res.fault and cpu_limit_hit(res.exit_code, res.signal,
+                                                                       res.usage.get("cpu_s"), limits):
+                res.limit = "cpu"  # the runner's sampled rusage read under the limit; the cgroup's count did not
         self._cleanup(scratch, jobdir, cg)
         return res
 

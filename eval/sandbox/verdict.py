@@ -38,6 +38,16 @@ def report_from_log(log: str, nonce: str) -> tuple[bytes, str]:
     return line.encode(), log[:i].rstrip("\n")
 
 
+def cpu_limit_hit(code: object, sig: object, cpu: object, limits: Limits) -> bool:
+    """Died of RLIMIT_CPU: SIGXCPU (or the hard limit's SIGKILL), or a shell's status for either, with CPU seconds
+    at the limit as evidence. ``cpu`` is the runner's rusage, or the execution cgroup's exact count where there is
+    one: rusage is sampled and may read under the limit the kernel enforced on exact run time (more so on a
+    loaded machine), hence 0.9."""
+    used_up = isinstance(cpu, (int, float)) and cpu >= 0.9 * limits.cpu_s
+    return used_up and (sig in (signal.SIGXCPU, signal.SIGKILL)
+                        or code in (128 + signal.SIGXCPU, 128 + signal.SIGKILL))
+
+
 def _limit_hit(rep: dict, code: object, sig: object, limits: Limits) -> str | None:
     """The per-process limit an execution ran into, from what the runner saw: the signal its child died of (or
     a shell's exit status for it) backed by evidence of the limit (a file at the size limit; CPU seconds at the
@@ -45,10 +55,7 @@ def _limit_hit(rep: dict, code: object, sig: object, limits: Limits) -> str | No
     any program may ``exit 153`` or send itself SIGXFSZ."""
     if (sig == signal.SIGXFSZ or code == 128 + signal.SIGXFSZ) and rep.get("at_fsize") is True:
         return "fsize"
-    cpu = rep.get("cpu_s")
-    # rusage is sampled: it may read a little under the limit the kernel enforced on exact run time
-    used_up = isinstance(cpu, (int, float)) and cpu >= 0.9 * limits.cpu_s
-    if used_up and (sig in (signal.SIGXCPU, signal.SIGKILL) or code in (128 + signal.SIGXCPU, 128 + signal.SIGKILL)):
+    if cpu_limit_hit(code, sig, rep.get("cpu_s"), limits):
         return "cpu"
     if rep.get("full"):
         return "disk"
