@@ -48,8 +48,14 @@ def test_scores_resumes_and_rescores(tmp_path, capsys):
     capsys.readouterr()
     assert _eval(gens, out) == 0
     err = capsys.readouterr().err
-    assert "executed 7 (reused 0); " in err or "/7 new generations passed" in err, err
-    assert f"; {len(lines) - 7} done before" in err  # the kept records were not run again
+    # exactly the 7 dropped generations were scored again, each distinct execution once (the kept records were
+    # not run again); identical ones among the 7 are reused, and outputs the static checks reject never run
+    dropped = [json.loads(x) for x in lines[-7:]]
+    paths = {(r["github_id"], r["id"]): r["path"] for r in map(json.loads, SAMPLE.open())}
+    ran = [(r["repo"], paths[r["github_id"], r["id"]], r["output_sha"]) for r in dropped if r["executed"]]
+    passed = sum(r["passed"] for r in dropped)
+    assert (f"eval: executed {len(set(ran))} (reused {len(ran) - len(set(ran))}); {passed}/7 new generations "
+            f"passed; {len(lines) - 7} done before") in err, err
     res2 = [json.loads(x) for x in (out / "results.jsonl").open()]
     assert sorted((r["id"], r["idx"]) for r in res2) == sorted((r["id"], r["idx"]) for r in res)
     assert _eval(gens, out) == 0
