@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import ast
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -40,11 +40,6 @@ class Sample:
     @property
     def key(self) -> tuple[int, int]:
         return (self.github_id, self.id)
-
-    def to_record(self) -> dict[str, Any]:
-        rec = asdict(self)
-        rec.pop("where")
-        return rec
 
 
 def parse_arguments(value: Any, where: str) -> dict[str, str]:

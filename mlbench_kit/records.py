@@ -19,7 +19,6 @@ from .errors import MLBenchError
 from .io import read_jsonl
 
 TASKS = (1, 2, 3)
-TASK_NAMES = {1: "raw README", 2: "BM25-retrieved README segment", 3: "oracle segment"}
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ from mlbench_kit.config import Check, Lines, load, read_yaml, to_dict
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.records import TASKS
 
-SPLITS = ("none", "id", "ood")  # none: the base model, no fine-tuning
 STAGES = ("prep", "train", "infer", "eval", "report")
 
 

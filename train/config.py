@@ -19,7 +19,6 @@ from mlbench_kit.io import write_atomic
 from mlbench_kit.records import TASKS
 
 SPLIT_DIRS = {"id": "id_train", "ood": "ood_train"}
-BATCHING = ("packing", "grouped", "padding")
 
 
 @dataclass

@@ -166,12 +166,6 @@ def varlen_kwargs(position_ids: torch.Tensor, device: Any = None) -> dict[str, A
     return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
 
 
-def non_pad_share(rows_lengths: list[list[int]]) -> float:
-    """Real tokens / (rows x longest row) for one micro-batch given each row's sample lengths."""
-    widths = [sum(r) for r in rows_lengths]
-    return sum(widths) / (len(widths) * max(widths)) if widths else 1.0
-
-
 def _chunk_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     lg = logits.float()
     return torch.nn.functional.cross_entropy(lg.reshape(-1, lg.size(-1)), labels.reshape(-1), ignore_index=IGNORE,

@@ -15,8 +15,6 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-CAUSES = ("check", "not built", "network", "gpu", "weights", "data", "missing module", "answer", "argument",
-          "timeout", "other")
 _RULES = [
     # the command names a script that is not in the repository at that path: the answer (or its row's path) is wrong
     ("answer", r"can't open file '[^'\n]*\.(py|sh)'|bash: [^:\n]*\.sh: No such file or directory"),
