@@ -16,12 +16,27 @@ SAMPLE = EXAMPLES / "sample"
 sys.path.insert(0, str(EXAMPLES))  # examples/tiny.py: the demo's tiny models, used by the tests too
 
 
+def required(variable: str) -> bool:
+    """Whether CI asked for something that would otherwise be skipped: MLBENCH_REQUIRE_SHARED, _PODMAN (1 = yes)."""
+    return os.environ.get(variable, "") not in ("", "0")
+
+
+def require_shared() -> Path:
+    """The real ML-Bench data, ../shared/mlbench (or MLBENCH_SHARED). Every test that needs it gets it through
+    here (the ``shared`` fixture): without it the test skips, or fails where MLBENCH_REQUIRE_SHARED=1 (CI)."""
+    if not (SHARED / "full.jsonl").is_file():
+        why = f"real ML-Bench data not found at {SHARED} (no full.jsonl; set MLBENCH_SHARED)"
+        if required("MLBENCH_REQUIRE_SHARED"):
+            pytest.fail(f"MLBENCH_REQUIRE_SHARED is set but the {why}", pytrace=False)
+        pytest.skip(why)
+    return SHARED
+
+
 @pytest.fixture(scope="session")
 def shared() -> Path:
-    if not (SHARED / "full.jsonl").is_file():
-        pytest.skip(f"real ML-Bench data not found at {SHARED} (set MLBENCH_SHARED)")
-    os.environ["NLTK_DATA"] = str(SHARED / "nltk_data")
-    return SHARED
+    path = require_shared()
+    os.environ["NLTK_DATA"] = str(path / "nltk_data")
+    return path
 
 
 @pytest.fixture(scope="session")
@@ -107,7 +122,7 @@ def base_image() -> str | None:
     import shutil
     usable = os.geteuid() == 0 and shutil.which("podman") and shutil.which("mmdebstrap")
     if not usable:
-        if os.environ.get("MLBENCH_REQUIRE_PODMAN"):
+        if required("MLBENCH_REQUIRE_PODMAN"):
             pytest.fail("MLBENCH_REQUIRE_PODMAN is set but podman/mmdebstrap are missing or not root")
         return None
     from mlbench_kit.eval.envs.images import build_base_image
