@@ -59,7 +59,8 @@ def test_every_mode_takes_the_same_steps(runs):
 @pytest.mark.parametrize("mode, sig, at_step", [("zero2", signal.SIGKILL, 6), ("zero3", signal.SIGTERM, 3)])
 def test_deepspeed_resumes_exactly(tmp_path, tiny_model_dir, real_prep, runs, mode, sig, at_step):
     run = tmp_path / "run"
-    code = _interrupt(_launch(tiny_model_dir, real_prep, run, *ARGS, config=MODES[mode], nproc=2), run, at_step, sig)
+    code, _ = _interrupt(_launch(tiny_model_dir, real_prep, run, *ARGS, config=MODES[mode], nproc=2), run, at_step,
+                         sig)
     assert not (run / "adapter").exists()
     resumed_from = "step-0000004"  # SIGKILL: the last complete periodic checkpoint
     if sig == signal.SIGTERM:  # every rank agreed after the same micro-batch, saved its ZeRO partition, stopped

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -11,10 +12,12 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 import yaml
 from conftest import REPO_ROOT, run_cli
+from mlbench_kit.train.checkpoint import PREEMPTED_EXIT
 from mlbench_kit.train.config import load_train_config
 from mlbench_kit.train.data import (
     IGNORE,
@@ -42,18 +45,26 @@ def _steps(out: Path) -> list[dict]:
     return [json.loads(x) for x in p.read_text().splitlines() if x.strip().endswith("}") and '"loss"' in x]
 
 
-def _interrupt(cmd: list[str], out: Path, at_step: int, sig: int) -> int:
-    """Start training, send ``sig`` once ``at_step`` steps are logged, return the exit status."""
+def _interrupt(cmd: list[str], out: Path, at_step: int, sig: int, workers_only: bool = False) -> tuple[int, str]:
+    """Start training, send ``sig`` once ``at_step`` steps are logged, return the exit status and stderr.
+
+    The signal goes to every process of the session, like Slurm's to every process of the step, or with
+    ``workers_only`` to the launcher's children alone: the launcher then reports the workers' own exit codes
+    (torchrun's agent exits 1 on a signal of its own, whatever its workers returned)."""
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True, text=True)
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:
         if len(_steps(out)) >= at_step:
-            os.killpg(proc.pid, sig)  # like Slurm: every process of the step gets the signal
+            if workers_only:
+                for child in psutil.Process(proc.pid).children():
+                    child.send_signal(sig)
+            else:
+                os.killpg(proc.pid, sig)
             break
         time.sleep(0.05)
-    proc.wait(timeout=300)
-    return proc.returncode
+    _, err = proc.communicate(timeout=300)  # read stderr as it comes: an unread pipe can block the launcher
+    return proc.returncode, err
 
 
 def _adapter(out: Path) -> dict[str, torch.Tensor]:
@@ -142,7 +153,7 @@ def test_sigkill_between_checkpoints_then_resume_equals_uninterrupted(tmp_path, 
     assert subprocess.run(_launch(tiny_model_dir, real_prep, ref, *args), cwd=REPO_ROOT,
                           capture_output=True, timeout=600).returncode == 0
     run = tmp_path / "run"
-    assert _interrupt(_launch(tiny_model_dir, real_prep, run, *args), run, 10, signal.SIGKILL) == -signal.SIGKILL
+    assert _interrupt(_launch(tiny_model_dir, real_prep, run, *args), run, 10, signal.SIGKILL)[0] == -signal.SIGKILL
     assert not (run / "adapter").exists()
     # a half-written checkpoint (no COMPLETE, or still .tmp) must be ignored
     (run / "checkpoints" / "step-0000015.tmp").mkdir()
@@ -156,7 +167,10 @@ def test_sigkill_between_checkpoints_then_resume_equals_uninterrupted(tmp_path, 
 
 @pytest.mark.integration
 def test_fsdp_two_processes_sigterm_saves_every_shard_and_resumes_exactly(tmp_path, tiny_model_dir, real_prep):
-    """FSDP2 over gloo through the shipped accelerate config; SIGTERM -> agreed save -> exit 75 -> resume."""
+    """FSDP2 over gloo through the shipped accelerate config; SIGTERM -> agreed save -> exit 75 -> resume.
+
+    The workers alone get the signal, so that the launcher names their exit codes; the whole process group's
+    SIGTERM (Slurm's way) is tests/train/test_distributed.py's ZeRO-3 case."""
     cfg = "configs/accelerate/fsdp2-cpu.yaml"
     args = ("--max-steps", "12", "--set", "checkpoint.every_steps=100")
     ref = tmp_path / "ref"
@@ -166,7 +180,14 @@ def test_fsdp_two_processes_sigterm_saves_every_shard_and_resumes_exactly(tmp_pa
     start = json.loads((ref / "metrics.jsonl").read_text().splitlines()[0])
     assert start["world_size"] == 2 and start["distributed"] == "FSDP2"
     run = tmp_path / "run"
-    _interrupt(_launch(tiny_model_dir, real_prep, run, *args, config=cfg, nproc=2), run, 5, signal.SIGTERM)
+    code, err = _interrupt(_launch(tiny_model_dir, real_prep, run, *args, config=cfg, nproc=2), run, 5,
+                           signal.SIGTERM, workers_only=True)
+    # the first rank to end exited 75 (EX_TEMPFAIL, the documented code); the agent then SIGTERMs the ranks still
+    # running (-15 in its report), and exits 1 itself
+    assert code == 1 and "Root Cause (first observed failure):" in err, err[-3000:]
+    root = err.rsplit("Root Cause (first observed failure):", 1)[1]
+    assert re.search(r"exitcode\s*:\s*(-?\d+)", root)[1] == str(PREEMPTED_EXIT) == "75", err[-3000:]
+    assert set(re.findall(r"exitcode\s*:\s*(-?\d+)", err)) <= {"75", str(-signal.SIGTERM)}, err[-3000:]
     assert (run / "PREEMPTED").is_file() and not (run / "adapter").exists()
     assert any('"event": "preempted"' in x for x in (run / "metrics.jsonl").read_text().splitlines())
     ckpts = sorted((run / "checkpoints").iterdir())
@@ -199,7 +220,17 @@ def test_qlora_nf4_with_gradient_checkpointing_takes_real_steps_on_cpu(tmp_path,
     assert (start["attention_requested"], start["attention"], start["attention_packed"]) == \
         ("auto", "sdpa", "dense_mask")
     assert start["device"] == "cpu" and start["gpu"] is None and start["peak_tflops"] is None
-    assert "use_reentrant" not in r.stderr  # non-reentrant checkpointing, asked for explicitly
+    assert "use_reentrant" not in r.stderr  # torch warns when checkpoint() is called without the setting
+    # non-reentrant checkpointing, asked for explicitly: read back from the model the recipe builds with this run's
+    # resolved config (the warning says nothing of an explicit use_reentrant=True, nor of a default the recipe
+    # left to transformers, which is non-reentrant in 5.19 whatever the recipe asks)
+    from mlbench_kit.train.model import add_lora, load_base
+    run_cfg = load_train_config(out / "config.yaml", {})
+    assert run_cfg.quantization == "nf4" and run_cfg.gradient_checkpointing
+    peft_model = add_lora(load_base(run_cfg, "fp32", "sdpa", device_map={"": "cpu"}), run_cfg)
+    layers = [m for m in peft_model.modules() if getattr(m, "gradient_checkpointing", False)]
+    assert len(layers) >= 2 and all(m._gradient_checkpointing_func.keywords == {"use_reentrant": False}
+                                    for m in layers), [m._gradient_checkpointing_func for m in layers]
     steps = _steps(out)
     assert len(steps) == 3 and all(s["loss"] == s["loss"] and s["grad_norm"] > 0 for s in steps)
     # model FLOPs are counted on CPU too; the hardware count adds the checkpointing recompute; no peak, no MFU
