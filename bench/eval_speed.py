@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from mlbench_kit.cli import main as mlbench
+from mlbench_kit.dataset import load_samples
 from mlbench_kit.eval.checks import check_output, runs_as_shell
 from mlbench_kit.eval.envs import EnvConfig
 from mlbench_kit.eval.run import prefix_exports, reference_timeout
@@ -41,9 +43,6 @@ from mlbench_kit.eval.sandbox import (
     thread_vars,
     warm_code,
 )
-
-from mlbench_kit.cli import main as mlbench
-from mlbench_kit.dataset import load_samples
 
 REPOS = ["External-Attention-pytorch", "PyTorch-GAN", "Time-Series-Library"]
 

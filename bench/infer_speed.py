@@ -36,10 +36,10 @@ def main() -> None:
                    capture_output=True)
     # generation alone, same prompts and sampling, each backend built once (vLLM's engine start-up is ~35-60 s on
     # CPU and is paid once per `mlbench infer`, so it is reported apart)
+    from mlbench_kit.hf import load_tokenizer
     from mlbench_kit.infer.backends import HfBackend, VllmBackend
     from mlbench_kit.infer.prompts import encode, load_prompts
     from mlbench_kit.infer.sampling import load_config
-    from mlbench_kit.hf import load_tokenizer
     tok = load_tokenizer(str(tmp / "m"))
     items = encode(load_prompts(tmp / "prep" / "full" / "task3.jsonl", 3)[: a.prompts], tok)
     cfg = load_config(None, {"n": 5, "max_new_tokens": a.max_new_tokens})

@@ -41,7 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "default full)")
     p.add_argument("--readmes", help="folder of READMEs laid out as DIR/<repo>/<path>/README.md")
     p.add_argument("--repos-dir", help="folder of repository checkouts (DIR/<repo>); with --checkout, cloned there")
-    p.add_argument("--checkout", metavar="REPOS_JSON", help="clone repositories of this repos.json at their pinned commits")
+    p.add_argument("--checkout", metavar="REPOS_JSON",
+                   help="clone repositories of this repos.json at their pinned commits")
     p.add_argument("--tasks", nargs="+", type=int, choices=TASKS, help="tasks to render (default 1 2 3)")
     p.add_argument("--template", choices=TEMPLATES, help=f"prompt template (default {d.template})")
     p.add_argument("--tokenizer", help="tokenizer folder or hub id; without it nothing is truncated")

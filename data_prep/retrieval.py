@@ -8,7 +8,7 @@ expressions as ``BM25Okapi.get_scores``, so they are bit-identical and ties brea
 from __future__ import annotations
 
 import re
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 from rank_bm25 import BM25Okapi

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import random
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from math import comb
-from typing import Any, Callable
+from typing import Any
 
 
 def paper_pass_at_k(passed: list[bool], k: int) -> float:

@@ -304,10 +304,10 @@ def _execute(cfg: EvalConfig, threads: int, samples: dict, gens: Any, out: Path)
     builds = {repo: envs.for_repo(repo).recipe for repo in repos}
     stale = [bool(builds.get(r.get("repo"))) and r.get("env") != builds[r["repo"]] for r in records]
     if any(stale):  # a rebuilt environment: its repositories' verdicts are scored again, never mixed with the old
-        names = sorted({r["repo"] for r, old in zip(records, stale) if old})
+        names = sorted({r["repo"] for r, old in zip(records, stale, strict=True) if old})
         print(f"eval: {sum(stale)} result(s) of {', '.join(names)} came from an older build of the environment; "
               "scoring them again", file=sys.stderr)
-        records = [r for r, old in zip(records, stale) if not old]
+        records = [r for r, old in zip(records, stale, strict=True) if not old]
         write_jsonl_atomic(results_path, records)
     done = {(r["github_id"], r["id"], r["idx"]) for r in records}
     todo = [(samples[k], i, o) for k, outs in gens.outputs.items() for i, o in enumerate(outs)
@@ -324,8 +324,8 @@ def _execute(cfg: EvalConfig, threads: int, samples: dict, gens: Any, out: Path)
                     env = envs.for_repo(repo)
                     used[repo] = (env, sandbox.preflight(env, workdirs))
             with ThreadPoolExecutor(max_workers=cfg.workers) as pool:  # seconds per environment: overlap them
-                warmed = dict(zip(used, pool.map(sandbox.warm, [env for env, _ in used.values()])))
-            for repo, (env, probe) in used.items():
+                warmed = dict(zip(used, pool.map(sandbox.warm, [env for env, _ in used.values()]), strict=True))
+            for repo, (_, probe) in used.items():
                 warm = warmed[repo]
                 print(f"eval: environment {repo}: python {probe['version']} ({probe['python']}) ok in the "
                       f"{cfg.backend} sandbox; limits: {sandbox.limits_mode}; {warm_summary(warm)}",
@@ -412,7 +412,8 @@ def score(cfg: EvalConfig) -> int:
              if gens.reference_would_drop and not cfg.gold else "no rows the benchmark's checker would drop",
              f"{sum(bool(s.prefix_code.strip()) for s in scored)} rows carry prefix_code (environment preparation): "
              "it is not run per generation (installs and downloads belong to building the repository's env); only "
-             f"its `export NAME=VALUE` lines are applied, to the {sum(bool(prefix_exports(s.prefix_code)) for s in scored)}"
+             "its `export NAME=VALUE` lines are applied, to the "
+             f"{sum(bool(prefix_exports(s.prefix_code)) for s in scored)}"
              " rows that have them"]
     task = next(iter(gens.tasks)) if len(gens.tasks) == 1 else None
     summary = {"generations": "gold" if cfg.gold else str(cfg.generations), "task": task, "mode": cfg.mode,

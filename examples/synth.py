@@ -21,9 +21,10 @@ REPOS = {"toybench": (101, "https://github.com/mlbench-kit/toybench"),
          "toyvision": (102, "https://github.com/mlbench-kit/toyvision")}
 FLOATS = ["0.001", "0.002", "0.005", "0.01", "0.02", "0.03", "0.05", "0.1", "0.2", "0.3", "0.5"]
 SIZES = ["8", "16", "32", "64", "128", "256"]
-WORDS = {"lr": "learning rate", "batch-size": "batch size", "n-samples": "number of samples", "out-dir": "output folder",
-         "hidden": "hidden size", "epochs": "epochs", "layers": "layers", "dropout": "dropout", "arch": "architecture",
-         "width": "width", "kind": "model", "seed": "seed", "split": "split"}
+WORDS = {"lr": "learning rate", "batch-size": "batch size", "n-samples": "number of samples",
+         "out-dir": "output folder", "hidden": "hidden size", "epochs": "epochs", "layers": "layers",
+         "dropout": "dropout", "arch": "architecture", "width": "width", "kind": "model", "seed": "seed",
+         "split": "split"}
 # how people ask for an option's value, several ways each ({v}: the value, {V}: upper-cased)
 PHRASES = {
     "dataset": ["on the {v} dataset", "on {v}", "using the {v} data", "with dataset {v}"],
@@ -74,7 +75,9 @@ def _value(opt: dict, rng: random.Random) -> str:
     if opt["type"] == "float":
         return rng.choice(FLOATS)
     if opt["type"] == "int":
-        return rng.choice(SIZES) if opt["flag"] in ("hidden", "batch-size", "width", "n-samples") else str(rng.randint(1, 9))
+        if opt["flag"] in ("hidden", "batch-size", "width", "n-samples"):
+            return rng.choice(SIZES)
+        return str(rng.randint(1, 9))
     return rng.choice(["runs", "outputs", "samples_dir", "results", "my_out"])
 
 
@@ -124,7 +127,8 @@ def script_pairs(repo: Path, rng: random.Random, n: int) -> list[dict]:
         folder = script.parent
         readme = readme_of.get(folder) or readme_of.get(repo, "")
         purpose = _purpose(script)
-        instruction = rng.choice(BASH_TEMPLATES).format(script=script.name, purpose=purpose, phrases=_phrase(pairs, rng),
+        instruction = rng.choice(BASH_TEMPLATES).format(script=script.name, purpose=purpose,
+                                                        phrases=_phrase(pairs, rng),
                                                         purpose_l=purpose[0].lower() + purpose[1:])
         rows.append({"path": "./" + str(folder.relative_to(repo)) if folder != repo else "./",
                      "arguments": {k: v for k, v in pairs}, "instruction": instruction,
@@ -153,7 +157,8 @@ def python_pairs(repo: Path, rng: random.Random, n: int) -> list[dict]:
                 pairs = [(first, kind), *vals.items()]
                 call = f'{fn.name}("{kind}", ' + ", ".join(f"{a}={v}" for a, v in vals.items()) + ")"
                 rows.append({"path": "./", "arguments": dict(pairs),
-                             "instruction": rng.choice(PY_TEMPLATES).format(func=fn.name, pkg=pkg, pairs=_phrase(pairs)),
+                             "instruction": rng.choice(PY_TEMPLATES).format(func=fn.name, pkg=pkg,
+                                                                            pairs=_phrase(pairs)),
                              "oracle": _section(readme, fn.name), "type": "Python Code",
                              "output": f"from {pkg} import {fn.name}\n{obj} = {call}\nprint({obj}.{method}())"})
     return rows

@@ -5,8 +5,8 @@ Used by the tests and the demo, never instead of a real model at run time.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 # A Llama-2-style chat template, so the "chat" prompt template has something real to render.
 CHAT_TEMPLATE = (

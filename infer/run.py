@@ -251,10 +251,10 @@ def generate_plan(backend: Backend, plan: list[tuple], cfg: InferConfig) -> int:
                 outs = [None] * len(chunk)
                 for adapter in dict.fromkeys(plan[k][0] for k, _ in chunk):
                     idx = [i for i, (k, _) in enumerate(chunk) if plan[k][0] == adapter]
-                    for i, comps in zip(idx, backend.generate([chunk[i][1] for i in idx], adapter)):
+                    for i, comps in zip(idx, backend.generate([chunk[i][1] for i in idx], adapter), strict=True):
                         outs[i] = comps
                     calls += 1
-            for (k, it), comps in zip(chunk, outs):
+            for (k, it), comps in zip(chunk, outs, strict=True):
                 logs[k].append(_record(it, comps, plan[k][1], cfg).to_json())
                 n_tok += sum(c.n_tokens for c in comps)
             bar.update(len(chunk))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .errors import MLBenchError
 
@@ -38,7 +39,8 @@ class _RaisingParser(argparse.ArgumentParser):
 
 def check_stage(stage: str, argv: list[str]) -> tuple[argparse.Namespace, Any]:
     """A stage's command line checked as the stage checks it before it runs: the options parsed by the stage's own
-    parser and, for prep, train, infer and eval, the config file loaded with the flags on top. Returns the options and the
+    parser and, for prep, train, infer and eval, the config file loaded with the flags on top. Returns the options and
+    the
     resolved config (None for report, env and sweep); a bad option or value is an :class:`MLBenchError`."""
     from mlbench_kit.data_prep import prepare
     from mlbench_kit.eval import run as eval_run

@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.io import read_jsonl
@@ -75,7 +76,8 @@ def validate_row(row: dict[str, Any], where: str) -> Sample:
     if row["type"] not in TYPES:
         raise MLBenchError(f"unknown type {row['type']!r}", where, f"use one of {TYPES}")
     for col in ("github_id", "id"):
-        if isinstance(row[col], bool) or not isinstance(row[col], (int, str)) or not str(row[col]).lstrip("-").isdigit():
+        v = row[col]
+        if isinstance(v, bool) or not isinstance(v, (int, str)) or not str(v).lstrip("-").isdigit():
             raise MLBenchError(f"`{col}` must be an integer, got {row[col]!r}", where)
     for col in ("path", "instruction", "oracle", "output"):
         if not isinstance(row[col], str):

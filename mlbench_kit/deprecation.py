@@ -13,7 +13,8 @@ import argparse
 import contextlib
 import os
 import sys
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 _warned: set[str] = set()  # each warning once per process (a sweep parses each stage's command many times)
 _locate: Callable[[str], str | None] | None = None  # where a flag came from, when a file wrote it (a sweep)

@@ -66,7 +66,8 @@ def load_tokenizer(name_or_path: str, flag: str = "--tokenizer", fast: bool = Tr
     except Exception as exc:  # transformers raises many types for a missing or unreachable model
         raise MLBenchError(f"could not load the tokenizer ({exc.__class__.__name__}: "
                            f"{(str(exc).splitlines() or [''])[0][:160]})", str(name_or_path),
-                           f"pass {flag} a local tokenizer or model folder, or run with network access to the hub")
+                           f"pass {flag} a local tokenizer or model folder, or run with network access to the hub"
+                           ) from None
     if fast and not getattr(tok, "is_fast", False):
         raise MLBenchError("a fast tokenizer is needed (offsets are used to cut the context)", str(name_or_path))
     return tok

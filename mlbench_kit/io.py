@@ -6,9 +6,10 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 from .errors import MLBenchError
 
@@ -124,7 +125,7 @@ class AppendLog:
     def close(self) -> None:
         self._fh.close()
 
-    def __enter__(self) -> "AppendLog":
+    def __enter__(self) -> AppendLog:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -11,9 +11,10 @@ The benchmark's own rows are :class:`mlbench_kit.dataset.Sample`.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from .errors import MLBenchError
 from .io import read_jsonl
@@ -60,7 +61,7 @@ class PrepRecord:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, obj: dict[str, Any], where: str) -> "PrepRecord":
+    def from_json(cls, obj: dict[str, Any], where: str) -> PrepRecord:
         """A record read back; missing columns are one error with ``where`` (file:line)."""
         missing = [c for c in cls.REQUIRED if c not in obj]
         if missing:

@@ -114,7 +114,7 @@ def main() -> None:
          f"- **Prompts**: task{'s' if len(a.tasks) > 1 else ''} {', '.join(map(str, a.tasks))}, the model's chat "
          f"template, README context cut to a {budget}-token budget (prompt + answer) with the "
          "model's tokenizer; the test split keeps room for the new tokens.",
-         f"- **Fine-tuning**: LoRA r=16 on all projections, `configs/train/smollm2-135m-cpu.yaml`"
+         "- **Fine-tuning**: LoRA r=16 on all projections, `configs/train/smollm2-135m-cpu.yaml`"
          + (" (2 epochs)" if a.quick else "") + ".",
          f"- **Sampling**: the paper's (`configs/infer/paper.yaml`: temperature 1.0, top-p 1.0, top-k 50, seed 42), "
          f"n = {a.n}, at most {a.max_new_tokens} new tokens (the paper: 1,024; this model's answers end well before), "
@@ -123,14 +123,16 @@ def main() -> None:
          f"the pinned checkouts of {', '.join(a.test_repos)}; modes {', '.join(a.modes)} (compat: the paper's "
          "checker; strict: its holes closed). Gold-valid rows: those whose own answer passes here "
          f"({'; '.join(f'{m} {valid[m]}/{len(test)}' for m in a.modes)}).", ""]
-    L += ["## Training", "", "| arm | task | rows | epochs | optimizer steps | mean loss, first epoch -> last | tokens/s | minutes |",
+    L += ["## Training", "",
+          "| arm | task | rows | epochs | optimizer steps | mean loss, first epoch -> last | tokens/s | minutes |",
           "|---|---|---|---|---|---|---|---|"]
     for arm in a.arms:
         for t in a.tasks:
             f = train_facts(run, arm, t)
             if f:
-                L.append(f"| {arm.upper()} | {t} | {f['rows']} | {f['epochs']} | {f['steps']} | {f['loss_first']:.3f} -> "
-                         f"{f['loss_last']:.3f} | {f['tok_s']:.0f} | {(f['seconds'] or 0) / 60:.1f} |")
+                L.append(f"| {arm.upper()} | {t} | {f['rows']} | {f['epochs']} | {f['steps']} | "
+                         f"{f['loss_first']:.3f} -> {f['loss_last']:.3f} | {f['tok_s']:.0f} | "
+                         f"{(f['seconds'] or 0) / 60:.1f} |")
     L += ["", "## Results", "",
           f"Pass@k in percent (the paper's definition: a row passes at k if one of its first k outputs passes) "
           f"with bootstrap 95% intervals, over all {len(test)} test rows and over the gold-valid ones; parameter-hit "
@@ -158,7 +160,8 @@ def main() -> None:
         L += ["", "The paper's open-model rows (7B models, all 260 test rows, GPU; quoted from "
                   "`configs/report/paper-rows.yaml`, checked against the paper's tables by a test):", "",
               "| paper row | task | Pass@1 | Pass@2 | Pass@5 |", "|---|---|---|---|---|"]
-        L += [f"| {r['name']} | {r['task']} | {r['pass@1']:.2f} | {r['pass@2']:.2f} | {r['pass@5']:.2f} |" for r in rows]
+        L += [f"| {r['name']} | {r['task']} | {r['pass@1']:.2f} | {r['pass@2']:.2f} | {r['pass@5']:.2f} |"
+              for r in rows]
     L += ["", "## Per repository (compat)", "", "| model | task | " + " | ".join(sorted(per_repo)) + " |",
           "|---|---|" + "---|" * len(per_repo)]
     for v in variants:
@@ -177,7 +180,8 @@ def main() -> None:
             if s:
                 ec = Counter(s["metrics"]["overall"]["error_classes"])
                 other = sum(n for c, n in ec.items() if c not in ("E1", "E2", "E4", "E5", "TIMEOUT"))
-                L.append(f"| {v} | {t} | {ec['E1']} | {ec['E2']} | {ec['E4']} | {ec['E5']} | {ec['TIMEOUT']} | {other} |")
+                L.append(f"| {v} | {t} | {ec['E1']} | {ec['E2']} | {ec['E4']} | {ec['E5']} | {ec['TIMEOUT']} "
+                         f"| {other} |")
     L += ["", "## Time per stage (seconds, this machine)", "", "| stage | seconds |", "|---|---|"]
     L += [f"| {k} | {v} |" for k, v in timings.items()]
     L += [f"| **all** | {sum(int(v) for v in timings.values())} |", ""]

@@ -117,9 +117,11 @@ def report_cmd(sweep: Sweep) -> list[str]:
 _CELL_CMDS = {"train": train_cmd, "infer": infer_cmd, "eval": eval_cmd}
 
 
-def _cell_job(sweep: Sweep, name: str, stage: str, cells: list[tuple[int, Cell]], deps: list[tuple[str, str]]) -> ArrayJob:
+def _cell_job(sweep: Sweep, name: str, stage: str, cells: list[tuple[int, Cell]],
+              deps: list[tuple[str, str]]) -> ArrayJob:
     cmd = _CELL_CMDS[stage]
-    return ArrayJob(name, stage, [Unit(i, c.key, str(cell_dir(sweep, c) / stage), cmd(sweep, c)) for i, c in cells], deps)
+    units = [Unit(i, c.key, str(cell_dir(sweep, c) / stage), cmd(sweep, c)) for i, c in cells]
+    return ArrayJob(name, stage, units, deps)
 
 
 def jobs(sweep: Sweep) -> list[ArrayJob]:
@@ -163,8 +165,10 @@ def check_jobs(sweep: Sweep, all_jobs: list[ArrayJob]) -> None:
             for unit in job.units:
                 model = _unit_model(sweep, job, unit)
                 argv = unit.argv[4:] if unit.argv[:3] == ["$PY", "-m", "mlbench_kit.cli"] else unit.argv[1:]
+                def locate(flag: str, stage: str = job.stage, model: str | None = model) -> str:
+                    return sweep.where(stage, model, flag.lstrip("-").replace("-", "_"))
                 try:
-                    with flags_from(lambda flag: sweep.where(job.stage, model, flag.lstrip("-").replace("-", "_"))):
+                    with flags_from(locate):
                         _, cfg = check_stage(job.stage, argv)
                 except MLBenchError as exc:
                     flag = re.search(r"--([a-z][a-z0-9-]*)", exc.what + " " + (exc.where or ""))

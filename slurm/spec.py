@@ -112,7 +112,8 @@ class SweepConfig:
             for name, m in self.models.items():
                 if m.train_config is None:
                     raise MLBenchError(f"model {name!r} needs `train_config` to train the ID/OOD splits",
-                                       at(f"models.{name}"), "e.g. train_config: configs/train/codellama-7b-instruct.yaml")
+                                       at(f"models.{name}"),
+                                       "e.g. train_config: configs/train/codellama-7b-instruct.yaml")
 
 
 @dataclass(frozen=True)

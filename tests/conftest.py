@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -59,8 +60,6 @@ def tiny_tokenizer(tiny_tokenizer_dir: Path):
 
 def run_cli(*argv: str, env: dict | None = None, timeout: int = 600):
     """Run a command from the repository root; returns the CompletedProcess (text)."""
-    import subprocess
-    import sys
     full_env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})}
     cmd = [str(a) for a in argv]
     if cmd[0] in ("mlbench", "accelerate"):
@@ -68,11 +67,10 @@ def run_cli(*argv: str, env: dict | None = None, timeout: int = 600):
     return subprocess.run(cmd, cwd=REPO_ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
-def run_session(cmd: list[str], timeout: int, **kw) -> "subprocess.CompletedProcess":
+def run_session(cmd: list[str], timeout: int, **kw) -> subprocess.CompletedProcess:
     """Run ``cmd`` in a session of its own; on timeout kill the whole session (a script's vLLM engine and
     training processes too, which a plain ``subprocess.run`` timeout would leave running), then fail."""
     import signal
-    import subprocess
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             **kw)
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import itertools
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,7 +141,7 @@ def collate(examples: list[Example], rows: list[list[int]], pad_id: int) -> dict
              "labels": torch.full((len(rows), width), IGNORE, dtype=torch.long),
              "position_ids": torch.zeros((len(rows), width), dtype=torch.long)}
     mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for b, (ids, lab, p) in enumerate(zip(seqs, labels, pos)):
+    for b, (ids, lab, p) in enumerate(zip(seqs, labels, pos, strict=True)):
         n = len(ids)
         batch["input_ids"][b, :n] = torch.tensor(ids)
         batch["labels"][b, :n] = torch.tensor(lab)
@@ -161,7 +162,7 @@ def varlen_kwargs(position_ids: torch.Tensor, device: Any = None) -> dict[str, A
     a ``nonzero`` and a ``bool()`` each, host syncs). Same values as ``prepare_fa_kwargs_from_position_ids``."""
     pos = position_ids.reshape(-1).tolist()
     starts = [i for i, p in enumerate(pos) if p == 0] + [len(pos)]
-    longest = max(b - a for a, b in zip(starts, starts[1:]))
+    longest = max(b - a for a, b in itertools.pairwise(starts))
     cu = torch.tensor(starts, dtype=torch.int32, device=device)
     return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
 

@@ -109,7 +109,7 @@ def rows_from_positions(position_ids: Any, attention_mask: Any = None) -> list[l
         pos = position_ids[b].tolist()
         n = int(attention_mask[b].sum()) if attention_mask is not None else len(pos)
         starts = [i for i in range(n) if pos[i] == 0] or [0]
-        out.append([e - s for s, e in zip(starts, starts[1:] + [n])])
+        out.append([e - s for s, e in zip(starts, starts[1:] + [n], strict=True)])
     return out
 
 

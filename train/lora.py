@@ -34,6 +34,10 @@ if __package__ in (None, "") and sys.path and Path(sys.path[0]).resolve() == Pat
     # (config.py, data.py, ...) cannot shadow other packages; they are imported from the installed namespace.
     sys.path.pop(0)
 
+from mlbench_kit.config import rename_old_keys, with_old_names
+from mlbench_kit.deprecation import deprecated_flag
+from mlbench_kit.errors import MLBenchError
+from mlbench_kit.io import AppendLog, atomic_dir, claim_run_folder, write_json_atomic
 from mlbench_kit.train.config import (
     OLD_FLAGS,
     SHORTCUTS,
@@ -41,11 +45,6 @@ from mlbench_kit.train.config import (
     load_train_config,
     save_resolved,
 )
-
-from mlbench_kit.config import rename_old_keys, with_old_names
-from mlbench_kit.deprecation import deprecated_flag
-from mlbench_kit.errors import MLBenchError
-from mlbench_kit.io import AppendLog, atomic_dir, claim_run_folder, write_json_atomic
 
 DEFAULT_CONFIG = "configs/train/codellama-7b-instruct.yaml"  # the paper's main open model (the card's command)
 
@@ -91,6 +90,7 @@ class LoRAFinetuneRecipe:
     def _setup_accelerator(self) -> None:
         import torch
         from accelerate import Accelerator
+
         from mlbench_kit.train.distributed import (
             deepspeed_on_cpu_kwargs,
             deepspeed_requested,
@@ -140,9 +140,9 @@ class LoRAFinetuneRecipe:
         if self.grad_accum != self.cfg.optim.grad_accum:
             self.accelerator.gradient_accumulation_steps = self.grad_accum  # accelerate divides each backward by it
         if old.world_size != self.world:
+            per_step = old.world_size * (old.grad_accum or self.cfg.optim.grad_accum)
             self.resume_note = (f"resumed {old.world_size} processes' checkpoint on {self.world}: grad_accum "
-                                f"{self.grad_accum} keeps {old.world_size * (old.grad_accum or self.cfg.optim.grad_accum)}"
-                                " micro-batches per optimizer step")
+                                f"{self.grad_accum} keeps {per_step} micro-batches per optimizer step")
 
     def _setup_tokenizer_and_context(self) -> None:
         from transformers import AutoConfig
@@ -201,7 +201,8 @@ class LoRAFinetuneRecipe:
         o = self.cfg.optim
         self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=o.lr,
                                            weight_decay=o.weight_decay)
-        self.scheduler = get_scheduler(o.scheduler, self.optimizer, num_warmup_steps=int(o.warmup_ratio * self.total_steps),
+        self.scheduler = get_scheduler(o.scheduler, self.optimizer,
+                                       num_warmup_steps=int(o.warmup_ratio * self.total_steps),
                                        num_training_steps=self.total_steps)
 
     def _prepare(self) -> None:
@@ -221,14 +222,13 @@ class LoRAFinetuneRecipe:
         self.attention_ran = _attention(self.accelerator, self.model)
 
     def _setup_state(self) -> None:
+        from mlbench_kit.hf import fingerprint
         from mlbench_kit.train.checkpoint import (
             Preemption,
             TrainState,
             load_checkpoint,
             rank_position,
         )
-
-        from mlbench_kit.hf import fingerprint
         d = self.cfg.data
         self.meta = {"base_model": self.cfg.model, "base_fingerprint": fingerprint(self.model_config.to_dict()),
                      "template": self.cfg.template, "task": d.task, "split": d.split, "seed": self.cfg.seed,
@@ -322,6 +322,7 @@ class LoRAFinetuneRecipe:
         all ranks. Gradients are synchronised (all-reduce, reduce-scatter, ZeRO reduction) on the last
         micro-batch only. None when preemption was agreed before the step finished."""
         import torch
+
         from mlbench_kit.train.data import collate, token_losses, varlen_kwargs
         from mlbench_kit.train.flops import PACKED_PATH, rows_from_positions, step_flops
         acc, model = self.accelerator, self.model
@@ -454,6 +455,7 @@ class LoRAFinetuneRecipe:
 def evaluate(accelerator: Any, model: Any, examples: list, pad_id: int) -> float | None:
     """Mean answer-token loss on the held-out examples (sharded over ranks)."""
     import torch
+
     from mlbench_kit.train.data import collate, token_losses
     if not examples:
         return None
@@ -486,11 +488,11 @@ def merge_weights(base: str, adapter: Path, out: Path, precision: str = "bf16", 
     bitsandbytes 4-bit quantizer), so the merged model computes what training computed. Serving a QLoRA adapter on
     the bf16 base instead (``mlbench infer --adapter``) adds each weight's quantization error."""
     import torch
-    from mlbench_kit.train.model import DTYPES, nf4_config
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     from mlbench_kit.hf import load_tokenizer
+    from mlbench_kit.train.model import DTYPES, nf4_config
     dtype = DTYPES[precision]
     device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
     kwargs: dict[str, Any] = {"dtype": dtype, "device_map": {"": device}}

@@ -4,7 +4,8 @@ why it fails when it does. Rows whose own answer passes are *gold-valid*: what a
 Causes, first match wins: ``check`` (the answer fails the benchmark's parameter or type check itself),
 ``not built`` (the repository's environment could not be built here), ``network``, ``gpu``, ``weights``,
 ``data`` (a file or dataset the command reads), ``missing module``, ``answer`` (the answer itself is not valid
-code or misses a required flag, or its recipe lists it under ``gold_defects``), ``argument`` (exit 2, argparse), ``timeout`` (strict mode), ``other``.
+code or misses a required flag, or its recipe lists it under ``gold_defects``), ``argument`` (exit 2, argparse),
+``timeout`` (strict mode), ``other``.
 """
 
 from __future__ import annotations

@@ -81,7 +81,8 @@ def write_markdown(settings: list[Setting], refs: list[Reference], ks: list[int]
         if kind == "per_type" and any(r.per_type for r in refs):
             lines += ["", "Quoted per type (the paper's split, not recomputed):", ""]
             lines += _table(["quoted row", "task", "type"] + [f"Pass@{k}" for k in ks],
-                            [[f"{r.name} *(quoted)*", str(r.task or "–"), t] + [fmt_rate(v.get(f"pass@{k}")) for k in ks]
+                            [[f"{r.name} *(quoted)*", str(r.task or "–"), t]
+                             + [fmt_rate(v.get(f"pass@{k}")) for k in ks]
                              for r in refs for t, v in r.per_type.items()])
     classes = sorted({c for s in settings for summ in s.summaries for c in summ["metrics"]["overall"]["error_classes"]})
     lines += ["", "## Error classes (outputs, summed over seeds)", ""]

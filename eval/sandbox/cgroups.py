@@ -76,7 +76,7 @@ class ExecCgroup:
     _oom_fd: int | None = None
 
     @classmethod
-    def create(cls, mem_mb: int, pids: int, cpus: float | None = None) -> "ExecCgroup":
+    def create(cls, mem_mb: int, pids: int, cpus: float | None = None) -> ExecCgroup:
         layout = _LAYOUT if _LAYOUT else _layout()
         if not layout:
             raise OSError("cgroups unavailable")
@@ -112,7 +112,9 @@ class ExecCgroup:
         mem = str(mem_mb * 1024 * 1024)
         self._write("memory", "memory.limit_in_bytes", "memory.max", mem)
         if self.version == "v2":
-            (self.dirs[""] / "memory.swap.max").write_text("0") if (self.dirs[""] / "memory.swap.max").exists() else None
+            swap = self.dirs[""] / "memory.swap.max"
+            if swap.exists():
+                swap.write_text("0")
         elif (self.dirs["memory"] / "memory.memsw.limit_in_bytes").exists():
             try:
                 (self.dirs["memory"] / "memory.memsw.limit_in_bytes").write_text(mem)
@@ -274,8 +276,8 @@ def usable_cores() -> int:
     if (ROOT / "cgroup.controllers").is_file():
         files = [(d / "cpu.max", None) for d in (ROOT / _own_path("").lstrip("/"), ROOT)]
     else:
-        files = [(d / "cpu.cfs_quota_us", d / "cpu.cfs_period_us") for d in (ROOT / "cpu" / _own_path("cpu").lstrip("/"),
-                                                                            ROOT / "cpu")]
+        files = [(d / "cpu.cfs_quota_us", d / "cpu.cfs_period_us")
+                 for d in (ROOT / "cpu" / _own_path("cpu").lstrip("/"), ROOT / "cpu")]
     for quota_file, period_file in files:
         try:
             if period_file is None:

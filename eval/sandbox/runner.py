@@ -3,11 +3,12 @@
 Started as ``python3 -I -S runner.py SPEC REPORT`` (``REPORT``: a file descriptor, or ``stderr`` for
 engines that cannot pass one; the report line then carries the nonce from ``$MLBENCH_REPORT_NONCE``, which
 only this process knows: its environment is unreadable once it is non-dumpable, and the child never gets
-it). Standard library only, never imports the project. It makes itself non-dumpable (so the generation, running under the same uid, can neither ptrace it
-nor open its ``/proc/1/fd``), forks the generation, waits for it, counts every process still alive in the PID
-namespace, kills them, and writes one JSON report to ``REPORT_FD``: a pipe held only by this process. As PID 1
-of its namespace it receives no signal from inside that it did not ask for, so the generation cannot kill it
-either. The host takes its verdict from this report alone; nothing the generation can write is read back.
+it). Standard library only, never imports the project. It makes itself non-dumpable (so the generation, running
+under the same uid, can neither ptrace it nor open its ``/proc/1/fd``), forks the generation, waits for it, counts
+every process still alive in the PID namespace, kills them, and writes one JSON report to ``REPORT_FD``: a pipe
+held only by this process. As PID 1 of its namespace it receives no signal from inside that it did not ask for, so
+the generation cannot kill it either. The host takes its verdict from this report alone; nothing the generation
+can write is read back.
 """
 
 import ctypes

@@ -129,7 +129,7 @@ class Sandbox:
         if self._own_tmp:
             shutil.rmtree(self.root, ignore_errors=True)
 
-    def __enter__(self) -> "Sandbox":
+    def __enter__(self) -> Sandbox:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -222,7 +222,10 @@ class Sandbox:
         if copy:
             spec |= {"copy_from": f"{SANDBOX}/src", "copy_to": f"{SANDBOX}/work"}
         (jobdir / "spec.json").write_text(json.dumps(spec))
-        (jobdir / "cmd.sh" if job.as_shell else jobdir / "temp.py").write_text(job.code + ("\n" if job.as_shell else ""))
+        if job.as_shell:
+            (jobdir / "cmd.sh").write_text(job.code + "\n")
+        else:
+            (jobdir / "temp.py").write_text(job.code)
         shutil.copyfile(RUNNER, jobdir / "runner.py")
         (jobdir / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\nsandbox:x:1000:1000:sandbox:/sandbox/home:"
                                        "/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n")

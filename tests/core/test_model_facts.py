@@ -40,12 +40,11 @@ def test_positions_and_tokenizers_are_read_in_one_place_only() -> None:
 
 
 def test_every_stage_uses_the_core_model_positions() -> None:
+    from mlbench_kit import hf
     from mlbench_kit.data_prep import prepare
     from mlbench_kit.infer import run
     from mlbench_kit.slurm import render
     from mlbench_kit.train import lora
-
-    from mlbench_kit import hf
     assert prepare.model_positions is hf.model_positions and run.model_positions is hf.model_positions
     assert render.model_positions is hf.model_positions
     assert prepare.load_tokenizer is hf.load_tokenizer and run.load_tokenizer is hf.load_tokenizer
@@ -71,6 +70,8 @@ def test_prep_train_infer_and_the_sweep_check_agree_on_a_model_s_positions(model
                                                                              capsys) -> None:
     import argparse
 
+    from transformers import AutoConfig
+
     from mlbench_kit.data_prep import prepare
     from mlbench_kit.infer.run import context_length
     from mlbench_kit.infer.sampling import load_config
@@ -78,7 +79,6 @@ def test_prep_train_infer_and_the_sweep_check_agree_on_a_model_s_positions(model
     from mlbench_kit.slurm.spec import load_sweep
     from mlbench_kit.train.config import load_train_config
     from mlbench_kit.train.lora import context_budget
-    from transformers import AutoConfig
     # prep: the budget (4,096 asked) and the room for new tokens, both from the model's 700 positions
     p = argparse.ArgumentParser()
     prepare.add_arguments(p)

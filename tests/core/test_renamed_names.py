@@ -151,12 +151,11 @@ def test_a_sweep_with_the_old_names_plans_and_warns_once_per_name(tmp_path, caps
 def test_records_written_under_the_old_names_still_load(tmp_path, capsys):
     """What older runs wrote: prep's manifest (max_tokens), an infer folder's infer.json (sampling.max_tokens), a
     training run's run.json and checkpoint hash (data.max_seq_len)."""
+    from mlbench_kit.config import rename_old_keys, with_old_names
     from mlbench_kit.infer.sampling import InferConfig, Sampling
+    from mlbench_kit.io import claim_run_folder
     from mlbench_kit.train.config import TrainConfig, load_train_config
     from mlbench_kit.train.lora import LoRAFinetuneRecipe, _check_prep_budget
-
-    from mlbench_kit.config import rename_old_keys, with_old_names
-    from mlbench_kit.io import claim_run_folder
     # train reads the budget of a manifest from before the rename
     prep = tmp_path / "prep"
     prep.mkdir()

@@ -2,8 +2,8 @@ import json
 import subprocess
 
 import pytest
-from mlbench_kit.data_prep.corpus import ReadmeCorpus, checkout_repos
 
+from mlbench_kit.data_prep.corpus import ReadmeCorpus, checkout_repos
 from mlbench_kit.dataset import load_samples
 from mlbench_kit.errors import MLBenchError
 
@@ -13,8 +13,8 @@ def test_nearest_readme_walk_on_real_rows(shared):
     samples = load_samples(shared / "full.jsonl")
     found = [corpus.readme_for(s.repo, s.path) for s in samples]
     assert sum(r.walked_up for r in found) == 49
-    assert len({(s.repo, r.relpath) for s, r in zip(samples, found)}) == 37
-    gan = [r for s, r in zip(samples, found) if s.repo == "PyTorch-GAN"]
+    assert len({(s.repo, r.relpath) for s, r in zip(samples, found, strict=True)}) == 37
+    gan = [r for s, r in zip(samples, found, strict=True) if s.repo == "PyTorch-GAN"]
     assert {r.relpath for r in gan} == {"README.md"}
     arma = found[0]
     assert arma.relpath == "examples/pytorch/arma/README.md" and not arma.walked_up

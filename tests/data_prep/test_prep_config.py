@@ -5,9 +5,9 @@ import argparse
 from pathlib import Path
 
 import pytest
+
 from mlbench_kit.data_prep import prepare
 from mlbench_kit.data_prep.templates import TEMPLATES
-
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.prep_config import PrepConfig
 

@@ -1,11 +1,11 @@
 import json
 
 import pytest
+
+from mlbench_kit.cli import main
 from mlbench_kit.data_prep.corpus import ReadmeCorpus
 from mlbench_kit.data_prep.render import Renderer
 from mlbench_kit.data_prep.templates import render
-
-from mlbench_kit.cli import main
 from mlbench_kit.dataset import load_samples
 from mlbench_kit.errors import MLBenchError
 
@@ -16,7 +16,7 @@ def test_truncation_cuts_only_the_context(shared, tiny_tokenizer, template):
     r = Renderer(ReadmeCorpus(shared / "readmes"), template, tiny_tokenizer, max_context_tokens=1024)
     recs = r.render_task(samples, 1)
     assert sum(x["truncated"] for x in recs) >= 20
-    for s, rec in zip(samples, recs):
+    for s, rec in zip(samples, recs, strict=True):
         assert rec["total_tokens"] <= 1024
         assert s.instruction in rec["prompt"] and s.output in rec["answer"]
         full = r.corpus.readme_for(s.repo, s.path).text

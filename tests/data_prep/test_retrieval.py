@@ -1,10 +1,10 @@
 import subprocess
 import sys
 
-from mlbench_kit.data_prep.corpus import ReadmeCorpus
-from mlbench_kit.data_prep.retrieval import WindowIndex, reference_top1, windows
 from rank_bm25 import BM25Okapi
 
+from mlbench_kit.data_prep.corpus import ReadmeCorpus
+from mlbench_kit.data_prep.retrieval import WindowIndex, reference_top1, windows
 from mlbench_kit.dataset import load_samples
 
 

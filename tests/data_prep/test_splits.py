@@ -1,8 +1,8 @@
 import dataclasses
 
 import pytest
-from mlbench_kit.data_prep.splits import build_splits, check_no_leak
 
+from mlbench_kit.data_prep.splits import build_splits, check_no_leak
 from mlbench_kit.dataset import load_samples
 from mlbench_kit.errors import MLBenchError
 

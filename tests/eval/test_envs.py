@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO_ROOT
-from mlbench_kit.eval.envs import EnvConfig
-from mlbench_kit.eval.envs.build import Builder, apptainer_def, containerfile, env_dir
 
 from mlbench_kit.cli import main
 from mlbench_kit.envspec import load_recipe, load_recipes
 from mlbench_kit.errors import MLBenchError
+from mlbench_kit.eval.envs import EnvConfig
+from mlbench_kit.eval.envs.build import Builder, apptainer_def, containerfile, env_dir
 
 RECIPES = REPO_ROOT / "configs" / "eval" / "envs"
 FIXTURES = REPO_ROOT / "configs" / "eval" / "envs-sample"
@@ -56,7 +56,8 @@ def test_envs_yaml_names_the_modules_to_warm(tmp_path):
     # an asset's error names the asset's own line
     ("repo: x\ncheckout: {path: .}\nassets:\n  - {path: ../etc/passwd, generate: picture}\n", "stay inside it", 4),
     ("repo: x\ncheckout: {path: .}\nassets:\n  - {path: a.bin, url: 'https://x', sha256: zz}\n", "64 hex", 4),
-    ("repo: x\ncheckout: {path: .}\nassets:\n  - {path: a, generate: picture}\n  - {path: b, generate: picture, knd: data}\n",
+    ("repo: x\ncheckout: {path: .}\nassets:\n  - {path: a, generate: picture}\n"
+     "  - {path: b, generate: picture, knd: data}\n",
      "unknown key 'assets.1.knd'", 5),
     ("repo: x\ncheckout: {path: .}\nassets:\n  - {path: a.zip, url: 'https://x', unpack: rar}\n",
      "unpack must be one of 'zip', 'tar' or null", 4),
@@ -205,7 +206,8 @@ def test_real_repository_environment_and_gold_validation(tmp_path, shared, capsy
     assert checked and set(failed) <= {261}, failed
     causes = {r["id"]: r["compat"]["cause"] for r in rows}
     assert causes.pop(261) == ("answer" if 261 in failed else None) and set(causes.values()) <= {None, "check"}
-    assert "known gold defect" in (out / "validation.md").read_text() and rows[[r["id"] for r in rows].index(261)]["defect"]
+    assert "known gold defect" in (out / "validation.md").read_text()
+    assert rows[[r["id"] for r in rows].index(261)]["defect"]
     assert "| External-Attention-pytorch | built | 24 |" in (out / "validation.md").read_text()
     # eval reports Pass@k on all rows and on the gold-valid ones, naming what it excluded
     run = tmp_path / "eval"

@@ -103,7 +103,8 @@ def test_gold_and_raw_responses(tmp_path):
                             for r in rows if r["type"] == "Bash Script"))
     assert _eval(gens, tmp_path / "raw") == 0
     s = json.loads((tmp_path / "raw" / "summary.json").read_text())
-    assert s["metrics"]["overall"]["pass@1"] == 1.0 and len(s["missing"]) == sum(json.loads(x)["type"] == "Python Code" for x in SAMPLE.open())
+    n_python = sum(json.loads(x)["type"] == "Python Code" for x in SAMPLE.open())
+    assert s["metrics"]["overall"]["pass@1"] == 1.0 and len(s["missing"]) == n_python
     assert main(["eval", "--data", str(SAMPLE), "--gold", "--envs", str(ENVS), "--out", str(tmp_path / "g")]) == 0
     gold = json.loads((tmp_path / "g" / "summary.json").read_text())["metrics"]["overall"]
     assert gold["samples"] == len(rows) and gold["pass@1"] == 1.0  # every dataset answer runs in its repository

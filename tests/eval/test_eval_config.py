@@ -6,9 +6,9 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from mlbench_kit.eval import run as eval_run
 
 from mlbench_kit.errors import MLBenchError
+from mlbench_kit.eval import run as eval_run
 from mlbench_kit.eval_config import BACKENDS, EvalConfig
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO_ROOT
-from mlbench_kit.eval import run as eval_run
-from mlbench_kit.eval.sandbox import Sandbox
 
 from mlbench_kit.cli import main
+from mlbench_kit.eval import run as eval_run
+from mlbench_kit.eval.sandbox import Sandbox
 
 SAMPLE = REPO_ROOT / "examples" / "sample" / "samples.jsonl"
 ENVS = REPO_ROOT / "configs" / "eval" / "sample.yaml"
@@ -82,7 +82,8 @@ def test_mid_run_environment_fault_is_not_a_model_failure(tmp_path, capsys, monk
     assert "were not scored (stopped after 10): the environment or the sandbox failed, not the model" in err
     assert "ENV: interpreter" in err
     faults = [json.loads(x) for x in (out / "faults.jsonl").open()]
-    assert eval_run.MAX_FAULTS <= len(faults) <= eval_run.MAX_FAULTS + 2 and all(f["fault"].startswith("ENV: ") for f in faults)
+    assert eval_run.MAX_FAULTS <= len(faults) <= eval_run.MAX_FAULTS + 2
+    assert all(f["fault"].startswith("ENV: ") for f in faults)
     scored = [json.loads(x) for x in (out / "results.jsonl").open()] if (out / "results.jsonl").exists() else []
     assert not [r for r in scored if not r["passed"]]  # nothing blamed on the model
     # the environment is repaired: the same command scores what was left, and only that

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO_ROOT
-from mlbench_kit.eval.report.data import load_reference
 
 from mlbench_kit.errors import MLBenchError
+from mlbench_kit.eval.report.data import load_reference
 
 PAPER_ROWS = REPO_ROOT / "configs" / "report" / "paper-rows.yaml"
 # Table 1's column groups, left to right
@@ -59,7 +59,7 @@ def _mismatches(doc: dict, text: str) -> list[str]:
         if printed is None:
             bad.append(f"{row['name']} task {row['task']}: no such row in Table 1")
             continue
-        for k, cell in zip((1, 2, 5), printed):
+        for k, cell in zip((1, 2, 5), printed, strict=True):
             if f"{row[f'pass@{k}']:.2f}" != cell:
                 bad.append(f"{row['name']} task {row['task']} pass@{k}: {row[f'pass@{k}']} vs printed {cell}")
         pt = row["per_type"]
@@ -70,7 +70,7 @@ def _mismatches(doc: dict, text: str) -> list[str]:
             bad.append(f"{row['name']}: no row {pt['paper_row']} in table {pt['table']}")
             continue
         for kind, col in (("Bash Script", "Scripts"), ("Python Code", "Code")):
-            for k, cell in zip((1, 2, 5), cells[col]):
+            for k, cell in zip((1, 2, 5), cells[col], strict=True):
                 if f"{pt[kind][f'pass@{k}']:.2f}" != cell:
                     bad.append(f"{row['name']} task {row['task']} {kind} pass@{k}: {pt[kind][f'pass@{k}']} vs {cell}")
     return bad

@@ -36,7 +36,8 @@ def evals(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.mark.integration
 def test_report_groups_settings_and_seeds_and_quotes_reference_rows(evals: dict[str, Path], tmp_path: Path) -> None:
     ref = tmp_path / "ref.yaml"
-    ref.write_text("source: test fixture\nrows:\n  - {name: published-x, table: 1, task: 3, pass@1: 0.25, pass@5: 0.5}\n")
+    ref.write_text("source: test fixture\nrows:\n"
+                   "  - {name: published-x, table: 1, task: 3, pass@1: 0.25, pass@5: 0.5}\n")
     out = tmp_path / "report"
     r = run_cli("mlbench", "report", f"a={evals['a1-s0']}", f"a={evals['a1-s1']}", f"a={evals['a3']}",
                 f"b={evals['b3']}", "--reference", ref, "--out", out)
@@ -53,7 +54,8 @@ def test_report_groups_settings_and_seeds_and_quotes_reference_rows(evals: dict[
     assert (float(p1["low"]), float(p1["high"])) == pytest.approx((26 / 53, 39 / 53), abs=1e-3)
     assert value("a", "3", "overall", "all", "pass@1") == pytest.approx(52 / 53, abs=1e-3)
     assert value("b", "3", "overall", "all", "pass@5") == 0.0
-    assert value("b", "3", "overall", "all", "type_accuracy") == pytest.approx(12 / 53, abs=1e-3)  # no ".sh "/".py ": Python
+    # no ".sh "/".py ": Python
+    assert value("b", "3", "overall", "all", "type_accuracy") == pytest.approx(12 / 53, abs=1e-3)
     assert value("a", "3", "repo", "toyvision", "pass@1") == 1.0  # the one wrong sample (i=0) is toybench's
     assert value("a", "3", "type", "Python Code", "pass@1") == 1.0
     assert any(x["run"] == "published-x" and x["source"] == "quoted: test fixture, table 1" for x in rows)

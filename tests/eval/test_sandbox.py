@@ -19,6 +19,9 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import REPO_ROOT
+
+from mlbench_kit.cli import main as cli_main
+from mlbench_kit.errors import MLBenchError
 from mlbench_kit.eval.checks import check_output
 from mlbench_kit.eval.sandbox import (
     ENGINES,
@@ -35,9 +38,6 @@ from mlbench_kit.eval.sandbox import (
 from mlbench_kit.eval.sandbox.cmdline import Identity, Mounts, container_argv
 from mlbench_kit.eval.sandbox.engines import Launch
 from mlbench_kit.eval.static_cli import check_command
-
-from mlbench_kit.cli import main as cli_main
-from mlbench_kit.errors import MLBenchError
 
 REPO = REPO_ROOT / "examples" / "sample" / "repos" / "toybench"
 IS_ROOT = os.geteuid() == 0
@@ -414,7 +414,8 @@ def test_one_seccomp_policy_for_every_engine(tmp_path):
     clone = [r for r in prof["syscalls"] if r["names"] == ["clone"]]
     assert {r["args"][0]["value"] for r in clone} >= {0x10000000, 0x20000000}  # CLONE_NEWUSER, CLONE_NEWPID
     seccomp.write_bpf(tmp_path / "f.bpf")
-    assert (tmp_path / "f.bpf").stat().st_size % 8 == 0 and (tmp_path / "f.bpf").stat().st_size > 8 * len(prof["syscalls"])
+    size = (tmp_path / "f.bpf").stat().st_size
+    assert size % 8 == 0 and size > 8 * len(prof["syscalls"])
 
 
 def test_local_backend_runs_with_consent(tmp_path):

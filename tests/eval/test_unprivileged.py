@@ -115,7 +115,7 @@ def _prelude(uid: int, gid: int, stage: Path) -> str:
             i += 1
         lines.append(f"mount -t tmpfs -o size=1m,mode=0755 mlbench-hide {q(str(top))}")
     i = 0
-    for top, paths in tops.items():
+    for paths in tops.values():
         for p in paths:
             lines += [f"mkdir -p {q(str(p))}", f"mount --rbind {q(str(stage))}/{i} {q(str(p))}",
                       f"mount -o remount,bind,ro {q(str(p))}"]
@@ -238,10 +238,11 @@ def _rows(*ids: int) -> list[dict]:
     return [r for r in map(json.loads, SAMPLES.open()) if r["id"] in ids]
 
 
+# waits for its children: no survivor fails it
 FORK_BOMB = ("import os, sys, time\nn = 0\ntry:\n    for i in range(300):\n        if os.fork() == 0:\n"
              "            time.sleep(3)\n            os._exit(0)\n        n += 1\nexcept OSError:\n    pass\n"
-             "print('started', n, flush=True)\nwhile True:\n    try:\n        os.wait()\n    except ChildProcessError:\n"
-             "        break\nsys.exit(0 if n >= 48 else 1)\n")  # waits for its children: no survivor fails it
+             "print('started', n, flush=True)\nwhile True:\n    try:\n        os.wait()\n"
+             "    except ChildProcessError:\n        break\nsys.exit(0 if n >= 48 else 1)\n")
 MEMORY_HOG = "x = bytearray(600 * 2**20)\nx[::4096] = b'1' * len(x[::4096])\n"  # one process over --mem-mb 256
 KEYS = """import ctypes, sys
 libc = ctypes.CDLL(None, use_errno=True)

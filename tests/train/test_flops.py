@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 from conftest import REPO_ROOT
+
 from mlbench_kit.train.flops import (
     ModelShape,
     causal_pairs,

@@ -17,6 +17,8 @@ import pytest
 import torch
 import yaml
 from conftest import REPO_ROOT, run_cli
+from safetensors.torch import load_file
+
 from mlbench_kit.train.checkpoint import PREEMPTED_EXIT
 from mlbench_kit.train.config import load_train_config
 from mlbench_kit.train.data import (
@@ -27,7 +29,6 @@ from mlbench_kit.train.data import (
     pack,
     token_losses,
 )
-from safetensors.torch import load_file
 
 
 def _launch(model: Path, prep: Path, out: Path, *extra: str, config: str = "configs/accelerate/single.yaml",
@@ -237,9 +238,10 @@ def test_qlora_nf4_with_gradient_checkpointing_takes_real_steps_on_cpu(tmp_path,
     assert all(0 < s["model_tflops_per_s"] < s["hardware_tflops_per_s"] and s["mfu"] is None for s in steps)
     # merge: true folds the adapter into the NF4-dequantized base, the weights training saw: the merged model
     # computes what the trained QLoRA model computes, which the adapter on the full-precision base does not
-    from mlbench_kit.train.model import nf4_config
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
+
+    from mlbench_kit.train.model import nf4_config
     merged_event = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     assert merged_event["event"] == "merged" and merged_event["how"] == "NF4-dequantized base, merged on cpu"
     x = torch.tensor([[1, 50, 60, 70, 80, 90, 100]])
@@ -377,9 +379,8 @@ def test_auto_attention_follows_the_gpu_generation(capability, installed, expect
 
 
 def test_a_flash_request_this_gpu_cannot_run_is_refused():
-    from mlbench_kit.train.model import choose_attention
-
     from mlbench_kit.errors import MLBenchError
+    from mlbench_kit.train.model import choose_attention
     with pytest.raises(MLBenchError, match="8.0\\+.*compute capability 7.5"):
         choose_attention(FA2, (7, 5), frozenset({FA2}))
     with pytest.raises(MLBenchError, match="flash-attn is not installed"):
@@ -391,10 +392,10 @@ def test_a_flash_request_this_gpu_cannot_run_is_refused():
 
 
 def test_resume_on_another_world_size_keeps_the_step_or_says_what_to_do():
-    from mlbench_kit.train.checkpoint import rank_position, regroup
-
     from mlbench_kit.errors import MLBenchError
-    assert regroup(1, 4, 2, False, "ck") == 2 and regroup(2, 2, 4, False, "ck") == 1 and regroup(4, 1, 2, False, "ck") == 2
+    from mlbench_kit.train.checkpoint import rank_position, regroup
+    assert regroup(1, 4, 2, False, "ck") == 2 and regroup(2, 2, 4, False, "ck") == 1
+    assert regroup(4, 1, 2, False, "ck") == 2
     assert regroup(2, 3, 2, True, "ck") == 3  # same world: nothing changes, DeepSpeed included
     with pytest.raises(MLBenchError) as e:
         regroup(1, 1, 2, False, "ck")
@@ -408,10 +409,11 @@ def test_resume_on_another_world_size_keeps_the_step_or_says_what_to_do():
 
 
 def test_varlen_boundaries_computed_once_equal_transformers_own(examples, tiny_tokenizer):
-    from mlbench_kit.train.data import varlen_kwargs
     from transformers.modeling_flash_attention_utils import (
         prepare_fa_kwargs_from_position_ids,
     )
+
+    from mlbench_kit.train.data import varlen_kwargs
     batch = collate(examples, [[0, 1, 2, 3]], tiny_tokenizer.pad_token_id)
     (cu_q, cu_k), (max_q, max_k) = prepare_fa_kwargs_from_position_ids(batch["position_ids"])
     got = varlen_kwargs(batch["position_ids"])
