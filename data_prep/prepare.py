@@ -138,7 +138,7 @@ def prepare(cfg: PrepConfig) -> int:
         print(f"prep: prompts of the evaluation splits cut to {max_prompt} tokens (the model's {positions} positions"
               f" - {cfg.max_new_tokens} new tokens)", file=sys.stderr)
     renderer = Renderer(corpus, cfg.template, tokenizer, budget, max_prompt, cfg.splitter)
-    out = Path(cfg.out)
+    out = Path(str(cfg.out))  # set: PrepConfig.check
     by: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for name, samples in splits.items():
         for task in cfg.tasks:

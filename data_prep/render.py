@@ -58,6 +58,7 @@ class Renderer:
         """One output row with every column later stages need; ``for_inference`` also bounds the prompt alone."""
         context, readme_path = self.context(sample, task)
         make: Callable = partial(self._render, sample)
+        stats: dict[str, Any]  # PrepRecord's budget fields
         if self.budget is None:
             r = make(context)
             stats = {"truncated": False, "context_tokens": None, "dropped_tokens": 0, "total_tokens": None,

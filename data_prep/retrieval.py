@@ -69,12 +69,14 @@ class WindowIndex:
         self.docs = windows(splitter(readme)[:max_sentences], n_sentence)
         self.bm25 = BM25Okapi(self.docs) if self.docs else None
         self._doc_len = np.array(self.bm25.doc_len) if self.bm25 else None
-        self._term_scores: dict[str, np.ndarray] = {}
+        self._term_scores: dict[str, np.ndarray | None] = {}
 
     def _term(self, q: str) -> np.ndarray | None:
         vec = self._term_scores.get(q)
         if vec is None and q not in self._term_scores:
             bm = self.bm25
+            if bm is None:  # an empty README: no window to score
+                return None
             idf = bm.idf.get(q) or 0
             if idf == 0:
                 vec = None  # contributes exact zeros in the reference: adding them changes nothing

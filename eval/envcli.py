@@ -121,7 +121,7 @@ def _record_failures(cache: Path, update: dict[str, str | None]) -> None:
 def built_status(cache: Path, recipes) -> dict[str, str | None]:
     """Per repository: None when its current recipe is built, else why not."""
     fails = json.loads((cache / "build-failures.json").read_text()) if (cache / "build-failures.json").is_file() else {}
-    out = {}
+    out: dict[str, str | None] = {}
     for r in recipes:
         if (env_dir(cache, r) / "meta.json").is_file():
             out[r.repo] = None
@@ -139,7 +139,8 @@ def _list(args: Namespace) -> int:
         meta_f = env_dir(cache, r) / "meta.json"
         meta = json.loads(meta_f.read_text()) if meta_f.is_file() else {}
         miss = len(meta.get("missing_assets", [])) if meta else "-"
-        note = "" if status[r.repo] is None else status[r.repo][:70]
+        why = status[r.repo]
+        note = "" if why is None else why[:70]
         print(f"{r.repo:28} {r.hash:12} {r.python:7} {'yes' if meta else 'no':6} {miss!s:15} {note}")
     return 0
 

@@ -39,8 +39,7 @@ def _group_metrics(samples: list[dict[str, Any]], ks: list[int], ci: bool) -> di
         out[f"pass@{k}"] = round(sum(vals) / len(vals), 4) if vals else None
         if ci:
             out[f"pass@{k}_ci95"] = _bootstrap(vals)
-        ub = [unbiased_pass_at_k(s["passed"], k) for s in samples]
-        ub = [v for v in ub if v is not None]
+        ub = [v for v in (unbiased_pass_at_k(s["passed"], k) for s in samples) if v is not None]
         out[f"unbiased_pass@{k}"] = round(sum(ub) / len(ub), 4) if ub else None
     gens = [g for s in samples for g in s["gens"]]
     hits = [h for g in gens for h in g["param_hits"].values()]

@@ -380,12 +380,12 @@ def score(cfg: EvalConfig) -> int:
     saved = out / "run.json"
     if saved.exists():
         claim_run_folder(saved, _config(cfg, threads))  # refuse other settings before any work
-    samples = {s.key: s for s in load_samples(cfg.data, cfg.split)}
+    samples = {s.key: s for s in load_samples(str(cfg.data), cfg.split)}  # data and out: EvalConfig.check
     if cfg.gold:
         from .generations import Generations
         gens = Generations({k: [s.output] for k, s in samples.items()}, 1)
     else:
-        gens = load_generations(cfg.generations, samples, cfg.parser, cfg.n)
+        gens = load_generations(str(cfg.generations), samples, cfg.parser, cfg.n)
     if cfg.repos:
         unknown = sorted(set(cfg.repos) - {s.repo for s in samples.values()})
         if unknown:

@@ -69,9 +69,12 @@ class VllmBackend:
         params = [SamplingParams(n=s.n, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k if s.top_k else -1,
                                  max_tokens=s.max_new_tokens, seed=s.for_prompt(it.key), stop=list(s.stop) or None)
                   for it in items]
-        prompts = [TokensPrompt(prompt_token_ids=list(it.token_ids)) for it in items]
+        # vllm imports NotRequired from typing (3.11+): checked as Python 3.10, its optional keys read as required
+        prompts = [TokensPrompt(prompt_token_ids=list(it.token_ids)) for it in items]  # type: ignore[typeddict-item]
         loras = [self.loras[a] if a else None for a in adapters]
-        outs = self.llm.generate(prompts, params, lora_request=loras if any(loras) else None, use_tqdm=False)
+        # None in the list: that prompt runs on the base model, which vLLM takes but its annotation leaves out
+        outs = self.llm.generate(prompts, params, lora_request=loras if any(loras) else None,  # type: ignore[arg-type]
+                                 use_tqdm=False)
         return [[Completion(o.text, len(o.token_ids)) for o in out.outputs] for out in outs]
 
     def close(self) -> None:
@@ -92,7 +95,8 @@ class HfBackend:
         from transformers import AutoModelForCausalLM
 
         from mlbench_kit.hf import compute_dtype
-        self.model = AutoModelForCausalLM.from_pretrained(model, dtype=compute_dtype())
+        # a transformers model, or the PeftModel wrapping it: Any, as the two libraries type them apart
+        self.model: Any = AutoModelForCausalLM.from_pretrained(model, dtype=compute_dtype())
         self.adapters = list(adapters or {})
         if adapters:
             from peft import PeftModel

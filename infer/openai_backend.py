@@ -9,13 +9,16 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from mlbench_kit.errors import MLBenchError
 
 from .backends import Completion
 from .prompts import PromptItem
 from .sampling import InferConfig
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam  # role/content dicts, as prompts.py makes them
 
 
 class RateLimiter:
@@ -59,7 +62,8 @@ class OpenAIBackend:
                                       max_tokens=s.max_new_tokens, seed=s.for_prompt(it.key), stop=list(s.stop) or None)
         self.limit.wait()
         if api == "chat":
-            r = self.client.chat.completions.create(messages=it.messages, **common)
+            r = self.client.chat.completions.create(messages=cast("list[ChatCompletionMessageParam]", it.messages),
+                                                    **common)
             return [Completion(c.message.content or "", _tokens(r, s.n)) for c in r.choices]
         if s.top_k:
             common["extra_body"] = {"top_k": s.top_k}  # vLLM's extension; plain OpenAI has no top_k

@@ -49,7 +49,8 @@ def task_file(prompts: str | Path, split: str, task: int) -> Path:
 
 def load_prompts(path: Path, task: int | None = None) -> list[PromptItem]:
     """Load prep records; duplicates and missing columns fail with file:line."""
-    items, seen = [], {}
+    items: list[PromptItem] = []
+    seen: dict[tuple[int, int], str] = {}
     for where, rec in read_prep_records(path, task):
         if rec.key in seen:
             raise MLBenchError(f"duplicate sample github_id={rec.github_id} id={rec.id} (first at {seen[rec.key]})",

@@ -121,7 +121,7 @@ def engine_dtype(cfg: InferConfig, adapters: list[str]) -> str:
     found = {}
     for adapter in adapters:
         meta = Path(adapter) / TRAIN_META
-        precision = json.loads(meta.read_text()).get("precision") if meta.is_file() else None
+        precision = json.loads(meta.read_text()).get("precision") if meta.is_file() else ""
         found[adapter] = {"bf16": "bfloat16", "fp16": "float16"}.get(precision, "auto")
     if len(set(found.values())) > 1:
         listed = ", ".join(f"{a}: {d}" for a, d in found.items())
@@ -175,10 +175,10 @@ def run(args: argparse.Namespace) -> int:
     """Run the infer stage; returns the exit status."""
     cfg = resolve_config(args)
     todo_targets = targets(args)
-    adapters = {name: path for name, path, _ in todo_targets if path}
-    for path in adapters.values():
-        adapter_config(path)
-        check_base(args.model, path, args.allow_base_mismatch)
+    adapters = {name: path for name, path, _ in todo_targets if name is not None and path}
+    for adapter_dir in adapters.values():
+        adapter_config(adapter_dir)
+        check_base(args.model, adapter_dir, args.allow_base_mismatch)
     if cfg.backend != "openai":  # an API model is a served name, not something to load here
         check_model_available(args.model, "--model")
         if args.tokenizer:

@@ -63,7 +63,7 @@ class InferConfig:
             raise MLBenchError("n and max_new_tokens must be at least 1", at("sampling"))
         if self.batch_size < 1:
             raise MLBenchError("batch_size must be at least 1", at("batch_size"))
-        unknown = set(self.openai) - set(InferConfig.__dataclass_fields__["openai"].default_factory())
+        unknown = set(self.openai) - set(InferConfig().openai)
         if unknown:
             raise MLBenchError(f"unknown openai keys {sorted(unknown)}", at("openai"))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from .errors import MLBenchError
 
@@ -33,7 +33,7 @@ def _stages() -> dict[str, tuple[str, Callable, Callable]]:
 
 
 class _RaisingParser(argparse.ArgumentParser):
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise MLBenchError(message)
 
 

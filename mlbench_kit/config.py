@@ -20,21 +20,25 @@ import types
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union
 
 import yaml
 
 from .deprecation import warn_renamed
 from .errors import MLBenchError
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 
 
 class Lines:
     """Where each key of a YAML file is: dotted path -> ``file:line``."""
 
     def __init__(self, source: str, text: str | None = None) -> None:
-        self.source, self.lines = source, {}
+        self.source = source
+        self.lines: dict[tuple[str, ...], str] = {}
         if text:
             try:
                 root = yaml.compose(text)
@@ -263,7 +267,7 @@ def _value(tp: Any, v: Any, lines: Lines, path: tuple[str, ...]) -> Any:
         if any(v == a and type(v) is type(a) for a in typing.get_args(tp)):
             return v
         raise bad()
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return build(tp, v, lines, path)
     if origin is list:
         if not isinstance(v, list):

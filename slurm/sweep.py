@@ -121,7 +121,7 @@ def unit_status(sweep: Sweep) -> list[dict[str, Any]]:
             row = {"job": job.name, "stage": job.stage, "index": u.index, "key": u.key, "out": u.out,
                    "slurm_id": None, "state": "not submitted", "reason": "", "log": None}
             jid = latest.get((job.name, u.index))
-            log = sweep.run_dir / "logs" / f"{job.name}-{jid}.out" if jid else None
+            log = sweep.run_dir / "logs" / f"{job.name}-{jid}.out"  # read only when the job has an id
             if jid:
                 row.update(slurm_id=jid, log=str(log) if log.exists() else None)
             state, reason = queue.get(jid, (acct.get(jid, ""), "")) if jid else ("", "")

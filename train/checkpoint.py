@@ -237,7 +237,8 @@ def load_checkpoint(accelerator: Any, model: Any, optimizer: Any, scheduler: Any
             set_optimizer_state_dict,
         )
         full = StateDictOptions(full_state_dict=True, strict=False)
-        set_model_state_dict(model, load_file(path / "trainable.safetensors"), options=full)
+        trainable: dict[str, Any] = load_file(path / "trainable.safetensors")
+        set_model_state_dict(model, trainable, options=full)
         set_optimizer_state_dict(model, optimizer, torch.load(path / "optimizer.pt", weights_only=False),
                                  options=full)
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))

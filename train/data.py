@@ -45,7 +45,9 @@ def tokenize_record(rec: PrepRecord, tok: Any) -> Example:
 def load_examples(path: Path, tok: Any, template: str, max_context_tokens: int
                   ) -> tuple[list[Example], list[str]]:
     """Tokenize a prep file. Records longer than ``max_context_tokens`` are dropped (and reported), never cut."""
-    examples, notes, dropped = [], [], []
+    examples: list[Example] = []
+    dropped: list[Example] = []
+    notes: list[str] = []
     for where, rec in read_prep_records(path):
         if rec.template != template:
             raise MLBenchError(f"record rendered with template {rec.template!r}, the config says {template!r}",
@@ -135,7 +137,9 @@ def collate(examples: list[Example], rows: list[list[int]], pad_id: int) -> dict
             ids += examples[i].input_ids
             lab += examples[i].labels
             p += list(range(len(examples[i])))
-        seqs.append(ids), labels.append(lab), pos.append(p)
+        seqs.append(ids)
+        labels.append(lab)
+        pos.append(p)
     width = max(len(s) for s in seqs)
     batch = {"input_ids": torch.full((len(rows), width), pad_id, dtype=torch.long),
              "labels": torch.full((len(rows), width), IGNORE, dtype=torch.long),

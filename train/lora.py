@@ -62,6 +62,17 @@ class LoRAFinetuneRecipe:
         self.config_sha_before_rename = _sha(with_old_names(TrainConfig, same))
         self.final_adapter = self.out / "adapter"
 
+    @property
+    def base_model(self) -> str:
+        """The model to fine-tune (TrainConfig.check refuses a config without one)."""
+        assert self.cfg.model is not None
+        return self.cfg.model
+
+    def _event(self, rec: dict[str, Any]) -> None:
+        """One line of metrics.jsonl: only the main process holds the log."""
+        if self.log is not None:
+            self.log.append(rec)
+
     # -- setup ---------------------------------------------------------------------------------------------------
 
     def setup(self) -> bool:
@@ -148,10 +159,10 @@ class LoRAFinetuneRecipe:
         from transformers import AutoConfig
 
         from mlbench_kit.hf import load_tokenizer
-        self.tok = load_tokenizer(self.cfg.model, "--model")
+        self.tok = load_tokenizer(self.base_model, "--model")
         if self.tok.pad_token_id is None:
             self.tok.pad_token = self.tok.eos_token  # padding is masked and never counted, so EOS is safe here
-        self.model_config = AutoConfig.from_pretrained(self.cfg.model)
+        self.model_config = AutoConfig.from_pretrained(self.base_model)
         self.seq_len, positions, self.context_note = context_budget(self.cfg, self.model_config)
         _check_prep_budget(self.cfg, positions)
 
@@ -256,17 +267,17 @@ class LoRAFinetuneRecipe:
             self.accelerator.init_trackers("tb", config={"task": d.task, "split": d.split, "lr": o.lr})
         self.log = AppendLog(self.out / "metrics.jsonl") if self.main else None
         if self.main and self.resume_from is not None:
-            self.log.append({"event": "resumed", "step": self.state.step, "checkpoint": str(self.resume_from),
-                             "world_size": self.world, "grad_accum": self.grad_accum, "note": self.resume_note})
+            self._event({"event": "resumed", "step": self.state.step, "checkpoint": str(self.resume_from),
+                         "world_size": self.world, "grad_accum": self.grad_accum, "note": self.resume_note})
         if self.main and self.state.step == 0:
-            self.log.append({"event": "start", "train_samples": len(self.train_set),
-                             "eval_samples": len(self.eval_set), "trainable_params": self.n_trainable,
-                             "linear_4bit_modules": self.n_4bit, "world_size": self.world,
-                             "distributed": _distribution(self.accelerator, self.model), "precision": self.precision,
-                             **self._attention_record(), "max_context_tokens": self.seq_len,
-                             "device": self.device_name, "gpu": self.peak.label if self.peak else None,
-                             "peak_tflops": self.peak.flops / 1e12 if self.peak else None,
-                             "steps": self.total_steps, "notes": self.notes})
+            self._event({"event": "start", "train_samples": len(self.train_set),
+                         "eval_samples": len(self.eval_set), "trainable_params": self.n_trainable,
+                         "linear_4bit_modules": self.n_4bit, "world_size": self.world,
+                         "distributed": _distribution(self.accelerator, self.model), "precision": self.precision,
+                         **self._attention_record(), "max_context_tokens": self.seq_len,
+                         "device": self.device_name, "gpu": self.peak.label if self.peak else None,
+                         "peak_tflops": self.peak.flops / 1e12 if self.peak else None,
+                         "steps": self.total_steps, "notes": self.notes})
 
     def _attention_record(self) -> dict[str, str]:
         """The kernel that runs (the loaded model's resolved ``config._attn_implementation``, not the request) and
@@ -386,14 +397,14 @@ class LoRAFinetuneRecipe:
                    "grad_norm": stats["grad_norm"], "tokens": s.tokens, "tokens_per_s": stats["tokens_per_s"],
                    "non_pad_share": stats["non_pad_share"], "model_tflops_per_s": stats["model_tflops_per_s"],
                    "hardware_tflops_per_s": stats["hardware_tflops_per_s"], "mfu": stats["mfu"], "hfu": stats["hfu"]}
-            self.log.append(rec)
+            self._event(rec)
             if self.trackers:
                 self.accelerator.log({k: v for k, v in rec.items() if isinstance(v, (int, float))}, step=s.step)
 
     def _end_epoch(self) -> None:
         ev = evaluate(self.accelerator, self.model, self.eval_set, self.tok.pad_token_id)
         if self.main and ev is not None:
-            self.log.append({"event": "eval", "epoch": self.state.epoch, "step": self.state.step, "eval_loss": ev})
+            self._event({"event": "eval", "epoch": self.state.epoch, "step": self.state.step, "eval_loss": ev})
             if self.trackers:
                 self.accelerator.log({"eval_loss": ev}, step=self.state.step)
         self.state.epoch += 1
@@ -413,8 +424,8 @@ class LoRAFinetuneRecipe:
         from mlbench_kit.train.checkpoint import PREEMPTED_EXIT
 
         def mark(path: Path) -> None:
-            self.log.append({"event": "preempted", "step": self.state.step, "signal": self.preempt.signum,
-                             "checkpoint": str(path)})
+            self._event({"event": "preempted", "step": self.state.step, "signal": self.preempt.signum,
+                         "checkpoint": str(path)})
             # launchers (torchrun's agent) exit 1 on a signal whatever we return: the marker is what a job script
             # checks before requeueing. Written before the last barrier: after it, another node's ranks may exit
             # and srun --kill-on-bad-exit then kills this one before it could write anything
@@ -439,16 +450,17 @@ class LoRAFinetuneRecipe:
                    "seconds_this_process": time.perf_counter() - self._t0, "adapter": str(self.final_adapter),
                    "trainable_params": self.n_trainable, "world_size": self.world}
         write_json_atomic(self.out / "train_summary.json", summary)
-        self.log.append({"event": "done", **summary})
+        self._event({"event": "done", **summary})
         if self.cfg.merge:
-            how = merge_weights(self.cfg.model, self.final_adapter, self.out / "merged", self.precision,
+            how = merge_weights(self.base_model, self.final_adapter, self.out / "merged", self.precision,
                                 self.cfg.quantization)
-            self.log.append({"event": "merged", "path": str(self.out / "merged"), "how": how})
+            self._event({"event": "merged", "path": str(self.out / "merged"), "how": how})
         print(f"train: done, {s.step} steps; adapter: {self.final_adapter}", file=sys.stderr)
 
     def cleanup(self) -> None:
-        if getattr(self, "log", None) is not None:
-            self.log.close()
+        log = getattr(self, "log", None)  # None too when setup stopped before it
+        if log is not None:
+            log.close()
         self.accelerator.end_training()
 
 

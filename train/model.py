@@ -88,6 +88,7 @@ def load_base(cfg: TrainConfig, precision: str, attention: str, device_map: Any 
         kwargs["quantization_config"] = nf4_config(dtype)
         kwargs["device_map"] = device_map or ({"": torch.cuda.current_device()} if torch.cuda.is_available()
                                               else {"": "cpu"})
+    assert cfg.model is not None  # TrainConfig.check refuses a config without one
     try:
         return AutoModelForCausalLM.from_pretrained(cfg.model, **kwargs)
     except OSError as exc:

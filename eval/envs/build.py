@@ -29,6 +29,7 @@ import time
 import urllib.request
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -64,7 +65,7 @@ class Builder:
         """Build ``recipe`` (or find it built); returns its folder. Raises MLBenchError with the reason."""
         final = env_dir(self.cache, recipe)
         if (final / "meta.json").is_file():
-            meta = json.loads((final / "meta.json").read_text())
+            meta: dict = json.loads((final / "meta.json").read_text())
             if "bytecode" not in meta:  # built by an older mlbench-kit: the one step it lacks, in place
                 self.log(f"env {recipe.repo}: bytecode (older build)")
                 meta |= self._bytecode(recipe, final)
@@ -79,7 +80,7 @@ class Builder:
         part = final
         part.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
-        meta: dict = {"repo": recipe.repo, "recipe": recipe.hash, "commit": recipe.commit, "where": recipe.where}
+        meta = {"repo": recipe.repo, "recipe": recipe.hash, "commit": recipe.commit, "where": recipe.where}
         steps = [("checkout", self._checkout), ("assets", self._assets), ("venv", self._venv),
                  ("setup", self._setup), ("bytecode", self._bytecode), ("freeze", self._freeze)]
         for name, step in steps:
@@ -147,7 +148,7 @@ class Builder:
         return {"checkout_source": recipe.github}
 
     def _assets(self, recipe: Recipe, part: Path) -> dict:
-        missing = []
+        missing: list[dict[str, Any]] = []
         for a in recipe.assets:
             try:
                 self.assets.place(a, part / "checkout", self.fetch_assets)
@@ -164,6 +165,8 @@ class Builder:
         py = _find_python(recipe)
         if self.installer == "uv":
             uv = _uv()
+            if uv is None:
+                raise MLBenchError("uv is not installed", recipe.where, "pip install uv, or pass --installer pip")
             self._run([uv, "venv", "--quiet", "--seed", "-p", py, str(venv)], part, what="uv venv")
             if recipe.pip:
                 self._run([uv, "pip", "install", "-p", str(venv / "bin" / "python"), *recipe.pip], part,
@@ -264,7 +267,7 @@ def write_envs_yaml(cache: Path, recipes: list[Recipe], images: dict[str, str] |
         old = repos.get(r.repo, {})
         if not (d / "meta.json").is_file():
             continue
-        spec = {"checkout": str(d / "checkout"), "venv": str(d / "venv"), "recipe": r.hash}
+        spec: dict[str, Any] = {"checkout": str(d / "checkout"), "venv": str(d / "venv"), "recipe": r.hash}
         if r.env:
             spec["env"] = dict(r.env)
         image = (images or {}).get(r.repo) or (old.get("image") if old.get("recipe") == r.hash else None)
@@ -309,6 +312,7 @@ class AssetStore:
                 if not d.exists():
                     _picture(d)
             return
+        assert a.url is not None  # an asset has either url: or generate: (recipes.py checks)
         digest = a.sha256 or self._lock().get(a.url)
         blob = self.root / "sha256" / digest if digest else None
         if blob is None or not blob.is_file():
@@ -327,6 +331,7 @@ class AssetStore:
                 shutil.copyfile(blob, d)
 
     def _fetch(self, a: Asset) -> Path:
+        assert a.url is not None  # only fetched assets come here
         (self.root / "sha256").mkdir(parents=True, exist_ok=True)
         tmp = self.root / f".download-{os.getpid()}"
         h = hashlib.sha256()

@@ -33,6 +33,7 @@ def build_base_image(tag: str = BASE_TAG, suite: str = "bookworm", mirror: str =
             raise MLBenchError(f"{exe} is not installed", "base image", f"apt-get install {pkg}")
     mm = subprocess.Popen(["mmdebstrap", "--quiet", "--variant=apt", f"--include={','.join(packages)}", suite, "-",
                            mirror], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert mm.stdout is not None and mm.stderr is not None  # both piped
     imp = subprocess.run([engine, "import", "--change", "CMD=/bin/bash", "-", tag], stdin=mm.stdout,
                          capture_output=True, text=True)
     mm.stdout.close()

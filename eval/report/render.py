@@ -108,7 +108,7 @@ _PAPER_ORDER = {3: "Oracle Segment", 1: "Raw README", 2: "BM25 Retrieval"}  # Ta
 
 def _paper_layout(settings: list[Setting], refs: list[Reference], ks: list[int]) -> list[str]:
     """Table 1 of the paper: one row per run, Pass@k per task in its column order, in percent."""
-    tasks = [t for t in _PAPER_ORDER if any(x.task == t for x in [*settings, *refs])]
+    tasks = [t for t in _PAPER_ORDER if any(s.task == t for s in settings) or any(r.task == t for r in refs)]
     if not tasks:
         return []
     runs: dict[str, dict[int, Any]] = {}

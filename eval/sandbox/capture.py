@@ -39,7 +39,16 @@ class Capture:
         return bytes(self.head + mid + self.tail).decode("utf-8", errors="replace")
 
 
+def captured(proc: subprocess.Popen, out_cap: Capture | None, err_cap: Capture | None) -> str:
+    """The log: stdout + stderr when drained, else what stdout's pipe holds and stderr (one capture is set)."""
+    if out_cap is not None:
+        return out_cap.text()
+    assert err_cap is not None
+    return read_undrained(proc) + err_cap.text()
+
+
 def read_undrained(proc: subprocess.Popen) -> str:
+    assert proc.stdout is not None  # piped
     os.set_blocking(proc.stdout.fileno(), False)
     try:
         data = proc.stdout.read(PIPE_BUF) or b""

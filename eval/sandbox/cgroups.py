@@ -12,6 +12,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 ROOT = Path("/sys/fs/cgroup")
 _V1 = ("memory", "pids", "cpu", "cpuacct")
@@ -50,7 +51,7 @@ def _layout() -> tuple[str, dict[str, Path]] | None:
     return "v1", dirs
 
 
-_LAYOUT: tuple[str, dict[str, Path]] | None | bool = False
+_LAYOUT: tuple[str, dict[str, Path]] | None | Literal[False] = False  # False: not probed yet
 
 
 def available() -> tuple[str, dict[str, Path]] | None:
@@ -273,6 +274,7 @@ def usable_cores() -> int:
     """The cores this process may use: its CPU affinity, lowered to its cgroup's CPU quota where one is set (a
     container limited to 2 CPUs on a 64-core host sees 64 cores in its affinity)."""
     cores = len(os.sched_getaffinity(0))
+    files: list[tuple[Path, Path | None]]  # (quota, period): v2 keeps both in cpu.max
     if (ROOT / "cgroup.controllers").is_file():
         files = [(d / "cpu.max", None) for d in (ROOT / _own_path("").lstrip("/"), ROOT)]
     else:

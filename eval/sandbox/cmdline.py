@@ -74,9 +74,9 @@ def stage_script(m: Mounts, who: Identity, cgroup_procs: list[str], report_fd: i
                   f"mount -t overlay mlbench -o lowerdir=lower,upperdir=upper,workdir=ovw{xattr} work"]
     if who.root:
         lines.append(f"chown {who.uid}:{who.gid} upper ovw work home")
-    drop = (["setpriv", f"--reuid={who.uid}", f"--regid={who.gid}", "--clear-groups", "--inh-caps=-all",
-             "--bounding-set=-all"] if who.root and drop else [])
-    lines.append("exec " + " ".join(q(a) for a in drop + engine_argv) + f" {REPORT_FD}>&{report_fd}"
+    setpriv = (["setpriv", f"--reuid={who.uid}", f"--regid={who.gid}", "--clear-groups", "--inh-caps=-all",
+                "--bounding-set=-all"] if who.root and drop else [])
+    lines.append("exec " + " ".join(q(a) for a in setpriv + engine_argv) + f" {REPORT_FD}>&{report_fd}"
                  + (f" {report_fd}>&-" if report_fd != REPORT_FD else "")
                  + (f" {SECCOMP_FD}<{q(str(seccomp_bpf))}" if seccomp_bpf else ""))  # last: may reuse report_fd
     return "\n".join(lines) + "\n"

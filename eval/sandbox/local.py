@@ -10,7 +10,7 @@ import time
 import uuid
 from pathlib import Path
 
-from .capture import capture_and_wait, read_undrained
+from .capture import capture_and_wait, captured
 from .spec import ExecResult, Job, Limits
 
 
@@ -50,7 +50,7 @@ def run_local(job: Job, limits: Limits, root: Path, drain: bool, env: dict[str, 
     except ProcessLookupError:
         pass
     proc.wait()
-    log = out_cap.text() if out_cap else read_undrained(proc) + err_cap.text()
+    log = captured(proc, out_cap, err_cap)
     shutil.rmtree(scratch, ignore_errors=True)
     code = None if timed_out else proc.returncode
     return ExecResult(code, timed_out, round(duration, 3), 0 if timed_out else survivors, log)

@@ -30,11 +30,12 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from mlbench_kit.errors import MLBenchError
 
 from . import cgroups
-from .capture import capture_and_wait, read_undrained
+from .capture import capture_and_wait, captured
 from .cmdline import NONCE_ENV, SANDBOX, Identity, Mounts
 from .engines import Launch, engine
 from .local import run_local
@@ -211,7 +212,7 @@ class Sandbox:
         if not workdir.startswith(f"{SANDBOX}/work"):
             workdir = f"{SANDBOX}/work/.."  # a path escaping the repository: the runner reports it missing
         env = self._job_env(job, limits)
-        spec = {"argv": ["bash", f"{SANDBOX}/job/cmd.sh"] if job.as_shell else ["python", "temp.py"],
+        spec: dict[str, Any] = {"argv": ["bash", f"{SANDBOX}/job/cmd.sh"] if job.as_shell else ["python", "temp.py"],
                 "workdir": workdir, "env": env, "interpreter": "python",
                 "temp_py": None if job.as_shell else f"{SANDBOX}/job/temp.py",
                 "writable": [f"{SANDBOX}/work", f"{SANDBOX}/home", "/tmp", "/dev/shm"],
@@ -277,7 +278,7 @@ class Sandbox:
         os.close(report_w)
         out_cap, err_cap, timed_out, duration = capture_and_wait(proc, limits, drain, t0)
         self._kill(proc, cg, name)
-        log = out_cap.text() if out_cap else read_undrained(proc) + err_cap.text()
+        log = captured(proc, out_cap, err_cap)
         raw = read_report(report_r)
         if not staged:  # engines without a pipe: the report is the stderr line carrying our nonce
             raw, log = report_from_log(log, nonce)
@@ -348,6 +349,7 @@ class Sandbox:
                                + (f"\n  log:\n    {tail}" if tail else ""), env.where or str(env.checkout),
                                "build or fix the environment (mlbench env check), then re-run; no verdict was "
                                "written")
+        assert probe is not None  # no problem: the probe printed its line
         return {"python": probe[1], "version": probe[2]}
 
     def warm(self, env: Env) -> list[Warmed]:

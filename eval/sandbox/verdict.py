@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from typing import Any, cast
 
 from .spec import ExecResult, Limits
 
@@ -65,7 +66,7 @@ def _limit_hit(rep: dict, code: object, sig: object, limits: Limits) -> str | No
 def result_from_report(raw: bytes, timed_out: bool, duration: float, log: str, returncode: int | None,
             limits: Limits) -> ExecResult:
     """Turn the runner's report into a result; anything unexpected is a sandbox fault, never a verdict."""
-    base = dict(timed_out=timed_out, duration=round(duration, 3), log=log)
+    base: dict[str, Any] = dict(timed_out=timed_out, duration=round(duration, 3), log=log)
     if timed_out:
         return ExecResult(None, survivors=0, **base)
     try:
@@ -85,5 +86,5 @@ def result_from_report(raw: bytes, timed_out: bool, duration: float, log: str, r
     if not (isinstance(code, int) or isinstance(sig, int)) or not isinstance(surv, int):
         return ExecResult(None, survivors=0, fault="SANDBOX: an incomplete report from the runner", **base)
     limit = _limit_hit(rep, code, sig, limits)
-    exit_code = code if isinstance(code, int) else 128 + sig
+    exit_code = code if isinstance(code, int) else 128 + cast(int, sig)  # one of them is an int (checked above)
     return ExecResult(exit_code, survivors=surv, signal=sig if isinstance(sig, int) else None, limit=limit, **base)
