@@ -47,7 +47,8 @@ def _steps(out: Path) -> list[dict]:
 
 
 def _interrupt(cmd: list[str], out: Path, at_step: int, sig: int, workers_only: bool = False) -> tuple[int, str]:
-    """Start training, send ``sig`` once ``at_step`` steps are logged, return the exit status and stderr.
+    """Start training, send ``sig`` once ``at_step`` steps are logged, return the exit status and (with
+    ``workers_only``) stderr.
 
     The signal goes to every process of the session, like Slurm's to every process of the step, or with
     ``workers_only`` to the launcher's children alone: the launcher then reports the workers' own exit codes
@@ -64,7 +65,12 @@ def _interrupt(cmd: list[str], out: Path, at_step: int, sig: int, workers_only: 
                 os.killpg(proc.pid, sig)
             break
         time.sleep(0.05)
-    _, err = proc.communicate(timeout=300)  # read stderr as it comes: an unread pipe can block the launcher
+    if not workers_only:
+        # the launcher's status only: torchrun's workers run in sessions of their own, so killpg does not reach
+        # them, and waiting for their end of the stderr pipe would wait for them to finish
+        proc.wait(timeout=300)
+        return proc.returncode, ""
+    _, err = proc.communicate(timeout=300)  # the workers exited after their save: the pipe closes
     return proc.returncode, err
 
 
