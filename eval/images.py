@@ -270,3 +270,43 @@ def build_env_image(recipe, folder: Path, engine: str = "podman", base: str | No
             "bytes": image_size(tag, engine), "heavy_layers": list(plan.heavy), "interpreter": plan.interpreter}
     info_f.write_text(json.dumps(info, indent=2))
     return info
+
+
+# -- export ------------------------------------------------------------------------------------------------------
+
+EXPORT_FORMATS = ("oci", "docker-archive", "sif-recipe")
+
+
+def export_image(tag: str, fmt: str, out: Path, engine: str = "podman", definition: str | None = None) -> list[Path]:
+    """Write ``tag`` to ``out`` as an OCI archive, a docker-archive, or (``sif-recipe``) a docker-archive and
+    the Apptainer definition that turns it into a SIF; returns the files written."""
+    if fmt not in EXPORT_FORMATS:
+        raise MLBenchError(f"unknown export format {fmt!r}", "--format", f"use one of {EXPORT_FORMATS}")
+    if not image_exists(tag, engine):
+        raise MLBenchError(f"no image {tag}", tag, "build it: mlbench env build --image")
+    out.mkdir(parents=True, exist_ok=True)
+    stem = tag.rsplit("/", 1)[-1].replace(":", "-")
+    path = out / f"{stem}.{'oci' if fmt == 'oci' else 'docker'}.tar"
+    tmp = path.with_name(f".{path.name}.part")
+    tmp.unlink(missing_ok=True)
+    r = subprocess.run([engine, "save", "--format", "oci-archive" if fmt == "oci" else "docker-archive", "-o",
+                        str(tmp), tag], capture_output=True, text=True)
+    if r.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise MLBenchError(f"{engine} save {tag} failed: {r.stderr.strip()[-600:]}", tag)
+    tmp.rename(path)
+    if fmt != "sif-recipe":
+        return [path]
+    d = out / f"{stem}.def"
+    text = definition or f"Bootstrap: docker-archive\nFrom: {path.name}\n"
+    d.write_text(text.replace(f"From: {_def_from(text)}", f"From: {path.resolve()}"))
+    return [path, d]
+
+
+def _def_from(text: str) -> str:
+    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("From:")), "")
+
+
+def sif_command(definition: Path) -> str:
+    """The command that builds the SIF of an exported image (needs apptainer, no registry, no root)."""
+    return f"apptainer build {definition.with_suffix('.sif')} {definition}"
