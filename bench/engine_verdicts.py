@@ -68,11 +68,11 @@ def compare(repos: list[str], a: argparse.Namespace, metas: dict) -> str:
              f"(`mlbench env validate` per repository, bwrap then podman, same settings; podman runs each "
              f"repository's image from `mlbench env build --image`). Margin for timing-sensitive rows: "
              f"{a.margin} s of the limit."), "",
-             "*both timed out*: rows still running at the limit on both engines (compat passes them), so their "
+             ("*both timed out*: rows still running at the limit on both engines (compat passes them), so their "
              "verdicts say little about the engines; *CPU s*: the executions' CPU seconds summed, which shows how much "
-             "of the wall time they got on this shared machine.", "",
-             "| repository | rows | mode | bwrap pass | podman pass | identical | differing | both timed out | "
-             "bwrap s (CPU s) | podman s (CPU s) |",
+             "of the wall time they got on this shared machine."), "",
+             ("| repository | rows | mode | bwrap pass | podman pass | identical | differing | both timed out | "
+             "bwrap s (CPU s) | podman s (CPU s) |"),
              "|---|---|---|---|---|---|---|---|---|---|"]
     diffs = []
     totals = {m: [0, 0, 0, 0, 0, 0] for m in a.modes}
