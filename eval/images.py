@@ -81,6 +81,7 @@ class ImagePlan:
     site: str  # site-packages, relative to the venv
     heavy: tuple[str, ...]  # site-packages entries with a layer of their own, largest first
     checkout: str
+    syslibs: tuple[str, ...] = ()  # host system libraries the build's binaries load and the base image lacks
 
 
 def _tree_bytes(root: Path) -> int:
@@ -95,8 +96,45 @@ def _tree_bytes(root: Path) -> int:
     return n
 
 
-def image_plan(folder: Path, heavy_mb: int = HEAVY_MB) -> ImagePlan:
-    """The layers of the image of the environment built in ``folder`` (``venv/``, ``checkout/``)."""
+def _shared_objects(roots: list[Path]) -> list[str]:
+    out = []
+    for root in roots:
+        for dirpath, _, filenames in os.walk(root):
+            out += [p for f in filenames if ".so" in f and os.path.isfile(p := os.path.join(dirpath, f))
+                    and not os.path.islink(p)]
+    return out
+
+
+def system_libraries(roots: list[Path], base_root: Path) -> tuple[str, ...]:
+    """System libraries (``/lib``, ``/usr/lib``) that the shared objects under ``roots`` link against here
+    (``ldd``) and the base image, mounted at ``base_root``, lacks: bwrap runs the environment on the host's
+    ``/usr``, so without them an image fails where bwrap passes (open3d needs libX11 and libGL, torch 1.7.1
+    libgomp). Paths are canonical (``/lib`` is ``usr/lib`` in Debian 12), symlinks followed to their files."""
+    found: set[str] = set()
+    files = _shared_objects(roots)
+    for i in range(0, len(files), 200):
+        r = subprocess.run(["ldd", *files[i:i + 200]], capture_output=True, text=True)
+        for line in r.stdout.splitlines():
+            target = line.split("=>", 1)[1].strip().split(" (")[0] if "=>" in line else ""
+            if target.startswith(("/lib", "/usr/lib")):
+                found.add(target)
+    out: set[str] = set()
+    for lib in found:
+        path = os.path.join(os.path.realpath(os.path.dirname(lib)), os.path.basename(lib))
+        while True:
+            if os.path.lexists(str(base_root) + path):
+                break
+            out.add(path)
+            if not os.path.islink(path):
+                break
+            path = os.path.join(os.path.dirname(path), os.readlink(path))
+            path = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+    return tuple(sorted(out))
+
+
+def image_plan(folder: Path, heavy_mb: int = HEAVY_MB, base_root: Path | None = None) -> ImagePlan:
+    """The layers of the image of the environment built in ``folder`` (``venv/``, ``checkout/``); with
+    ``base_root`` (the base image's files) also the host libraries the base image lacks."""
     venv = folder / "venv"
     sites = sorted((venv / "lib").glob("python3*/site-packages"))
     if not (venv / "bin" / "python").exists() or not sites:
@@ -106,7 +144,9 @@ def image_plan(folder: Path, heavy_mb: int = HEAVY_MB) -> ImagePlan:
     sizes = {p.name: _tree_bytes(p) for p in sites[0].iterdir() if p.is_dir() and not p.is_symlink()
              and p.name != "__pycache__"}
     heavy = tuple(sorted((n for n, b in sizes.items() if b >= heavy_mb * 2**20), key=lambda n: (-sizes[n], n)))
-    return ImagePlan(str(venv), interpreter, str(sites[0].relative_to(venv)), heavy, str(folder / "checkout"))
+    # the venv's binaries only: the interpreter's optional modules (tkinter's Tk and X11) are left out
+    libs = system_libraries([venv], base_root) if base_root else ()
+    return ImagePlan(str(venv), interpreter, str(sites[0].relative_to(venv)), heavy, str(folder / "checkout"), libs)
 
 
 def _layers(plan: ImagePlan) -> list[tuple[str, Path, str, Callable[[Path, bool], bool]]]:
@@ -123,6 +163,8 @@ def _layers(plan: ImagePlan) -> list[tuple[str, Path, str, Callable[[Path, bool]
         out.append((f"L-pkg-{name}", venv / site / name, f"{VENV_IN_IMAGE}/{site}/{name}",
                     lambda rel, is_dir: "__pycache__" not in rel.parts))
     heavy = {site / n for n in plan.heavy}
+    if plan.syslibs:  # after the shared layers, so they stay shared
+        out.append(("L-syslibs", Path("/"), "/", lambda rel, is_dir: False))
 
     def rest(rel: Path, is_dir: bool) -> bool:
         under = next((h for h in heavy if rel == h or h in rel.parents), None)
@@ -215,11 +257,31 @@ def assemble_context(plan: ImagePlan, ctx: Path) -> None:
     old = os.path.realpath(plan.venv).encode()
     for name, src, dest, keep in _layers(plan):
         root = ctx / name
+        if name == "L-syslibs":  # copies (never links: nothing of the host's /usr is touched), symlinks as such
+            for lib in plan.syslibs:
+                target = root / lib.lstrip("/")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if os.path.islink(lib):
+                    os.symlink(os.readlink(lib), target)
+                else:
+                    shutil.copy2(lib, target)
+            for d in [root, *(p for p in root.rglob("*") if p.is_dir())]:
+                os.chmod(d, 0o755)
+            continue
         target = root / dest.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
         for d in [root, *(p for p in target.parents if root in p.parents)]:
             os.chmod(d, 0o755)
         _mirror(src, target, keep, old if name == "L-venv" else None, VENV_IN_IMAGE.encode())
+
+
+def _mounted(image: str, engine: str) -> Path:
+    """Where ``image``'s files are (``podman image mount``, root only): what the base image already holds."""
+    r = subprocess.run([engine, "image", "mount", image], capture_output=True, text=True)
+    if r.returncode != 0 or not r.stdout.strip():
+        raise MLBenchError(f"cannot read the files of {image}: {r.stderr.strip()[-300:]}", image,
+                           "build images as root (podman image mount)")
+    return Path(r.stdout.strip())
 
 
 def image_current(tag: str, recipe_hash: str, engine: str = "podman") -> bool:
@@ -249,7 +311,8 @@ def build_env_image(recipe, folder: Path, engine: str = "podman", base: str | No
         return {**info, "tag": tag}
     base = base or build_base_image(BASE_TAG, engine=engine)
     t0 = time.monotonic()
-    plan = image_plan(folder)
+    plan = image_plan(folder, base_root=_mounted(base, engine))
+    subprocess.run([engine, "image", "unmount", base], capture_output=True)
     ctx = folder / "image-context"
     assemble_context(plan, ctx)
     (ctx / "Containerfile").write_text(containerfile(recipe, plan, base))

@@ -20,6 +20,7 @@ from mlbench_kit.eval.images import (
     apptainer_def,
     containerfile,
     env_image_tag,
+    system_libraries,
 )
 from mlbench_kit.eval.recipes import load_recipes
 
@@ -65,6 +66,31 @@ def test_containerfile_copies_the_build_and_installs_nothing():
     d = apptainer_def(r)
     assert f"Bootstrap: docker-archive\nFrom: mlbench-env-bert-{r.hash}.docker.tar\n" in d
     assert "mlbench.recipe " + r.hash in d and "pip" not in d
+
+
+XEXT = Path("/usr/lib/x86_64-linux-gnu/libXext.so.6.4.0")
+
+
+@pytest.mark.skipif(not XEXT.is_file() or shutil.which("ldd") is None, reason="needs libxext6 and ldd")
+def test_host_libraries_the_base_image_lacks_go_into_the_image(tmp_path):
+    """bwrap runs an environment on the host's /usr: a binary of the venv that links a library the base image
+    lacks (open3d: libX11, libGL; torch 1.7.1: libgomp) failed in podman only (learning3d: 7 rows differed)."""
+    venv = tmp_path / "venv" / "lib"
+    venv.mkdir(parents=True)
+    shutil.copy(XEXT, venv / "_ext.cpython-311-x86_64-linux-gnu.so")  # links libX11.so.6, libc.so.6, ...
+    empty = tmp_path / "base"
+    empty.mkdir()
+    libs = system_libraries([tmp_path / "venv"], empty)
+    # canonical paths (Debian 12's /lib is usr/lib), each symlink with its file
+    x11 = "/usr/lib/x86_64-linux-gnu/libX11.so.6"
+    assert x11 in libs and os.path.realpath(x11) in libs and "/usr/lib/x86_64-linux-gnu/libc.so.6" in libs
+    assert not any(p.startswith("/lib/") for p in libs)
+    base = tmp_path / "base2"
+    for p in libs:  # a base image that has all of them but libX11
+        if "libX11" not in p:
+            (base / p.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+            (base / p.lstrip("/")).touch()
+    assert system_libraries([tmp_path / "venv"], base) == (x11, os.path.realpath(x11))
 
 
 @pytest.mark.integration
