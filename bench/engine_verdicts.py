@@ -4,8 +4,8 @@ under the same --workers/--cpus, row by row.
 For each repository, bwrap then podman (one after the other, so both see the same load on this shared machine),
 each run in its own folder; a finished run is never redone, so the command resumes after an interruption and
 a later call with more --repos adds to the table. Then every (row, mode) verdict is compared. A row whose
-verdicts differ is listed with both durations, exit codes and causes: it is *timing-sensitive* when either
-side reached the time limit (compat passes an answer still running there) or ran within --margin seconds of it,
+verdicts differ is listed with both durations, exit codes and causes: it is *timing-sensitive* when both sides
+ended at the limit (one still running there, which compat passes, the other within --margin seconds of it),
 otherwise a *defect* to fix.
 
     python bench/engine_verdicts.py --data ../shared/mlbench/full.jsonl --out runs/engine-verdicts \\
@@ -107,8 +107,8 @@ def compare(repos: list[str], a: argparse.Namespace, metas: dict) -> str:
                   "duration | kind |"), "|---|---|---|---|---|---|"]
         for repo, (rid, mode), b, p in diffs:
             lim = limit_of.get(repo) or _limit(b, p)
-            timing = any(x.get("timed_out") for x in (b, p)) or any(
-                abs((x.get("duration") or 0) - lim) <= a.margin for x in (b, p))
+            # both sides at the limit: one still running there, the other ending within the margin of it
+            timing = all(x.get("timed_out") or abs((x.get("duration") or 0) - lim) <= a.margin for x in (b, p))
             lines.append(f"| {repo} | {rid} | {mode} | {_fmt(b)} | {_fmt(p)} | "
                          f"{'timing-sensitive' if timing else 'DEFECT'} |")
     ident_causes = _cause_differences(repos, a)
