@@ -5,6 +5,7 @@
     mlbench env list                                                     # recipes, builds, validation
     mlbench env check                                                    # each build probed in the sandbox
     mlbench env validate --data ../shared/mlbench/full.jsonl --out runs/validation
+    mlbench env export bert --format sif-recipe --out images/            # archive + Apptainer definition
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="CPU quota of one execution in cores (default 1; 0: none). Compat passes an answer still "
                         "running at the limit, so without a quota a verdict depends on what runs beside it")
     v.add_argument("--backend", default="bwrap", choices=["bwrap", "podman"])
+    ex = sub.add_parser("export", parents=[common], help="write built images to files (OCI archive, docker-archive, "
+                                                         "or an Apptainer definition for a SIF), for clusters")
+    ex.add_argument("--format", required=True, choices=["oci", "docker-archive", "sif-recipe"])
+    ex.add_argument("--out", required=True, help="folder for the archives (and definitions)")
+    ex.add_argument("--image", help="export this tag instead of the repositories' images")
     bi = sub.add_parser("base-image", help="the podman base image from a Debian root filesystem (no registry)")
     bi.add_argument("--mirror", default="http://deb.debian.org/debian")
     bi.add_argument("--force", action="store_true")
@@ -64,7 +70,7 @@ def _cache(args: Namespace) -> Path:
 def run(args: Namespace) -> int:
     """Dispatch ``mlbench env``."""
     return {"build": _build, "list": _list, "prune": _prune, "check": _check, "validate": _validate,
-            "base-image": _base_image}[args.env_cmd](args)
+            "export": _export, "base-image": _base_image}[args.env_cmd](args)
 
 
 def _prune(args: Namespace) -> int:
@@ -210,4 +216,21 @@ def _validate(args: Namespace) -> int:
 def _base_image(args: Namespace) -> int:
     from .envs.images import BASE_TAG, build_base_image
     print(build_base_image(BASE_TAG, mirror=args.mirror, force=args.force))
+    return 0
+
+
+def _export(args: Namespace) -> int:
+    """Each image as a file a cluster can use without a registry; sif-recipe adds the Apptainer definition."""
+    from .images import apptainer_def, env_image_tag, export_image, sif_command
+    out = Path(args.out)
+    if args.image:
+        todo = [(args.image, None)]
+    else:
+        todo = [(env_image_tag(r.repo, r.hash), apptainer_def(r)) for r in load_recipes(args.recipes, args.repos or None)]
+    for tag, definition in todo:
+        files = export_image(tag, args.format, out, definition=definition)
+        for f in files:
+            print(f)
+        if args.format == "sif-recipe":
+            _log(f"env export: {tag}: {sif_command(files[1])}  (or: apptainer build X.sif docker-archive://{files[0]})")
     return 0

@@ -12,10 +12,12 @@ PY=${PYTHON:-python3}
 : > "$LOG"
 # System packages, as root where apt exists: bubblewrap is eval's sandbox (its seccomp policy is compiled with
 # libseccomp2, which apt itself depends on), podman + runc its container backend
-# (mmdebstrap makes base images without a registry), git clones repositories, slurm-wlm and munge run the
-# one-node Slurm cluster of the sweep tests (slurm/cluster.sh)
+# (mmdebstrap makes base images without a registry), docker.io the docker backend's test (it starts dockerd
+# itself), git clones repositories, slurm-wlm and munge run the one-node Slurm cluster of the sweep tests
+# (slurm/cluster.sh)
 missing=()
-for pair in bwrap:bubblewrap git:git slurmctld:slurm-wlm munged:munge podman:podman runc:runc mmdebstrap:mmdebstrap; do
+for pair in bwrap:bubblewrap git:git slurmctld:slurm-wlm munged:munge podman:podman runc:runc mmdebstrap:mmdebstrap \
+            dockerd:docker.io; do
   command -v "${pair%%:*}" >/dev/null || missing+=("${pair##*:}")
 done
 if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

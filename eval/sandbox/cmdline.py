@@ -23,6 +23,9 @@ SANDBOX = "/sandbox"
 REPORT_FD = 3  # the runner's report pipe (bwrap, podman)
 NONCE_ENV = "MLBENCH_REPORT_NONCE"  # engines that cannot pass a pipe: the report goes to stderr under this nonce
 SECCOMP_FD = 4  # bwrap reads the compiled seccomp policy from it
+# the runner in a container: the base image's Python (>= 3.9, standard library), never the environment's, which
+# may be older than the runner supports (bert's 3.7) and is not the runner's to trust
+CONTAINER_RUNNER_PYTHON = "/usr/bin/python3"
 _MASKED_PROC = ("/proc/keys", "/proc/key-users", "/proc/kcore", "/proc/timer_list", "/proc/sched_debug",
                 "/proc/latency_stats")
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/etc")
@@ -168,7 +171,7 @@ def container_argv(engine: str, image: str, name: str, m: Mounts, mem_mb: int, p
                  "--tmpfs", f"{SANDBOX}/work:rw,size={m.disk_mb}m,uid={uid}",
                  "--tmpfs", f"{SANDBOX}/home:rw,size={tmp_mb}m,uid={uid}", "-e", NONCE_ENV]
         report = "stderr"
-    return argv + ["-w", f"{SANDBOX}/work", image] + runner_argv("python3", report)
+    return argv + ["-w", f"{SANDBOX}/work", image] + runner_argv(CONTAINER_RUNNER_PYTHON, report)
 
 
 def apptainer_argv(image: str, job: Path, src: str) -> list[str]:
@@ -178,4 +181,4 @@ def apptainer_argv(image: str, job: Path, src: str) -> list[str]:
     return ["apptainer", "exec", "--containall", "--cleanenv", "--no-home", "--no-init", "--pid", "--ipc",
             "--net", "--network", "none", "--no-privs", "--writable-tmpfs", "--bind", f"{src}:{SANDBOX}/src:ro",
             "--bind", f"{job}:{SANDBOX}/job:ro", "--pwd", "/", image,
-            *runner_argv("python3", "stderr")]
+            *runner_argv(CONTAINER_RUNNER_PYTHON, "stderr")]
