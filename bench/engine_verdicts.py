@@ -23,8 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from mlbench_kit.envspec import load_recipes
 from mlbench_kit.eval.envcli import RECIPES
-from mlbench_kit.eval.recipes import load_recipes
 
 BACKENDS = ("bwrap", "podman")
 
@@ -94,7 +94,8 @@ def compare(repos: list[str], a: argparse.Namespace, metas: dict) -> str:
                          f"{f' (+{len(missing)} missing)' if missing else ''} | {both_to} | {secs[0]} ({cpu[0]}) | "
                          f"{secs[1]} ({cpu[1]}) |")
             t = totals[mode]
-            t[0] += len(keys); t[1] += bp; t[2] += pp; t[3] += len(same); t[4] += len(differ); t[5] += both_to
+            for i, n in enumerate((len(keys), bp, pp, len(same), len(differ), both_to)):
+                t[i] += n
             for k in differ:
                 diffs.append((repo, k, v["bwrap"][k], v["podman"][k]))
     for mode, t in totals.items():

@@ -221,12 +221,13 @@ def _base_image(args: Namespace) -> int:
 
 def _export(args: Namespace) -> int:
     """Each image as a file a cluster can use without a registry; sif-recipe adds the Apptainer definition."""
-    from .images import apptainer_def, env_image_tag, export_image, sif_command
+    from .envs.images import apptainer_def, env_image_tag, export_image, sif_command
     out = Path(args.out)
     if args.image:
         todo = [(args.image, None)]
     else:
-        todo = [(env_image_tag(r.repo, r.hash), apptainer_def(r)) for r in load_recipes(args.recipes, args.repos or None)]
+        todo = [(env_image_tag(r.repo, r.hash), apptainer_def(r))
+                for r in load_recipes(args.recipes, args.repos or None)]
     for tag, definition in todo:
         files = export_image(tag, args.format, out, definition=definition)
         for f in files:

@@ -158,8 +158,9 @@ def _layers(plan: ImagePlan) -> list[tuple[str, Path, str, Callable[[Path, bool]
         own = Path(plan.interpreter)
         site_rel = {p.relative_to(own) for p in own.glob("lib/python3*/site-packages")}
         # the interpreter's own site-packages stay out: the venv does not see them
-        out.append(("L-python", own, plan.interpreter,
-                    lambda rel, is_dir, s=site_rel: not any(p in s for p in rel.parents)))
+        def outside_site(rel: Path, is_dir: bool, s: set[Path] = site_rel) -> bool:
+            return not any(p in s for p in rel.parents)
+        out.append(("L-python", own, plan.interpreter, outside_site))
     for name in plan.heavy:
         out.append((f"L-pkg-{name}", venv / site / name, f"{VENV_IN_IMAGE}/{site}/{name}",
                     lambda rel, is_dir: "__pycache__" not in rel.parts))

@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO_ROOT, SAMPLE
-from mlbench_kit.eval.images import (
+
+from mlbench_kit.cli import main
+from mlbench_kit.envspec import load_recipes
+from mlbench_kit.eval.envs.images import (
     IMAGE_LAYOUT,
     ImagePlan,
     apptainer_def,
@@ -22,9 +25,6 @@ from mlbench_kit.eval.images import (
     env_image_tag,
     system_libraries,
 )
-from mlbench_kit.eval.recipes import load_recipes
-
-from mlbench_kit.cli import main
 
 FIXTURES = REPO_ROOT / "configs" / "eval" / "envs-sample"
 RUN = ["--runtime", "runc", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4096:4096", "--rm", "--network",
@@ -184,7 +184,8 @@ def test_export_oci_docker_archive_and_sif_recipe_load_back(tmp_path, base_image
             assert r.returncode == 0, r.stderr
             loaded = tag if name.endswith(".docker.tar") else r.stdout.strip().rsplit(" ", 1)[-1]
             r = _podman(*store, "run", *RUN, loaded, "python", "-c",
-                        "import sys, pathlib; print(sys.prefix, sorted(p.name for p in pathlib.Path('/opt/checkout').iterdir())[:2])")
+                        "import sys, pathlib; "
+                        "print(sys.prefix, sorted(p.name for p in pathlib.Path('/opt/checkout').iterdir())[:2])")
             assert r.returncode == 0 and r.stdout.startswith("/opt/venv ["), (r.stdout, r.stderr)
         finally:
             _podman(*store, "system", "reset", "--force")
