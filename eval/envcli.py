@@ -223,6 +223,7 @@ def _export(args: Namespace) -> int:
     """Each image as a file a cluster can use without a registry; sif-recipe adds the Apptainer definition."""
     from .envs.images import apptainer_def, env_image_tag, export_image, sif_command
     out = Path(args.out)
+    todo: list[tuple[str, str | None]]
     if args.image:
         todo = [(args.image, None)]
     else:
