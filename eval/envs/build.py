@@ -226,6 +226,7 @@ class Builder:
 def write_envs_yaml(cache: Path, recipes: list[Recipe], images: dict[str, str] | None = None) -> Path:
     """``CACHE/envs.yaml``: the builds of the current ``recipes``, in the format ``mlbench eval --envs`` reads.
     A repository whose current recipe is not built keeps the entry it had (an earlier build stays usable)."""
+    cache = cache.resolve()  # the file is read from anywhere: a relative --cache would resolve against it
     target = cache / "envs.yaml"
     repos: dict[str, dict] = {}
     if target.is_file():

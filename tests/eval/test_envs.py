@@ -227,3 +227,20 @@ def test_fixture_image_from_recipe_runs_the_sample_in_podman(tmp_path, base_imag
     assert main(["eval", "--data", str(SAMPLE), "--gold", "--envs", str(cache / "envs.yaml"), "--out", str(out),
                  "--backend", "podman", "--no-ci"]) == 0
     assert json.loads((out / "summary.json").read_text())["metrics"]["overall"]["pass@1"] == 1.0
+
+
+def test_envs_yaml_from_a_relative_cache_resolves_from_anywhere(tmp_path, monkeypatch):
+    # `mlbench env build --cache rel` wrote rel/envs/... paths into rel/envs.yaml, which the file's readers resolve
+    # against the file's folder: rel/rel/envs/..., not found
+    from mlbench_kit.eval.envs.build import write_envs_yaml
+    recipe = load_recipes(FIXTURES)[0]
+    monkeypatch.chdir(tmp_path)
+    d = env_dir(Path("rel"), recipe)
+    (d / "checkout").mkdir(parents=True)
+    (d / "venv" / "bin").mkdir(parents=True)
+    (d / "venv" / "bin" / "python").write_text("")
+    (d / "meta.json").write_text("{}")
+    target = write_envs_yaml(Path("rel"), [recipe])
+    monkeypatch.chdir(REPO_ROOT)
+    env = EnvConfig(tmp_path / target).for_repo(recipe.repo)
+    assert env.checkout == (tmp_path / d / "checkout").resolve() and env.prefix == str((tmp_path / d / "venv").resolve())
