@@ -243,4 +243,5 @@ def test_envs_yaml_from_a_relative_cache_resolves_from_anywhere(tmp_path, monkey
     target = write_envs_yaml(Path("rel"), [recipe])
     monkeypatch.chdir(REPO_ROOT)
     env = EnvConfig(tmp_path / target).for_repo(recipe.repo)
-    assert env.checkout == (tmp_path / d / "checkout").resolve() and env.prefix == str((tmp_path / d / "venv").resolve())
+    assert env.checkout == (tmp_path / d / "checkout").resolve()
+    assert env.prefix == str((tmp_path / d / "venv").resolve())
