@@ -35,7 +35,7 @@ from mlbench_kit.eval.sandbox import (
     seccomp,
     warm_summary,
 )
-from mlbench_kit.eval.sandbox.cmdline import Identity, Mounts, container_argv
+from mlbench_kit.eval.sandbox.cmdline import CONTAINER_RUNNER_PYTHON, Identity, Mounts, container_argv
 from mlbench_kit.eval.sandbox.engines import Launch
 from mlbench_kit.eval.static_cli import check_command
 
@@ -391,7 +391,8 @@ def test_one_engine_per_backend(tmp_path):
 
     docker = command("docker", user, False)
     assert docker[:2] == ["docker", "run"] and f"{REPO.resolve()}:/sandbox/src:ro" in docker
-    assert docker[docker.index("img:1") + 1:] == ["python3", "-I", "-S", "/sandbox/job/runner.py",
+    # in a container the runner runs on the base image's Python, never the environment's (bert's is 3.7)
+    assert docker[docker.index("img:1") + 1:] == [CONTAINER_RUNNER_PYTHON, "-I", "-S", "/sandbox/job/runner.py",
                                                   "/sandbox/job/spec.json", "stderr"]
     apptainer = command("apptainer", user, False)
     assert apptainer[:2] == ["apptainer", "exec"] and "img:1" in apptainer and apptainer[-1] == "stderr"
