@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from mlbench_kit.config import flag_overrides
 from mlbench_kit.dataset import Sample, load_samples
 from mlbench_kit.deprecation import deprecated_flag
 from mlbench_kit.errors import MLBenchError
@@ -71,10 +71,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def resolve_config(args: argparse.Namespace) -> PrepConfig:
     """The run's options: ``--config`` (else the defaults), then every flag given."""
-    flag = {"hf": "--no-hf"}
-    overrides = {k: (getattr(args, k), flag.get(k, "--" + k.replace("_", "-")))
-                 for k in (f.name for f in dataclasses.fields(PrepConfig)) if getattr(args, k, None) is not None}
-    return load_prep_config(args.config, overrides)
+    return load_prep_config(args.config, flag_overrides(PrepConfig, args, {"hf": "--no-hf"}))
 
 
 def _load(cfg: PrepConfig) -> dict[str, list[Sample]]:

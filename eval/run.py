@@ -7,7 +7,6 @@ finished run re-run does nothing, and ``--rescore`` recomputes metrics without e
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import json
 import math
@@ -23,6 +22,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from mlbench_kit.config import flag_overrides
 from mlbench_kit.dataset import Sample, load_samples
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.eval_config import BACKENDS, MODES, EvalConfig, load_eval_config
@@ -104,11 +104,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def resolve_config(args: argparse.Namespace) -> EvalConfig:
     """The run's options: ``--config`` (else the defaults), then every flag given."""
-    keys = [f.name for f in dataclasses.fields(EvalConfig)]
-    flag = {"ci": "--no-ci"}
-    overrides = {k: (getattr(args, k), flag.get(k, "--" + k.replace("_", "-"))) for k in keys
-                 if getattr(args, k, None) is not None}
-    return load_eval_config(args.config, overrides)
+    return load_eval_config(args.config, flag_overrides(EvalConfig, args, {"ci": "--no-ci"}))
 
 
 def default_threads(cpus: float | None, workers: int) -> int:
