@@ -11,6 +11,8 @@ against the exact GPU's dense bf16 peak (none for a GPU the table does not know)
 ran (the loaded model's resolved ``config._attn_implementation``) with how packed rows reach it.
 
     python bench/gpu_train.py                 # on a GPU: the three paper models, LoRA and QLoRA
+    python bench/gpu_train.py --models codellama-7b-instruct --levers baseline flex fused-loss ckpt-every-2 \
+        no-ckpt compile baseline              # each lever alone, against a baseline timed in the same run
     python bench/gpu_train.py --toy           # on CPU: the same code path at a toy shape (CI)
     python bench/gpu_train.py --restate bench/results/gpu_train_h100_codellama.json   # MFU of a stored result
 """
@@ -40,6 +42,11 @@ SHAPES = {  # the released configs' shape-defining fields
                                 max_position_embeddings=16384, rope_theta=1e5),
     "llama-2-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
                        num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096),
+}
+SMALL = {  # a real small Llama (SmolLM2-135M-Instruct's shape): big vocabulary for its width, tied lm_head
+    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192,
+                         tie_word_embeddings=True, rope_theta=1e5),
 }
 TOY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
            vocab_size=1000, max_position_embeddings=1024)
@@ -84,11 +91,13 @@ def packed_rows(lengths: list[int], seq_len: int, vocab: int, n: int, seed: int 
 
 def utilisation(shape: dict, rows: list[list[int]], seconds: float, attention: str, device_name: str,
                 sm_count: int | None = None, memory_gib: float | None = None, lora_r: int = 16,
-                checkpointing: bool = True) -> dict:
-    """MFU and HFU of timed ``rows`` (each: its samples' lengths) that took ``seconds`` on ``device_name``."""
+                recomputed: int | None = None) -> dict:
+    """MFU and HFU of timed ``rows`` (each: its samples' lengths) that took ``seconds`` on ``device_name``;
+    ``recomputed``: the decoder layers under activation checkpointing (default: all, the recipe's default)."""
     from mlbench_kit.train.config import LoraConfig
     from mlbench_kit.train.flops import ModelShape, gpu_peak, step_flops
-    f = step_flops(ModelShape.from_config(shape), rows, lora_r, LoraConfig().target_modules, checkpointing,
+    ms = ModelShape.from_config(shape)
+    f = step_flops(ms, rows, lora_r, LoraConfig().target_modules, ms.layers if recomputed is None else recomputed,
                    attention)
     peak = gpu_peak(device_name, sm_count, memory_gib) if device_name != "cpu" else None
     return {"model_gflop_per_token": round(f.model / f.tokens / 1e9, 3) if f.tokens else None,
@@ -121,28 +130,65 @@ def _packed_path(attention: str, rows: list[list[int]]) -> str:
     return PACKED_PATH.get(attention, "unknown") if any(len(r) > 1 for r in rows) else "unpacked"
 
 
+LEVERS = {  # one change each against the recipe's defaults (the baseline), as TrainConfig fields
+    "baseline": {},
+    "flex": {"attn_implementation": "flex_attention"},  # packed rows as a BlockMask (no backward on CPU)
+    "ckpt-every-2": {"gradient_checkpointing_every_n_layers": 2},
+    "no-ckpt": {"gradient_checkpointing": False},
+    "fused-loss": {"fused_linear_loss": True},
+    "compile": {"compile": True},
+}
+
+
+def _reset_peak_rss() -> bool:
+    """Reset this process's peak resident memory (Linux: ``clear_refs`` 5), so each run reports its own."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_rss_gib() -> float | None:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 2**20, 2)
+    return None
+
+
 def run_one(name: str, shape: dict, mode: str, folder: Path, lengths: list[int], steps: int, warmup: int,
-            device: str, loss_chunk: int = 4096, packed: bool = True, attention: str = "auto") -> dict:
+            device: str, loss_chunk: int = 4096, packed: bool = True, attention: str = "auto",
+            lever: str = "baseline", seq_len: int | None = None) -> dict:
+    """One timed setup through the recipe's own parts (``train/model.py``, ``train/loss.py``): load, LoRA (or
+    QLoRA), the ``lever``'s change, ``warmup`` untimed steps, then ``steps`` timed ones."""
     from mlbench_kit.train.config import TrainConfig
-    from mlbench_kit.train.data import token_losses
     from mlbench_kit.train.flops import rows_from_positions
+    from mlbench_kit.train.loss import LinearLoss, micro_batch_losses
     from mlbench_kit.train.model import (
         DTYPES,
         add_lora,
+        checkpointed_layers,
+        compile_layers,
         load_base,
         resolve_attention,
         resolve_precision,
     )
-    cfg = TrainConfig(model=str(folder), quantization="nf4" if mode == "qlora" else None, gradient_checkpointing=True)
+    change = dict(LEVERS[lever])
+    fields = {"gradient_checkpointing": True, "loss_chunk_tokens": loss_chunk, "attn_implementation": attention}
+    cfg = TrainConfig(model=str(folder), quantization="nf4" if mode == "qlora" else None, **(fields | change))
     precision = resolve_precision("auto")
-    attention = resolve_attention("auto") if attention == "auto" else attention
+    attention = resolve_attention(cfg.attn_implementation)
+    rss = device == "cpu" and _reset_peak_rss()
     model = add_lora(load_base(cfg, precision, attention), cfg)
     if mode == "lora":
         model.to(device)
     params = sum(p.numel() for p in model.parameters())
     ran = str(getattr(model.config, "_attn_implementation", attention))  # what transformers resolved, not asked
+    recomputed = checkpointed_layers(model)
+    linear_loss = LinearLoss(model, loss_chunk) if cfg.fused_linear_loss else None
+    compiled = compile_layers(model) if cfg.compile else 0
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-4)
-    seq_len = shape["max_position_embeddings"] if shape["max_position_embeddings"] <= 8192 else 8192
+    seq_len = seq_len or min(shape["max_position_embeddings"], 8192)
     rows = packed_rows(lengths, seq_len, shape["vocab_size"], steps + warmup, packed=packed)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -161,9 +207,8 @@ def run_one(name: str, shape: dict, mode: str, folder: Path, lengths: list[int],
             timed += rows_from_positions(b["position_ids"], b.get("attention_mask"))
         b = {k: v.to(device) for k, v in b.items() if k != "real_tokens"}
         with autocast:
-            logits = model(input_ids=b["input_ids"], position_ids=b["position_ids"],
-                           attention_mask=b.get("attention_mask"), use_cache=False).logits
-        loss = token_losses(logits, b["labels"], loss_chunk).sum() / (b["labels"] != -100).sum()
+            losses = micro_batch_losses(model, b, loss_chunk, linear_loss)
+        loss = losses.sum() / (b["labels"] != -100).sum()
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -176,14 +221,18 @@ def run_one(name: str, shape: dict, mode: str, folder: Path, lengths: list[int],
     if device == "cuda":
         p = torch.cuda.get_device_properties(torch.cuda.current_device())
         gpu, sms, gib = p.name, p.multi_processor_count, p.total_memory / 2**30
-    res = {"model": name, "mode": mode, "packed": packed, "loss_chunk": loss_chunk, "device": gpu, "sm_count": sms,
-           "precision": precision, "autocast": amp, "attention_requested": attention, "attention": ran,
-           "attention_packed": _packed_path(ran, timed), "seq_len": seq_len, "steps": steps,
-           "tokens_per_s": round(tps, 1), "params": params,
+    res = {"model": name, "mode": mode, "lever": lever, "change": change, "packed": packed, "loss_chunk": loss_chunk,
+           "device": gpu, "sm_count": sms, "precision": precision, "autocast": amp,
+           "attention_requested": cfg.attn_implementation, "attention": ran,
+           "attention_packed": _packed_path(ran, timed), "checkpointed_layers": recomputed,
+           "compiled_layers": compiled, "loss_impl": "fused_linear" if linear_loss else "logits", "seq_len": seq_len,
+           "steps": steps, "tokens_per_s": round(tps, 1), "params": params,
            "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
            "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device == "cuda" else None,
-           **utilisation(shape, timed, dt, ran, gpu, sms, gib), "loss": round(loss.item(), 4)}
-    del model, opt, logits, loss
+           "peak_rss_gib": _peak_rss_gib() if rss else None,
+           **utilisation(shape, timed, dt, ran, gpu, sms, gib, recomputed=recomputed),
+           "final_loss": round(loss.item(), 4)}
+    del model, opt, losses, loss
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -206,11 +255,15 @@ def build(shape: dict, folder: Path, device: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="+", default=list(SHAPES))
+    ap.add_argument("--models", nargs="+", default=list(SHAPES), choices=[*SHAPES, *SMALL])
     ap.add_argument("--modes", nargs="+", default=["lora", "qlora"], choices=["lora", "qlora"])
+    ap.add_argument("--levers", nargs="+", default=["baseline"], choices=list(LEVERS),
+                    help="runs, each one change against the recipe's defaults, timed in this order (a name may "
+                         "repeat: a second baseline at the end shows the machine's drift)")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--toy", action="store_true", help="a toy shape (CPU, CI)")
+    ap.add_argument("--seq-len", type=int, help="packed row length (default: the model's positions, at most 8,192)")
     ap.add_argument("--loss-chunk", type=int, default=4096, help="cross-entropy chunk (tokens); >= seq_len: none")
     ap.add_argument("--unpacked", action="store_true", help="one sample per micro-batch (the baseline to packing)")
     ap.add_argument("--attention", default="auto", help="auto (the recipe's choice), sdpa, flex_attention, ...")
@@ -223,27 +276,45 @@ def main() -> None:
         return
     device = "cuda" if torch.cuda.is_available() else "cpu"
     lengths = task3_lengths(Path(a.shared))
-    shapes = {"toy": TOY} if a.toy else {m: SHAPES[m] for m in a.models}
+    shapes = {"toy": TOY} if a.toy else {m: (SHAPES | SMALL)[m] for m in a.models}
     results = []
     for name, shape in shapes.items():
         folder = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
         try:
             build(shape, folder, device)
             for mode in a.modes:
-                r = run_one(name, shape, mode, folder, lengths, a.steps, a.warmup, device, a.loss_chunk,
-                            not a.unpacked, a.attention)
-                results.append(r)
-                print(json.dumps(r), flush=True)
+                for lever in a.levers:
+                    r = run_one(name, shape, mode, folder, lengths, a.steps, a.warmup, device, a.loss_chunk,
+                                not a.unpacked, a.attention, lever, a.seq_len)
+                    results.append(r)
+                    print(json.dumps(r), flush=True)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
-    print("\n| model | mode | tokens/s | peak GiB | MFU | HFU | attention (packed rows) | device |\n"
-          "|---|---|---|---|---|---|---|---|", file=sys.stderr)
-    for r in results:
-        print(f"| {r['model']} | {r['mode']} | {r['tokens_per_s']:.0f} | {r['peak_mem_gib']} | {r['mfu']} | "
-              f"{r['hfu']} | {r['attention']} ({r['attention_packed']}) | {r['gpu'] or r['device']} |",
-              file=sys.stderr)
+    print(table(results), file=sys.stderr)
     if a.out:
         Path(a.out).write_text(json.dumps(results, indent=2))
+
+
+def table(results: list[dict]) -> str:
+    """The results as a Markdown table; each run's tokens/s and peak memory also as a ratio to the first
+    baseline of its model and mode in the same run."""
+    base: dict[tuple[str, str], dict] = {}
+    for r in results:
+        if r["lever"] == "baseline":
+            base.setdefault((r["model"], r["mode"]), r)
+    lines = ["| model | mode | lever | tokens/s | × baseline | peak GiB | × baseline | MFU | HFU "
+             "| attention (packed rows) | recomputed layers | loss | device |", "|" + "---|" * 13]
+    for r in results:
+        b = base.get((r["model"], r["mode"]))
+        mem_key = "peak_mem_gib" if r["peak_mem_gib"] is not None else "peak_rss_gib"
+        mem = r[mem_key]
+        speed = f"{r['tokens_per_s'] / b['tokens_per_s']:.2f}" if b else "-"
+        mem_ratio = f"{mem / b[mem_key]:.2f}" if b and mem and b[mem_key] else "-"
+        lines.append(f"| {r['model']} | {r['mode']} | {r['lever']} | {r['tokens_per_s']:.0f} | {speed} | "
+                     f"{mem}{'' if mem_key == 'peak_mem_gib' else ' (RSS)'} | {mem_ratio} | {r['mfu']} | {r['hfu']} | "
+                     f"{r['attention']} ({r['attention_packed']}) | {r['checkpointed_layers']} | {r['loss_impl']} | "
+                     f"{r['gpu'] or r['device']} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

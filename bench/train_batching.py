@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 
 from mlbench_kit.hf import load_tokenizer
-from mlbench_kit.train.data import collate, epoch_batches, load_examples, token_losses
+from mlbench_kit.train.data import collate, epoch_batches, load_examples
+from mlbench_kit.train.loss import token_losses
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from tiny import build_llama, build_tokenizer  # noqa: E402  (examples/tiny.py)

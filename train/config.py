@@ -100,6 +100,11 @@ class TrainConfig:
     quantization: Literal["nf4"] | None = None  # nf4: QLoRA (NF4, double quantization)
     optim: OptimConfig = field(default_factory=OptimConfig)
     gradient_checkpointing: bool = True
+    # checkpoint one decoder layer in every n (transformers' every_n_layers): 1 = all; larger trades the memory
+    # that full checkpointing frees, when it goes unused, for fewer recomputed layers (selective checkpointing)
+    gradient_checkpointing_every_n_layers: int = 1
+    # torch.compile each decoder layer (torchtune's per-layer compile): the first steps pay the compile
+    compile: bool = False
     # auto: flash_attention_3 on Hopper when installed, else flash_attention_2 on Ampere+ when installed (packed
     # batches then run varlen), else sdpa (train/model.py: choose_attention)
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2", "flash_attention_3",
@@ -107,6 +112,9 @@ class TrainConfig:
     # auto: bf16 on GPUs that have it, fp16 with loss scaling on those that do not, fp32 on CPU
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
     loss_chunk_tokens: int = 4096  # cross-entropy in chunks of this many tokens: no full fp32 [T, vocab] logits
+    # lm_head inside those chunks (train/loss.py: LinearLoss, a torch-native fused linear cross-entropy): no
+    # [T, vocab] logits at all, nor accelerate's fp32 copy of them
+    fused_linear_loss: bool = False
     seed: int = 42
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
@@ -116,6 +124,12 @@ class TrainConfig:
     def check(self, at: Check) -> None:
         if not self.model:
             raise MLBenchError("no model given", at("model"), "set `model:` in the config or pass --model")
+        if self.gradient_checkpointing_every_n_layers < 1:
+            raise MLBenchError("gradient_checkpointing_every_n_layers must be at least 1",
+                               at("gradient_checkpointing_every_n_layers"),
+                               "1 checkpoints every layer; gradient_checkpointing: false checkpoints none")
+        if self.loss_chunk_tokens < 1:
+            raise MLBenchError("loss_chunk_tokens must be at least 1", at("loss_chunk_tokens"), "e.g. 4096")
 
     @property
     def out(self) -> Path:
@@ -129,6 +143,16 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)
+
+    def identity(self) -> dict[str, Any]:
+        """What the run computes: the config without where it lives and without the keys that change only how a
+        step runs (``SPEED_KEYS``). A run folder and its checkpoints are resumed under the same identity, so a
+        run may be resumed with a lever turned on or off, and runs made before the levers existed resume."""
+        return {k: v for k, v in self.to_dict().items() if k != "output_dir" and k not in SPEED_KEYS}
+
+
+# how a step runs, not what it computes (tests hold each to the default's losses and gradients)
+SPEED_KEYS = frozenset({"gradient_checkpointing_every_n_layers", "compile", "fused_linear_loss"})
 
 
 # Short command-line flags for the keys people change most; anything else goes through --set a.b=value.

@@ -169,24 +169,3 @@ def varlen_kwargs(position_ids: torch.Tensor, device: Any = None) -> dict[str, A
     longest = max(b - a for a, b in itertools.pairwise(starts))
     cu = torch.tensor(starts, dtype=torch.int32, device=device)
     return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
-
-
-def _chunk_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    lg = logits.float()
-    return torch.nn.functional.cross_entropy(lg.reshape(-1, lg.size(-1)), labels.reshape(-1), ignore_index=IGNORE,
-                                             reduction="none").view(labels.shape)
-
-
-def token_losses(logits: torch.Tensor, labels: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
-    """Per-token next-token loss (0 where the label is IGNORE), shape [batch, seq-1].
-
-    Computed in chunks of ``chunk`` positions, each upcast to fp32 on its own and recomputed in the backward pass
-    (activation checkpointing), so no fp32 copy of the [seq, vocab] logits ever exists whole: at 8k tokens and a
-    32k vocabulary that copy, plus the log-softmax cross-entropy keeps for backward, is about 2 GB."""
-    from torch.utils.checkpoint import checkpoint
-    shift_logits, shift_labels = logits[:, :-1], labels[:, 1:]
-    out = []
-    for s in range(0, shift_labels.size(1), chunk):
-        lg, lb = shift_logits[:, s: s + chunk], shift_labels[:, s: s + chunk]
-        out.append(checkpoint(_chunk_loss, lg, lb, use_reentrant=False) if lg.requires_grad else _chunk_loss(lg, lb))
-    return torch.cat(out, dim=1) if out else shift_labels.new_zeros(shift_labels.shape, dtype=torch.float32)

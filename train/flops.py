@@ -85,9 +85,11 @@ class StepFlops:
 
 
 def step_flops(shape: ModelShape, rows: list[list[int]], lora_r: int, lora_targets: Iterable[str],
-               checkpointing: bool, attention: str) -> StepFlops:
+               checkpointed_layers: int, attention: str) -> StepFlops:
     """Model and hardware FLOPs of one forward + backward over ``rows`` (each row: the lengths of the samples
-    packed into it; padding excluded). ``attention`` is the kernel that ran (``PACKED_PATH``'s keys)."""
+    packed into it; padding excluded). ``checkpointed_layers``: how many decoder layers rerun their forward in
+    the backward pass (all of them under full activation checkpointing, none without, some when selective).
+    ``attention`` is the kernel that ran (``PACKED_PATH``'s keys)."""
     tokens = sum(sum(r) for r in rows)
     n, n_lora = shape.linear_params(), shape.lora_params(lora_r, lora_targets)
     attn_unit = 4 * shape.heads * shape.head_dim * shape.layers  # forward FLOPs per (query, key) pair, all layers
@@ -96,8 +98,10 @@ def step_flops(shape: ModelShape, rows: list[list[int]], lora_r: int, lora_targe
     dense = PACKED_PATH.get(attention) == "dense_mask"
     hw_pairs = sum(sum(r) ** 2 if dense and len(r) > 1 else causal_pairs(r) for r in rows)
     hardware = 4 * n * tokens + 6 * n_lora * tokens + 3 * attn_unit * hw_pairs
-    if checkpointing:  # each decoder layer's forward runs again in the backward pass; lm_head is outside it
-        hardware += (2 * shape.layers * shape.layer_linear_params() + 2 * n_lora) * tokens + attn_unit * hw_pairs
+    if checkpointed_layers:  # those decoder layers' forward runs again in the backward pass; lm_head is outside
+        k = min(checkpointed_layers, shape.layers)  # n_lora and attn_unit are per layer x layers
+        hardware += k * ((2 * shape.layer_linear_params() + 2 * n_lora // shape.layers) * tokens
+                         + attn_unit // shape.layers * hw_pairs)
     return StepFlops(float(model), float(hardware), tokens)
 
 

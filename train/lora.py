@@ -56,7 +56,7 @@ class LoRAFinetuneRecipe:
         self.cfg, self.resume = cfg, resume
         self.out = cfg.out
         # where the run lives is not part of it: a checkpoint copied to another folder resumes there
-        same = {k: v for k, v in cfg.to_dict().items() if k != "output_dir"}
+        same = cfg.identity()
         self.config_sha = _sha(same)
         # the same config as a run made before data.max_seq_len became data.max_context_tokens recorded it
         self.config_sha_before_rename = _sha(with_old_names(TrainConfig, same))
@@ -83,7 +83,8 @@ class LoRAFinetuneRecipe:
                 print(f"train: already finished: {self.final_adapter}", file=sys.stderr)
             return False
         if self.main:
-            claim_run_folder(self.out / "run.json", {"config": self.cfg.to_dict()},
+            settings = {"config": self.cfg.identity() | {"output_dir": self.cfg.output_dir}}
+            claim_run_folder(self.out / "run.json", settings,
                              upgrade=lambda old: rename_old_keys(TrainConfig, old.get("config")))
             save_resolved(self.cfg, self.out / "config.yaml")
         from accelerate.utils import set_seed
@@ -198,8 +199,12 @@ class LoRAFinetuneRecipe:
 
     def _setup_model(self) -> None:
         from mlbench_kit.train.flops import ModelShape, detect_gpu_peak
-        from mlbench_kit.train.model import add_lora, load_base
+        from mlbench_kit.train.loss import LinearLoss
+        from mlbench_kit.train.model import add_lora, checkpointed_layers, compile_layers, load_base
         self.model = add_lora(load_base(self.cfg, self.precision, self.attention), self.cfg)
+        self.recomputed_layers = checkpointed_layers(self.model)
+        self.linear_loss = LinearLoss(self.model, self.cfg.loss_chunk_tokens) if self.cfg.fused_linear_loss else None
+        self.compiled_layers = compile_layers(self.model) if self.cfg.compile else 0
         self.shape = ModelShape.from_config(self.model_config)
         self.device_name, self.peak = detect_gpu_peak()
         self.n_trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
@@ -274,7 +279,7 @@ class LoRAFinetuneRecipe:
                          "eval_samples": len(self.eval_set), "trainable_params": self.n_trainable,
                          "linear_4bit_modules": self.n_4bit, "world_size": self.world,
                          "distributed": _distribution(self.accelerator, self.model), "precision": self.precision,
-                         **self._attention_record(), "max_context_tokens": self.seq_len,
+                         **self._attention_record(), **self._speed_record(), "max_context_tokens": self.seq_len,
                          "device": self.device_name, "gpu": self.peak.label if self.peak else None,
                          "peak_tflops": self.peak.flops / 1e12 if self.peak else None,
                          "steps": self.total_steps, "notes": self.notes})
@@ -287,6 +292,13 @@ class LoRAFinetuneRecipe:
         ran = self.attention_ran
         packed = PACKED_PATH.get(ran, "unknown") if self.cfg.data.batching == "packing" else "unpacked"
         return {"attention": ran, "attention_requested": self.cfg.attn_implementation, "attention_packed": packed}
+
+    def _speed_record(self) -> dict[str, Any]:
+        """What this run does for speed and memory, as it was applied (not only as configured)."""
+        return {"checkpointed_layers": self.recomputed_layers, "decoder_layers": self.shape.layers,
+                "compiled_layers": self.compiled_layers,
+                "loss_impl": "fused_linear" if self.linear_loss else "logits",
+                "loss_chunk_tokens": self.cfg.loss_chunk_tokens}
 
     # -- training ------------------------------------------------------------------------------------------------
 
@@ -334,13 +346,14 @@ class LoRAFinetuneRecipe:
         micro-batch only. None when preemption was agreed before the step finished."""
         import torch
 
-        from mlbench_kit.train.data import collate, token_losses, varlen_kwargs
+        from mlbench_kit.train.data import collate, varlen_kwargs
         from mlbench_kit.train.flops import PACKED_PATH, rows_from_positions, step_flops
+        from mlbench_kit.train.loss import micro_batch_losses
         acc, model = self.accelerator, self.model
         batches = [collate(self.train_set, rows, self.tok.pad_token_id) for rows in group]
         flops = step_flops(self.shape, [r for b in batches for r in rows_from_positions(b["position_ids"],
                                                                                          b.get("attention_mask"))],
-                           self.cfg.lora.r, self.cfg.lora.target_modules, self.cfg.gradient_checkpointing,
+                           self.cfg.lora.r, self.cfg.lora.target_modules, self.recomputed_layers,
                            self.attention_ran)
         counts = torch.tensor([sum(int((b["labels"] != -100).sum()) for b in batches),
                                sum(int(b["real_tokens"]) for b in batches),
@@ -361,9 +374,7 @@ class LoRAFinetuneRecipe:
             extra = varlen_kwargs(b["position_ids"], acc.device) if varlen and "attention_mask" not in b else {}
             b = {k: v.to(acc.device) for k, v in b.items() if k != "real_tokens"}
             with acc.no_sync(model) if not last else contextlib.nullcontext():
-                logits = model(input_ids=b["input_ids"], position_ids=b["position_ids"],
-                               attention_mask=b.get("attention_mask"), use_cache=False, **extra).logits
-                summed = token_losses(logits, b["labels"], self.cfg.loss_chunk_tokens).sum()
+                summed = micro_batch_losses(model, b, self.cfg.loss_chunk_tokens, self.linear_loss, **extra).sum()
                 acc.backward(summed * scale)
             loss_sum += summed.detach()
             if not last and self.preempt.agreed(acc):
@@ -402,7 +413,8 @@ class LoRAFinetuneRecipe:
                 self.accelerator.log({k: v for k, v in rec.items() if isinstance(v, (int, float))}, step=s.step)
 
     def _end_epoch(self) -> None:
-        ev = evaluate(self.accelerator, self.model, self.eval_set, self.tok.pad_token_id)
+        ev = evaluate(self.accelerator, self.model, self.eval_set, self.tok.pad_token_id, self.cfg.loss_chunk_tokens,
+                      self.linear_loss)
         if self.main and ev is not None:
             self._event({"event": "eval", "epoch": self.state.epoch, "step": self.state.step, "eval_loss": ev})
             if self.trackers:
@@ -464,11 +476,13 @@ class LoRAFinetuneRecipe:
         self.accelerator.end_training()
 
 
-def evaluate(accelerator: Any, model: Any, examples: list, pad_id: int) -> float | None:
-    """Mean answer-token loss on the held-out examples (sharded over ranks)."""
+def evaluate(accelerator: Any, model: Any, examples: list, pad_id: int, chunk: int = 4096,
+             linear_loss: Any = None) -> float | None:
+    """Mean answer-token loss on the held-out examples (sharded over ranks), through the training loss's path."""
     import torch
 
-    from mlbench_kit.train.data import collate, token_losses
+    from mlbench_kit.train.data import collate
+    from mlbench_kit.train.loss import micro_batch_losses
     if not examples:
         return None
     model.eval()
@@ -480,10 +494,9 @@ def evaluate(accelerator: Any, model: Any, examples: list, pad_id: int) -> float
             i = r * world + rank
             b = collate(examples, [[i % len(examples)]], pad_id)
             b = {k: v.to(accelerator.device) for k, v in b.items() if k != "real_tokens"}
-            logits = model(input_ids=b["input_ids"], position_ids=b["position_ids"],
-                           attention_mask=b["attention_mask"], use_cache=False).logits
+            losses = micro_batch_losses(model, b, chunk, linear_loss)
             if i < len(examples):  # the padding forwards are not counted
-                sums[0] += token_losses(logits, b["labels"]).sum()
+                sums[0] += losses.sum()
                 sums[1] += (b["labels"][:, 1:] != -100).sum()
     if accelerator.num_processes > 1:
         torch.distributed.all_reduce(sums)

@@ -52,6 +52,10 @@ def choose_attention(requested: str, capability: tuple[int, int] | None, install
         raise MLBenchError(f"attn_implementation is flash_attention_2, which needs a CUDA GPU of compute capability "
                            f"8.0+ (Ampere or newer) and flash-attn: {why}", "attn_implementation",
                            "pip install 'mlbench-kit[flash]' on such a GPU, or use auto / sdpa")
+    if requested == "flex_attention" and capability is None:
+        raise MLBenchError("attn_implementation is flex_attention, which has no backward pass on CPU (torch "
+                           f"{torch.__version__.split('+')[0]}): training would fail at its first step",
+                           "attn_implementation", "use auto / sdpa on CPU; flex_attention on a CUDA GPU")
     if requested == "flash_attention_3" and not fa3:
         why = ("flash-attn-3 (flash_attn_interface) is not installed" if "flash_attention_3" not in installed
                else f"this machine has {where}")
@@ -110,10 +114,35 @@ def add_lora(model: Any, cfg: TrainConfig) -> Any:
     if cfg.quantization:
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=cfg.gradient_checkpointing,
                                                 gradient_checkpointing_kwargs=no_reentrant)
-    elif cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=no_reentrant)
+    if cfg.gradient_checkpointing:  # again after PEFT's k-bit preparation, which knows no every_n_layers
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=no_reentrant,
+                                            every_n_layers=cfg.gradient_checkpointing_every_n_layers)
         model.enable_input_require_grads()
     model.config.use_cache = False
     peft_cfg = LoraConfig(r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout, target_modules=list(lc.target_modules),
                           task_type="CAUSAL_LM")
     return get_peft_model(model, peft_cfg)
+
+
+def decoder_layers(model: Any) -> list[Any]:
+    """The model's repeated decoder layers (transformers' ``GradientCheckpointingLayer``s), in order."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+
+
+def checkpointed_layers(model: Any) -> int:
+    """How many decoder layers rerun their forward in the backward pass (activation checkpointing is on)."""
+    return sum(bool(layer.gradient_checkpointing) for layer in decoder_layers(model))
+
+
+def compile_layers(model: Any) -> int:
+    """``torch.compile`` each decoder layer in place (``nn.Module.compile``), before any wrapping for DDP, FSDP2
+    or DeepSpeed, as torchtune does: the layers share one compiled graph, the rest of the model stays eager.
+    Returns the number of layers compiled."""
+    layers = decoder_layers(model)
+    if not layers:
+        raise MLBenchError("compile: this model has no transformers decoder layers to compile", "compile",
+                           "set compile: false")
+    for layer in layers:
+        layer.compile()
+    return len(layers)

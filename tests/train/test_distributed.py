@@ -56,6 +56,27 @@ def test_every_mode_takes_the_same_steps(runs):
             torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4, msg=f"{mode}: {k}")
 
 
+@pytest.mark.parametrize("mode", ["fsdp2", "zero3"])
+def test_the_fused_loss_and_selective_checkpointing_take_the_same_steps_when_sharded(tmp_path, tiny_model_dir,
+                                                                                    real_prep, runs, mode):
+    # lm_head's weight is sharded (FSDP2) or partitioned (ZeRO-3): the fused loss reads it inside the head's own
+    # forward, where the wrappers' hooks have gathered it, and again in the backward's recompute
+    out = tmp_path / "run"
+    levers = ("--set", "fused_linear_loss=true", "--set", "loss_chunk_tokens=100", "--set",
+              "gradient_checkpointing=true", "--set", "gradient_checkpointing_every_n_layers=2")
+    r = subprocess.run(_launch(tiny_model_dir, real_prep, out, *ARGS, *levers, config=MODES[mode], nproc=2),
+                       cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    start = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert (start["loss_impl"], start["checkpointed_layers"]) == ("fused_linear", 1)
+    ref, got = _steps(runs["ddp"]), _steps(out)
+    assert len(got) == STEPS
+    assert [s["loss"] for s in got] == pytest.approx([s["loss"] for s in ref], rel=1e-4)
+    a, b = _adapter(runs["ddp"]), _adapter(out)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-4, rtol=1e-3, msg=f"{mode}: {k}")
+
+
 @pytest.mark.parametrize("mode, sig, at_step", [("zero2", signal.SIGKILL, 6), ("zero3", signal.SIGTERM, 3)])
 def test_deepspeed_resumes_exactly(tmp_path, tiny_model_dir, real_prep, runs, mode, sig, at_step):
     run = tmp_path / "run"

@@ -28,7 +28,7 @@ def test_model_and_hardware_flops_match_a_hand_count():
     assert TINY.lora_params(2, ["q_proj", "v_proj"]) == 112
     rows = [[3, 2]]  # one packed row: samples of 3 and 2 tokens -> 6 + 3 causal (query, key) pairs
     assert causal_pairs(rows[0]) == 9
-    f = step_flops(TINY, rows, 2, ["q_proj", "v_proj"], checkpointing=True, attention="flash_attention_2")
+    f = step_flops(TINY, rows, 2, ["q_proj", "v_proj"], checkpointed_layers=2, attention="flash_attention_2")
     frozen, lora = 4 * 1232 * 5, 6 * 112 * 5  # 4N (no weight gradient of the frozen base), 6N for LoRA
     attn_pair = 12 * 2 * 4  # forward 2 matmuls x 2 FLOPs x heads x head_dim, backward twice that
     assert f.tokens == 5
@@ -36,9 +36,14 @@ def test_model_and_hardware_flops_match_a_hand_count():
     recompute = 2 * 2 * 576 * 5 + 2 * 112 * 5 + 4 * 2 * 4 * 2 * 9  # decoder layers' forward again; not lm_head
     assert f.hardware == f.model + recompute
     # SDPA over a packed row gets a dense [5, 5] block-diagonal mask and computes all 25 pairs, twice forward
-    dense = step_flops(TINY, rows, 2, ["q_proj", "v_proj"], checkpointing=True, attention="sdpa")
+    dense = step_flops(TINY, rows, 2, ["q_proj", "v_proj"], checkpointed_layers=2, attention="sdpa")
     assert dense.model == f.model
     assert dense.hardware == frozen + lora + 96 * 2 * 25 + 2 * 2 * 576 * 5 + 2 * 112 * 5 + 32 * 2 * 25 == 47040
+    # selective checkpointing (every 2nd layer: 1 of 2) recomputes half of it; none recomputes nothing
+    half = step_flops(TINY, rows, 2, ["q_proj", "v_proj"], checkpointed_layers=1, attention="flash_attention_2")
+    assert half.hardware == f.model + recompute // 2 and half.model == f.model
+    none = step_flops(TINY, rows, 2, ["q_proj", "v_proj"], checkpointed_layers=0, attention="flash_attention_2")
+    assert none.hardware == f.model
     # the 6N count the bench used before: for this row it is far from both
     assert 6 * (1232 + 10 * 8) * 5 not in (f.model, f.hardware)
 
@@ -105,10 +110,19 @@ def test_an_unknown_or_ambiguous_gpu_gets_no_peak(name, sms):
 def test_bench_toy_run_reports_mfu_inputs_and_the_kernel_that_ran(tmp_path, shared):
     out = tmp_path / "r.json"
     r = subprocess.run([sys.executable, "bench/gpu_train.py", "--toy", "--modes", "lora", "--steps", "1",
-                        "--warmup", "1", "--attention", "sdpa", "--shared", str(shared), "--out", str(out)],
+                        "--warmup", "1", "--attention", "sdpa", "--shared", str(shared), "--out", str(out),
+                        "--levers", "baseline", "no-ckpt", "ckpt-every-2", "fused-loss"],
                        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    [res] = json.loads(out.read_text())
+    res, nockpt, every2, fused = json.loads(out.read_text())
     assert res["attention"] == "sdpa" and res["attention_packed"] in ("dense_mask", "unpacked")
     assert res["mfu"] is None and "no dense bf16 peak known for 'cpu'" in res["mfu_note"]
     assert res["model_tflops_per_s"] > 0 and res["hardware_tflops_per_s"] > res["model_tflops_per_s"]
+    # each lever is one change, applied as asked and counted as it ran
+    assert [x["lever"] for x in (res, nockpt, every2, fused)] == ["baseline", "no-ckpt", "ckpt-every-2", "fused-loss"]
+    assert [x["checkpointed_layers"] for x in (res, nockpt, every2, fused)] == [2, 0, 1, 2]
+    assert [x["loss_impl"] for x in (res, nockpt, fused)] == ["logits", "logits", "fused_linear"]
+    if res["attention_packed"] == "unpacked":  # no masked blocks: without recompute, hardware = model FLOPs
+        assert nockpt["hardware_tflops_per_s"] == pytest.approx(nockpt["model_tflops_per_s"], rel=1e-3)
+    assert res["peak_rss_gib"] > 0  # on CPU, each run's own peak resident memory
+    assert "| toy | lora | fused-loss |" in r.stderr and "× baseline" in r.stderr

@@ -27,8 +27,8 @@ from mlbench_kit.train.data import (
     epoch_batches,
     load_examples,
     pack,
-    token_losses,
 )
+from mlbench_kit.train.loss import token_losses
 
 
 def _launch(model: Path, prep: Path, out: Path, *extra: str, config: str = "configs/accelerate/single.yaml",

@@ -1,0 +1,107 @@
+"""The training loss: next-token cross-entropy per token, computed in chunks so that no fp32 [seq, vocab] tensor
+exists whole; optionally with ``lm_head`` inside the chunks, so that the full logits never exist at all.
+
+Two paths give the same per-token losses (shape [batch, seq-1], 0 where the label is IGNORE):
+
+- :func:`token_losses` from the model's logits (``lm_head`` ran over the whole sequence);
+- :class:`LinearLoss`, the torch-native form of a fused linear cross-entropy (Liger-Kernel's, Apple's
+  cut-cross-entropy): the model's ``lm_head`` returns the per-token losses of the hidden states instead of
+  logits, one chunk at a time, each chunk's logits recomputed in the backward pass. With accelerate's bf16 mode
+  this also removes the fp32 copy of the whole logits that ``convert_outputs_to_fp32`` makes of a model's output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from .data import IGNORE
+
+
+def _chunk_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    lg = logits.float()
+    return torch.nn.functional.cross_entropy(lg.reshape(-1, lg.size(-1)), labels.reshape(-1), ignore_index=IGNORE,
+                                             reduction="none").view(labels.shape)
+
+
+def token_losses(logits: torch.Tensor, labels: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
+    """Per-token next-token loss (0 where the label is IGNORE), shape [batch, seq-1].
+
+    Computed in chunks of ``chunk`` positions, each upcast to fp32 on its own and recomputed in the backward pass
+    (activation checkpointing), so no fp32 copy of the [seq, vocab] logits ever exists whole: at 8k tokens and a
+    32k vocabulary that copy, plus the log-softmax cross-entropy keeps for backward, is about 2 GB."""
+    shift_logits, shift_labels = logits[:, :-1], labels[:, 1:]
+    out = []
+    for s in range(0, shift_labels.size(1), chunk):
+        lg, lb = shift_logits[:, s: s + chunk], shift_labels[:, s: s + chunk]
+        out.append(checkpoint(_chunk_loss, lg, lb, use_reentrant=False) if lg.requires_grad else _chunk_loss(lg, lb))
+    return torch.cat(out, dim=1) if out else shift_labels.new_zeros(shift_labels.shape, dtype=torch.float32)
+
+
+def _linear_chunk_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                       labels: torch.Tensor) -> torch.Tensor:
+    return _chunk_loss(torch.nn.functional.linear(hidden, weight, bias), labels)
+
+
+def linear_token_losses(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                        labels: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
+    """:func:`token_losses` of ``linear(hidden, weight, bias)`` without those logits ever existing whole: each
+    chunk's logits are made, reduced to its losses, and recomputed in the backward pass. ``hidden``: [batch, seq,
+    hidden]; ``labels``: [batch, seq]; returns [batch, seq-1]."""
+    shift_hidden, shift_labels = hidden[:, :-1], labels[:, 1:]
+    grad = hidden.requires_grad or weight.requires_grad
+    out = []
+    for s in range(0, shift_labels.size(1), chunk):
+        h, lb = shift_hidden[:, s: s + chunk], shift_labels[:, s: s + chunk]
+        out.append(checkpoint(_linear_chunk_loss, h, weight, bias, lb, use_reentrant=False) if grad
+                   else _linear_chunk_loss(h, weight, bias, lb))
+    return torch.cat(out, dim=1) if out else shift_labels.new_zeros(shift_labels.shape, dtype=torch.float32)
+
+
+class LinearLoss:
+    """The model's output layer turned into the loss: while :meth:`targets` is active, ``lm_head`` maps hidden
+    states to per-token losses (:func:`linear_token_losses`), so ``model(...).logits`` holds those losses.
+
+    The module itself stays in the model (same parameters, same state dict, the same hooks that DDP, FSDP2 and
+    DeepSpeed put on it); only its ``forward`` is replaced, and outside :meth:`targets` it returns logits as
+    before (evaluation, generation, merging)."""
+
+    def __init__(self, model: Any, chunk: int = 4096) -> None:
+        head = model.get_output_embeddings()
+        if not isinstance(head, torch.nn.Linear):
+            raise TypeError(f"the output layer is a {type(head).__name__}, not a Linear: no fused linear loss")
+        self.head, self.chunk = head, chunk
+        self._labels: torch.Tensor | None = None
+        # an instance attribute: nn.Module.__call__ (and the hooks on it) still run, only the computation changes
+        head.forward = self._forward  # type: ignore[method-assign,assignment]
+
+    def _forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self._labels is None:
+            return torch.nn.functional.linear(hidden, self.head.weight, self.head.bias)
+        return linear_token_losses(hidden, self.head.weight, self.head.bias, self._labels, self.chunk)
+
+    @contextlib.contextmanager
+    def targets(self, labels: torch.Tensor) -> Iterator[None]:
+        """Within this block the model's forward returns the per-token losses against ``labels``."""
+        self._labels = labels
+        try:
+            yield
+        finally:
+            self._labels = None
+
+
+def micro_batch_losses(model: Any, batch: dict[str, torch.Tensor], chunk: int, linear_loss: LinearLoss | None = None,
+                       **kwargs: Any) -> torch.Tensor:
+    """Per-token losses [batch, seq-1] of one micro-batch (already on the model's device): the model's forward,
+    then the chunked cross-entropy, through the logits or (``linear_loss``) with ``lm_head`` inside the chunks."""
+    def forward() -> torch.Tensor:
+        return model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
+                     attention_mask=batch.get("attention_mask"), use_cache=False, **kwargs).logits
+    if linear_loss is None:
+        return token_losses(forward(), batch["labels"], chunk)
+    with linear_loss.targets(batch["labels"]):
+        return forward()
