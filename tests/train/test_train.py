@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -50,25 +51,32 @@ def _interrupt(cmd: list[str], out: Path, at_step: int, sig: int, workers_only: 
     """Start training, send ``sig`` once ``at_step`` steps are logged, return the exit status and (with
     ``workers_only``) stderr.
 
-    The signal goes to every process of the session, like Slurm's to every process of the step, or with
-    ``workers_only`` to the launcher's children alone: the launcher then reports the workers' own exit codes
-    (torchrun's agent exits 1 on a signal of its own, whatever its workers returned)."""
+    The signal goes to every process of the launch, like Slurm's to every process of the step (torchrun's
+    workers run in sessions of their own, so the launcher's process group alone would miss them, and after a
+    SIGKILL they would train on as orphans beside the resumed run), or with ``workers_only`` to the launcher's
+    children alone: the launcher then reports the workers' own exit codes (torchrun's agent exits 1 on a signal
+    of its own, whatever its workers returned)."""
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True, text=True)
     deadline = time.time() + 300
+    tree: list[psutil.Process] = []
     while time.time() < deadline and proc.poll() is None:
         if len(_steps(out)) >= at_step:
             if workers_only:
                 for child in psutil.Process(proc.pid).children():
                     child.send_signal(sig)
             else:
+                tree = psutil.Process(proc.pid).children(recursive=True)  # before their parent can go
                 os.killpg(proc.pid, sig)
+                for p in tree:
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        p.send_signal(sig)
             break
         time.sleep(0.05)
     if not workers_only:
-        # the launcher's status only: torchrun's workers run in sessions of their own, so killpg does not reach
-        # them, and waiting for their end of the stderr pipe would wait for them to finish
         proc.wait(timeout=300)
+        _, alive = psutil.wait_procs(tree, timeout=120)  # every process of the launch has ended: no orphan
+        assert not alive, [p.cmdline() for p in alive]
         return proc.returncode, ""
     _, err = proc.communicate(timeout=300)  # the workers exited after their save: the pipe closes
     return proc.returncode, err
