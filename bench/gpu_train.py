@@ -24,10 +24,12 @@ import contextlib
 import gc
 import json
 import math
+import multiprocessing
 import shutil
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
@@ -284,8 +286,11 @@ def main() -> None:
             build(shape, folder, device)
             for mode in a.modes:
                 for lever in a.levers:
-                    r = run_one(name, shape, mode, folder, lengths, a.steps, a.warmup, device, a.loss_chunk,
-                                not a.unpacked, a.attention, lever, a.seq_len)
+                    # a fresh process each: peak memory (the GPU's, or the CPU's resident set, which the
+                    # allocator never gives back) and compiled code are the run's own
+                    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+                        r = pool.submit(run_one, name, shape, mode, folder, lengths, a.steps, a.warmup, device,
+                                        a.loss_chunk, not a.unpacked, a.attention, lever, a.seq_len).result()
                     results.append(r)
                     print(json.dumps(r), flush=True)
         finally:

@@ -6,8 +6,9 @@ Two paths give the same per-token losses (shape [batch, seq-1], 0 where the labe
 - :func:`token_losses` from the model's logits (``lm_head`` ran over the whole sequence);
 - :class:`LinearLoss`, the torch-native form of a fused linear cross-entropy (Liger-Kernel's, Apple's
   cut-cross-entropy): the model's ``lm_head`` returns the per-token losses of the hidden states instead of
-  logits, one chunk at a time, each chunk's logits recomputed in the backward pass. With accelerate's bf16 mode
-  this also removes the fp32 copy of the whole logits that ``convert_outputs_to_fp32`` makes of a model's output.
+  logits, one chunk at a time, with the gradient for the hidden states made in the same pass (the output layer
+  is frozen under LoRA), so no logits are kept or recomputed. With accelerate's bf16 mode this also removes the
+  fp32 copy of the whole logits that ``convert_outputs_to_fp32`` makes of a model's output.
 """
 
 from __future__ import annotations
@@ -47,17 +48,56 @@ def _linear_chunk_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.T
     return _chunk_loss(torch.nn.functional.linear(hidden, weight, bias), labels)
 
 
+class _FrozenLinearCrossEntropy(torch.autograd.Function):
+    """Per-token losses of ``linear(hidden, weight, bias)`` against ``labels``, for a frozen ``weight`` (LoRA
+    never trains ``lm_head``), chunk by chunk; the gradient with respect to ``hidden`` is made in the forward pass
+    (Liger-Kernel's method): a token's loss is the last op on its logits, so its gradient is
+    ``(softmax - onehot) @ weight`` times whatever the token's upstream gradient turns out to be. Saved for the
+    backward: that [N, hidden] gradient only; no logits are kept or recomputed. Under autocast the matmuls run in
+    its dtype and the softmax in fp32, as in the logits path."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                labels: torch.Tensor, chunk: int) -> torch.Tensor:
+        losses = torch.zeros(labels.shape, dtype=torch.float32, device=hidden.device)
+        grad = torch.empty_like(hidden)
+        for s in range(0, labels.size(0), chunk):
+            logits = torch.nn.functional.linear(hidden[s: s + chunk], weight, bias).float()
+            lb = labels[s: s + chunk]
+            valid = lb != IGNORE
+            target = lb.clamp(min=0)
+            lse = torch.logsumexp(logits, dim=-1)
+            losses[s: s + chunk] = (lse - logits.gather(1, target[:, None]).squeeze(1)) * valid
+            probs = torch.exp(logits.sub_(lse[:, None]))  # softmax, in place of the logits
+            probs.scatter_add_(1, target[:, None], -valid[:, None].to(probs.dtype))
+            probs.mul_(valid[:, None])
+            grad[s: s + chunk] = (probs.to(weight.dtype) @ weight).to(grad.dtype)
+        ctx.save_for_backward(grad)
+        return losses
+
+    @staticmethod
+    def backward(ctx: Any, grad_losses: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        (grad,) = ctx.saved_tensors
+        return grad * grad_losses[:, None].to(grad.dtype), None, None, None, None
+
+
 def linear_token_losses(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                         labels: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
-    """:func:`token_losses` of ``linear(hidden, weight, bias)`` without those logits ever existing whole: each
-    chunk's logits are made, reduced to its losses, and recomputed in the backward pass. ``hidden``: [batch, seq,
-    hidden]; ``labels``: [batch, seq]; returns [batch, seq-1]."""
+    """:func:`token_losses` of ``linear(hidden, weight, bias)`` without those logits ever existing whole.
+    ``hidden``: [batch, seq, hidden]; ``labels``: [batch, seq]; returns [batch, seq-1].
+
+    A frozen output layer (LoRA): :class:`_FrozenLinearCrossEntropy`, no recompute. A trained one: each chunk's
+    logits are made, reduced to its losses, and recomputed in the backward pass (activation checkpointing)."""
     shift_hidden, shift_labels = hidden[:, :-1], labels[:, 1:]
-    grad = hidden.requires_grad or weight.requires_grad
+    trained = weight.requires_grad or (bias is not None and bias.requires_grad)
+    if hidden.requires_grad and not trained:
+        flat = _FrozenLinearCrossEntropy.apply(shift_hidden.reshape(-1, hidden.size(-1)), weight, bias,
+                                               shift_labels.reshape(-1), chunk)
+        return flat.view(shift_labels.shape)
     out = []
     for s in range(0, shift_labels.size(1), chunk):
         h, lb = shift_hidden[:, s: s + chunk], shift_labels[:, s: s + chunk]
-        out.append(checkpoint(_linear_chunk_loss, h, weight, bias, lb, use_reentrant=False) if grad
+        out.append(checkpoint(_linear_chunk_loss, h, weight, bias, lb, use_reentrant=False) if trained
                    else _linear_chunk_loss(h, weight, bias, lb))
     return torch.cat(out, dim=1) if out else shift_labels.new_zeros(shift_labels.shape, dtype=torch.float32)
 

@@ -69,7 +69,9 @@ def _loss_and_grads(model, batch, linear_loss=None, watch=True):  # type: ignore
     model.zero_grad(set_to_none=True)
     with LargestTensor() if watch else contextlib.nullcontext() as seen:  # a dispatch mode keeps dynamo off
         losses = micro_batch_losses(model, batch, CHUNK, linear_loss)
-        losses.sum().backward()
+        # an upstream gradient that differs per token (the recipe's is one scale for all): the fused path makes
+        # each token's gradient ahead of knowing it
+        (losses * torch.linspace(0.5, 1.5, losses.size(1))).sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
     return losses.detach(), grads, seen.largest if seen else None
 
@@ -88,6 +90,15 @@ def test_fused_linear_loss_equals_the_logits_path_without_ever_making_the_logits
     assert ref_largest >= SEQ * VOCAB  # the logits path makes the whole [T, vocab] logits
     # the fused path: one chunk's logits at a time, forward and backward (or lm_head's weight, viewed transposed)
     assert largest <= max(CHUNK * VOCAB, VOCAB * HIDDEN) < SEQ * VOCAB
+    # a trained output layer (not LoRA's case) takes the checkpointed chunks instead, its gradient included
+    linear.head.weight.requires_grad_(True)
+    _, ref_grads, _ = _loss_and_grads(model, batch)
+    got, grads, largest = _loss_and_grads(model, batch, linear)
+    assert "base_model.model.lm_head.weight" in grads
+    for k in grads:
+        torch.testing.assert_close(grads[k], ref_grads[k], atol=1e-6, rtol=1e-4, msg=k)
+    assert largest <= max(CHUNK * VOCAB, VOCAB * HIDDEN)
+    linear.head.weight.requires_grad_(False)
     # outside a loss the output layer is itself again: logits, for evaluation, generation and merging
     with torch.no_grad():
         logits = model(input_ids=batch["input_ids"], use_cache=False).logits
