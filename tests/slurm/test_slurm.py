@@ -35,7 +35,7 @@ def slurm():
     os.environ["SLURM_CONF"] = conf
     yield {"SLURM_CONF": conf}
     if "already running" not in r.stderr:
-        subprocess.run(["bash", "slurm/cluster.sh", "stop"], cwd=REPO_ROOT, capture_output=True, timeout=60)
+        subprocess.run(["bash", "slurm/cluster.sh", "stop"], cwd=REPO_ROOT, capture_output=True, timeout=120)
 
 
 def _sh(*cmd: str) -> subprocess.CompletedProcess:
