@@ -315,6 +315,10 @@ def test_a_refused_array_leaves_the_submitted_ones_on_record(tmp_path: Path, slu
     spec = yaml.safe_load((REPO_ROOT / "configs/sweeps/tiny-cpu.yaml").read_text())
     spec.update(name="refused", run_dir=str(tmp_path / "sweep"))
     spec["slurm"]["resources"]["report"]["mem"] = "100000G"  # more than any node: sbatch refuses the last array
+    # and the submitted ones stay queued: run, prep fails at once (no models here), Slurm cancels its dependents
+    # and the second submit below found nothing queued when it came a second or two later (under load). Not
+    # --hold: sbatch takes a held job without checking that a node can ever run it.
+    spec["slurm"]["extra"] = ["--begin=now+1hour"]
     sweep = tmp_path / "sweep.yaml"
     sweep.write_text(yaml.safe_dump(spec, sort_keys=False))
     r = run_cli("mlbench", "sweep", "submit", sweep)
