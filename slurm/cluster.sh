@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A one-node Slurm cluster on this machine, for tests, CI and trying sweeps on a laptop (run as root).
 #   bash slurm/cluster.sh start   # prints `export SLURM_CONF=...`; idempotent
-#   bash slurm/cluster.sh stop
+#   bash slurm/cluster.sh stop    # cancels its jobs, then stops the daemons
 # Debian's slurm-wlm and munge (scripts/setup.sh installs them); proctrack/linuxproc and task/none, so no
 # cgroups are needed; select/cons_tres with cores and memory as consumable resources. No accounting
 # daemon: `sacct` is unavailable and `mlbench sweep status` reads squeue and the run folders instead.
@@ -20,7 +20,18 @@ stop() {
   sleep 1
 }
 
-if [ "$cmd" = stop ]; then stop; exit 0; fi
+if [ "$cmd" = stop ]; then
+  # cancel the jobs first: a running job's slurmstepd and processes outlive the daemons (a test that failed
+  # mid-sweep left them running), and a pending one would start with the next `start`, which recovers the queue
+  if SLURM_CONF=$CONF timeout 10 scontrol ping 2>/dev/null | grep -q UP; then
+    SLURM_CONF=$CONF timeout 10 scancel --partition=debug 2>/dev/null || true
+    for _ in $(seq 45); do  # KillWait (30 s) and some
+      [ -z "$(SLURM_CONF=$CONF timeout 10 squeue -h -t RUNNING,COMPLETING,CONFIGURING -o %i 2>/dev/null)" ] && break
+      sleep 1
+    done
+  fi
+  stop; exit 0
+fi
 [ "$cmd" = start ] || { echo "usage: cluster.sh start|stop" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || { echo "cluster: run as root (slurmd starts jobs as their users)" >&2; exit 1; }
 need munged; need slurmctld; need slurmd
