@@ -112,8 +112,10 @@ class LinearLoss:
 
     def __init__(self, model: Any, chunk: int = 4096) -> None:
         head = model.get_output_embeddings()
-        if not isinstance(head, torch.nn.Linear):
-            raise TypeError(f"the output layer is a {type(head).__name__}, not a Linear: no fused linear loss")
+        weight = getattr(head, "weight", None)
+        if not isinstance(head, torch.nn.Linear) or weight is None or not weight.dtype.is_floating_point:
+            raise TypeError(f"the output layer is a {type(head).__name__} (weights: "
+                            f"{getattr(weight, 'dtype', None)}), not a Linear of float weights: no fused linear loss")
         self.head, self.chunk = head, chunk
         self._labels: torch.Tensor | None = None
         # an instance attribute: nn.Module.__call__ (and the hooks on it) still run, only the computation changes

@@ -112,7 +112,7 @@ def test_a_model_whose_output_layer_is_not_linear_is_refused_clearly():
     class Odd(torch.nn.Module):
         def get_output_embeddings(self) -> torch.nn.Module:
             return torch.nn.Identity()
-    with pytest.raises(TypeError, match="not a Linear"):
+    with pytest.raises(TypeError, match="not a Linear of float weights"):
         LinearLoss(Odd())
 
 
@@ -145,9 +145,16 @@ def test_qlora_keeps_the_selective_checkpointing_that_peft_s_preparation_would_r
     folder = tmp_path / "q"
     _lora_llama(folder, layers=4)  # saves the base
     tc = TrainConfig(model=str(folder / "base"), quantization="nf4", attn_implementation="sdpa",
+                     lora=LoraConfig(dropout=0.0),
                      gradient_checkpointing=True, gradient_checkpointing_every_n_layers=2)
     model = add_lora(load_base(tc, "fp32", "sdpa"), tc)
     assert checkpointed_layers(model) == 2
+    # the fused loss on the quantized model: lm_head is left in full precision by the quantizer
+    model.train()
+    batch = _packed_batch()
+    ref, _, _ = _loss_and_grads(model, batch)
+    got, _, _ = _loss_and_grads(model, batch, LinearLoss(model, CHUNK))
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
 
 
 def test_speed_levers_are_checked_where_they_are_set():
