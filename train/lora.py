@@ -62,6 +62,10 @@ class LoRAFinetuneRecipe:
         self.config_sha_before_rename = _sha(with_old_names(TrainConfig, same))
         self.final_adapter = self.out / "adapter"
 
+    def run_settings(self) -> dict[str, Any]:
+        """What the run folder's ``run.json`` holds: the run's identity (no speed levers) and where it lives."""
+        return {"config": self.cfg.identity() | {"output_dir": self.cfg.output_dir}}
+
     @property
     def base_model(self) -> str:
         """The model to fine-tune (TrainConfig.check refuses a config without one)."""
@@ -83,8 +87,7 @@ class LoRAFinetuneRecipe:
                 print(f"train: already finished: {self.final_adapter}", file=sys.stderr)
             return False
         if self.main:
-            settings = {"config": self.cfg.identity() | {"output_dir": self.cfg.output_dir}}
-            claim_run_folder(self.out / "run.json", settings,
+            claim_run_folder(self.out / "run.json", self.run_settings(),
                              upgrade=lambda old: rename_old_keys(TrainConfig, old.get("config")))
             save_resolved(self.cfg, self.out / "config.yaml")
         from accelerate.utils import set_seed

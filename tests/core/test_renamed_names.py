@@ -154,7 +154,7 @@ def test_records_written_under_the_old_names_still_load(tmp_path, capsys):
     from mlbench_kit.config import rename_old_keys, with_old_names
     from mlbench_kit.infer.sampling import InferConfig, Sampling
     from mlbench_kit.io import claim_run_folder
-    from mlbench_kit.train.config import TrainConfig, load_train_config
+    from mlbench_kit.train.config import SPEED_KEYS, TrainConfig, load_train_config
     from mlbench_kit.train.lora import LoRAFinetuneRecipe, _check_prep_budget
     # train reads the budget of a manifest from before the rename
     prep = tmp_path / "prep"
@@ -169,14 +169,15 @@ def test_records_written_under_the_old_names_still_load(tmp_path, capsys):
     (tmp_path / "infer.json").write_text(json.dumps({"sampling": old, "split": "test"}))
     claim_run_folder(tmp_path / "infer.json", {"sampling": {**sampling, "max_new_tokens": 1024}, "split": "test"},
                      upgrade=lambda o: rename_old_keys(Sampling, o.get("sampling")))
-    # a training run folder and checkpoint from before data.max_seq_len became data.max_context_tokens
+    # a training run folder and checkpoint from before data.max_seq_len became data.max_context_tokens (and
+    # before the speed levers existed: those keys were not in its config)
     recipe = LoRAFinetuneRecipe(cfg)
-    before = with_old_names(TrainConfig, cfg.to_dict())
+    before = with_old_names(TrainConfig, {k: v for k, v in cfg.to_dict().items() if k not in SPEED_KEYS})
     assert before["data"]["max_seq_len"] == 1024 and "max_context_tokens" not in before["data"]
     import hashlib
     same = {k: v for k, v in before.items() if k != "output_dir"}
     assert recipe.config_sha_before_rename == hashlib.sha256(json.dumps(same, sort_keys=True).encode()).hexdigest()[:16]
     (tmp_path / "run.json").write_text(json.dumps({"config": before}))
-    claim_run_folder(tmp_path / "run.json", {"config": cfg.to_dict()},
+    claim_run_folder(tmp_path / "run.json", recipe.run_settings(),
                      upgrade=lambda o: rename_old_keys(TrainConfig, o.get("config")))
     assert _warnings(capsys.readouterr().err) == []  # reading records back is silent: nothing for a user to change
