@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from mlbench_kit.errors import MLBenchError
+
 from .data import IGNORE
 
 
@@ -114,8 +116,9 @@ class LinearLoss:
         head = model.get_output_embeddings()
         weight = getattr(head, "weight", None)
         if not isinstance(head, torch.nn.Linear) or weight is None or not weight.dtype.is_floating_point:
-            raise TypeError(f"the output layer is a {type(head).__name__} (weights: "
-                            f"{getattr(weight, 'dtype', None)}), not a Linear of float weights: no fused linear loss")
+            raise MLBenchError(f"the output layer is a {type(head).__name__} (weights: "
+                               f"{getattr(weight, 'dtype', None)}), not a Linear of float weights",
+                               "fused_linear_loss", "set fused_linear_loss: false for this model")
         self.head, self.chunk = head, chunk
         self._labels: torch.Tensor | None = None
         # an instance attribute: nn.Module.__call__ (and the hooks on it) still run, only the computation changes

@@ -112,7 +112,7 @@ def test_a_model_whose_output_layer_is_not_linear_is_refused_clearly():
     class Odd(torch.nn.Module):
         def get_output_embeddings(self) -> torch.nn.Module:
             return torch.nn.Identity()
-    with pytest.raises(TypeError, match="not a Linear of float weights"):
+    with pytest.raises(MLBenchError, match="not a Linear of float weights"):
         LinearLoss(Odd())
 
 
