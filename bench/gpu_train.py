@@ -142,16 +142,8 @@ LEVERS = {  # one change each against the recipe's defaults (the baseline), as T
 }
 
 
-def _reset_peak_rss() -> bool:
-    """Reset this process's peak resident memory (Linux: ``clear_refs`` 5), so each run reports its own."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
-
-
 def _peak_rss_gib() -> float | None:
+    """This process's peak resident memory; each run has a process of its own (``main``)."""
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return round(int(line.split()[1]) / 2**20, 2)
@@ -165,12 +157,11 @@ def run_one(name: str, shape: dict, mode: str, folder: Path, lengths: list[int],
     QLoRA), the ``lever``'s change, ``warmup`` untimed steps, then ``steps`` timed ones."""
     from mlbench_kit.train.config import TrainConfig
     from mlbench_kit.train.flops import rows_from_positions
-    from mlbench_kit.train.loss import LinearLoss, micro_batch_losses
+    from mlbench_kit.train.loss import micro_batch_losses
     from mlbench_kit.train.model import (
         DTYPES,
         add_lora,
-        checkpointed_layers,
-        compile_layers,
+        apply_levers,
         load_base,
         resolve_attention,
         resolve_precision,
@@ -180,15 +171,12 @@ def run_one(name: str, shape: dict, mode: str, folder: Path, lengths: list[int],
     cfg = TrainConfig(model=str(folder), quantization="nf4" if mode == "qlora" else None, **(fields | change))
     precision = resolve_precision("auto")
     attention = resolve_attention(cfg.attn_implementation)
-    rss = device == "cpu" and _reset_peak_rss()
     model = add_lora(load_base(cfg, precision, attention), cfg)
     if mode == "lora":
         model.to(device)
     params = sum(p.numel() for p in model.parameters())
     ran = str(getattr(model.config, "_attn_implementation", attention))  # what transformers resolved, not asked
-    recomputed = checkpointed_layers(model)
-    linear_loss = LinearLoss(model, loss_chunk) if cfg.fused_linear_loss else None
-    compiled = compile_layers(model) if cfg.compile else 0
+    levers = apply_levers(model, cfg)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-4)
     seq_len = seq_len or min(shape["max_position_embeddings"], 8192)
     rows = packed_rows(lengths, seq_len, shape["vocab_size"], steps + warmup, packed=packed)
@@ -209,7 +197,7 @@ def run_one(name: str, shape: dict, mode: str, folder: Path, lengths: list[int],
             timed += rows_from_positions(b["position_ids"], b.get("attention_mask"))
         b = {k: v.to(device) for k, v in b.items() if k != "real_tokens"}
         with autocast:
-            losses = micro_batch_losses(model, b, loss_chunk, linear_loss)
+            losses = micro_batch_losses(model, b, loss_chunk, levers.linear_loss)
         loss = losses.sum() / (b["labels"] != -100).sum()
         loss.backward()
         opt.step()
@@ -226,18 +214,13 @@ def run_one(name: str, shape: dict, mode: str, folder: Path, lengths: list[int],
     res = {"model": name, "mode": mode, "lever": lever, "change": change, "packed": packed, "loss_chunk": loss_chunk,
            "device": gpu, "sm_count": sms, "precision": precision, "autocast": amp,
            "attention_requested": cfg.attn_implementation, "attention": ran,
-           "attention_packed": _packed_path(ran, timed), "checkpointed_layers": recomputed,
-           "compiled_layers": compiled, "loss_impl": "fused_linear" if linear_loss else "logits", "seq_len": seq_len,
-           "steps": steps, "tokens_per_s": round(tps, 1), "params": params,
+           "attention_packed": _packed_path(ran, timed), **levers.record(), "seq_len": seq_len, "steps": steps,
+           "tokens_per_s": round(tps, 1), "params": params,
            "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
            "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device == "cuda" else None,
-           "peak_rss_gib": _peak_rss_gib() if rss else None,
-           **utilisation(shape, timed, dt, ran, gpu, sms, gib, recomputed=recomputed),
+           "peak_rss_gib": _peak_rss_gib() if device == "cpu" else None,
+           **utilisation(shape, timed, dt, ran, gpu, sms, gib, recomputed=levers.checkpointed_layers),
            "final_loss": round(loss.item(), 4)}
-    del model, opt, losses, loss
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
     return res
 
 

@@ -202,12 +202,9 @@ class LoRAFinetuneRecipe:
 
     def _setup_model(self) -> None:
         from mlbench_kit.train.flops import ModelShape, detect_gpu_peak
-        from mlbench_kit.train.loss import LinearLoss
-        from mlbench_kit.train.model import add_lora, checkpointed_layers, compile_layers, load_base
+        from mlbench_kit.train.model import add_lora, apply_levers, load_base
         self.model = add_lora(load_base(self.cfg, self.precision, self.attention), self.cfg)
-        self.recomputed_layers = checkpointed_layers(self.model)
-        self.linear_loss = LinearLoss(self.model, self.cfg.loss_chunk_tokens) if self.cfg.fused_linear_loss else None
-        self.compiled_layers = compile_layers(self.model) if self.cfg.compile else 0
+        self.levers = apply_levers(self.model, self.cfg)
         self.shape = ModelShape.from_config(self.model_config)
         self.device_name, self.peak = detect_gpu_peak()
         self.n_trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
@@ -282,7 +279,8 @@ class LoRAFinetuneRecipe:
                          "eval_samples": len(self.eval_set), "trainable_params": self.n_trainable,
                          "linear_4bit_modules": self.n_4bit, "world_size": self.world,
                          "distributed": _distribution(self.accelerator, self.model), "precision": self.precision,
-                         **self._attention_record(), **self._speed_record(), "max_context_tokens": self.seq_len,
+                         **self._attention_record(), **self.levers.record(),
+                         "loss_chunk_tokens": self.cfg.loss_chunk_tokens, "max_context_tokens": self.seq_len,
                          "device": self.device_name, "gpu": self.peak.label if self.peak else None,
                          "peak_tflops": self.peak.flops / 1e12 if self.peak else None,
                          "steps": self.total_steps, "notes": self.notes})
@@ -295,13 +293,6 @@ class LoRAFinetuneRecipe:
         ran = self.attention_ran
         packed = PACKED_PATH.get(ran, "unknown") if self.cfg.data.batching == "packing" else "unpacked"
         return {"attention": ran, "attention_requested": self.cfg.attn_implementation, "attention_packed": packed}
-
-    def _speed_record(self) -> dict[str, Any]:
-        """What this run does for speed and memory, as it was applied (not only as configured)."""
-        return {"checkpointed_layers": self.recomputed_layers, "decoder_layers": self.shape.layers,
-                "compiled_layers": self.compiled_layers,
-                "loss_impl": "fused_linear" if self.linear_loss else "logits",
-                "loss_chunk_tokens": self.cfg.loss_chunk_tokens}
 
     # -- training ------------------------------------------------------------------------------------------------
 
@@ -356,7 +347,7 @@ class LoRAFinetuneRecipe:
         batches = [collate(self.train_set, rows, self.tok.pad_token_id) for rows in group]
         flops = step_flops(self.shape, [r for b in batches for r in rows_from_positions(b["position_ids"],
                                                                                          b.get("attention_mask"))],
-                           self.cfg.lora.r, self.cfg.lora.target_modules, self.recomputed_layers,
+                           self.cfg.lora.r, self.cfg.lora.target_modules, self.levers.checkpointed_layers,
                            self.attention_ran)
         counts = torch.tensor([sum(int((b["labels"] != -100).sum()) for b in batches),
                                sum(int(b["real_tokens"]) for b in batches),
@@ -377,7 +368,8 @@ class LoRAFinetuneRecipe:
             extra = varlen_kwargs(b["position_ids"], acc.device) if varlen and "attention_mask" not in b else {}
             b = {k: v.to(acc.device) for k, v in b.items() if k != "real_tokens"}
             with acc.no_sync(model) if not last else contextlib.nullcontext():
-                summed = micro_batch_losses(model, b, self.cfg.loss_chunk_tokens, self.linear_loss, **extra).sum()
+                summed = micro_batch_losses(model, b, self.cfg.loss_chunk_tokens, self.levers.linear_loss,
+                                            **extra).sum()
                 acc.backward(summed * scale)
             loss_sum += summed.detach()
             if not last and self.preempt.agreed(acc):
@@ -417,7 +409,7 @@ class LoRAFinetuneRecipe:
 
     def _end_epoch(self) -> None:
         ev = evaluate(self.accelerator, self.model, self.eval_set, self.tok.pad_token_id, self.cfg.loss_chunk_tokens,
-                      self.linear_loss)
+                      self.levers.linear_loss)
         if self.main and ev is not None:
             self._event({"event": "eval", "epoch": self.state.epoch, "step": self.state.step, "eval_loss": ev})
             if self.trackers:

@@ -31,18 +31,26 @@ def _chunk_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
                                              reduction="none").view(labels.shape)
 
 
+def _per_chunk(fn: Any, x: torch.Tensor, labels: torch.Tensor, chunk: int, recompute: bool,
+               *args: Any) -> torch.Tensor:
+    """``fn(x_chunk, *args, labels_chunk)`` over chunks of ``chunk`` next-token positions (``x[:, :-1]`` against
+    ``labels[:, 1:]``), concatenated to [batch, seq-1]; with ``recompute`` each chunk is checkpointed (its
+    logits recomputed in the backward pass instead of kept)."""
+    shift_x, shift_labels = x[:, :-1], labels[:, 1:]
+    out = []
+    for s in range(0, shift_labels.size(1), chunk):
+        part = (shift_x[:, s: s + chunk], *args, shift_labels[:, s: s + chunk])
+        out.append(checkpoint(fn, *part, use_reentrant=False) if recompute else fn(*part))
+    return torch.cat(out, dim=1) if out else shift_labels.new_zeros(shift_labels.shape, dtype=torch.float32)
+
+
 def token_losses(logits: torch.Tensor, labels: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
     """Per-token next-token loss (0 where the label is IGNORE), shape [batch, seq-1].
 
     Computed in chunks of ``chunk`` positions, each upcast to fp32 on its own and recomputed in the backward pass
     (activation checkpointing), so no fp32 copy of the [seq, vocab] logits ever exists whole: at 8k tokens and a
     32k vocabulary that copy, plus the log-softmax cross-entropy keeps for backward, is about 2 GB."""
-    shift_logits, shift_labels = logits[:, :-1], labels[:, 1:]
-    out = []
-    for s in range(0, shift_labels.size(1), chunk):
-        lg, lb = shift_logits[:, s: s + chunk], shift_labels[:, s: s + chunk]
-        out.append(checkpoint(_chunk_loss, lg, lb, use_reentrant=False) if lg.requires_grad else _chunk_loss(lg, lb))
-    return torch.cat(out, dim=1) if out else shift_labels.new_zeros(shift_labels.shape, dtype=torch.float32)
+    return _per_chunk(_chunk_loss, logits, labels, chunk, logits.requires_grad)
 
 
 def _linear_chunk_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -90,18 +98,13 @@ def linear_token_losses(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.
 
     A frozen output layer (LoRA): :class:`_FrozenLinearCrossEntropy`, no recompute. A trained one: each chunk's
     logits are made, reduced to its losses, and recomputed in the backward pass (activation checkpointing)."""
-    shift_hidden, shift_labels = hidden[:, :-1], labels[:, 1:]
     trained = weight.requires_grad or (bias is not None and bias.requires_grad)
     if hidden.requires_grad and not trained:
-        flat = _FrozenLinearCrossEntropy.apply(shift_hidden.reshape(-1, hidden.size(-1)), weight, bias,
+        shift_labels = labels[:, 1:]
+        flat = _FrozenLinearCrossEntropy.apply(hidden[:, :-1].reshape(-1, hidden.size(-1)), weight, bias,
                                                shift_labels.reshape(-1), chunk)
         return flat.view(shift_labels.shape)
-    out = []
-    for s in range(0, shift_labels.size(1), chunk):
-        h, lb = shift_hidden[:, s: s + chunk], shift_labels[:, s: s + chunk]
-        out.append(checkpoint(_linear_chunk_loss, h, weight, bias, lb, use_reentrant=False) if trained
-                   else _linear_chunk_loss(h, weight, bias, lb))
-    return torch.cat(out, dim=1) if out else shift_labels.new_zeros(shift_labels.shape, dtype=torch.float32)
+    return _per_chunk(_linear_chunk_loss, hidden, labels, chunk, trained, weight, bias)
 
 
 class LinearLoss:

@@ -3,6 +3,7 @@ the attention kernel that this machine can run."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -10,6 +11,7 @@ import torch
 from mlbench_kit.errors import MLBenchError
 
 from .config import TrainConfig
+from .loss import LinearLoss
 
 
 def resolve_precision(requested: str) -> str:
@@ -146,3 +148,27 @@ def compile_layers(model: Any) -> int:
     for layer in layers:
         layer.compile()
     return len(layers)
+
+
+@dataclass(frozen=True)
+class Levers:
+    """The speed levers as applied to a model, not only as configured (``apply_levers``)."""
+
+    checkpointed_layers: int
+    decoder_layers: int
+    compiled_layers: int
+    linear_loss: LinearLoss | None
+
+    def record(self) -> dict[str, Any]:
+        """What ``metrics.jsonl``'s start record and the bench's results say of them."""
+        return {"checkpointed_layers": self.checkpointed_layers, "decoder_layers": self.decoder_layers,
+                "compiled_layers": self.compiled_layers,
+                "loss_impl": "fused_linear" if self.linear_loss else "logits"}
+
+
+def apply_levers(model: Any, cfg: TrainConfig) -> Levers:
+    """The config's speed levers on a model that :func:`add_lora` made (which already set its checkpointing):
+    the fused linear loss and per-layer compile, before any wrapping for DDP, FSDP2 or DeepSpeed."""
+    linear_loss = LinearLoss(model, cfg.loss_chunk_tokens) if cfg.fused_linear_loss else None
+    return Levers(checkpointed_layers(model), len(decoder_layers(model)),
+                  compile_layers(model) if cfg.compile else 0, linear_loss)
