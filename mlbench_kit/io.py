@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -57,12 +58,52 @@ def read_jsonl_tolerant(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
+def current_umask() -> int:
+    """The process's umask, read without changing it (``os.umask`` can only be read by setting it, which races
+    with other threads creating files)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def shared_mode(executable: bool = False, umask: int | None = None) -> int:
+    """The mode a plain ``open()`` would give a new file: 0666 (0777 for executables and folders) less the umask."""
+    return (0o777 if executable else 0o666) & ~(current_umask() if umask is None else umask)
+
+
+def honour_umask(root: str | Path) -> None:
+    """Give ``root`` (a file, or a folder and everything in it) the modes the umask allows. Some writers create
+    files 0600 whatever the umask (``tempfile.mkstemp``; safetensors' ``save_file``, hence every adapter and
+    checkpoint): on a shared cluster a labmate could not read the report or load the adapter. Links are left
+    alone; executables keep their execute bits."""
+    root = Path(root)
+    mask = current_umask()
+    entries = [root] if not root.is_dir() or root.is_symlink() else [
+        root, *(Path(d) / n for d, dirs, files in os.walk(root) for n in (*dirs, *files))]
+    for p in entries:
+        st = os.lstat(p)
+        if stat.S_ISLNK(st.st_mode):
+            continue
+        want = shared_mode(stat.S_ISDIR(st.st_mode) or bool(st.st_mode & 0o100), mask)
+        if stat.S_IMODE(st.st_mode) != want:
+            os.chmod(p, want)
+
+
 def write_atomic(path: str | Path, text: str) -> None:
-    """Write ``text`` so that readers see the old file or the new one, never half of it."""
+    """Write ``text`` so that readers see the old file or the new one, never half of it; the file gets the
+    umask's mode, as a plain ``open()`` would give it (``mkstemp`` alone makes it 0600)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, shared_mode())
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
@@ -76,7 +117,8 @@ def write_atomic(path: str | Path, text: str) -> None:
 @contextmanager
 def atomic_dir(final: str | Path) -> Iterator[Path]:
     """A fresh ``<final>.tmp`` folder to fill; once the block succeeds it replaces ``final`` (a reader sees the old
-    folder or the new one, never half of one); if the block fails it is removed and ``final`` is left as it was."""
+    folder or the new one, never half of one); if the block fails it is removed and ``final`` is left as it was.
+    What the block wrote gets the umask's modes (see :func:`honour_umask`) before it is published."""
     final = Path(final)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -86,6 +128,7 @@ def atomic_dir(final: str | Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    honour_umask(tmp)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
 

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,24 @@ def tiny_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory, full_rows: list
 def tiny_tokenizer(tiny_tokenizer_dir: Path):
     from mlbench_kit.hf import load_tokenizer
     return load_tokenizer(str(tiny_tokenizer_dir))
+
+
+@pytest.fixture
+def umask_022() -> Iterator[None]:
+    """The umask of a shared cluster's users for this test (and every process it starts)."""
+    old = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def assert_shared_modes(*paths: Path) -> None:
+    """Each path is readable by the group and others (written under umask 022): a labmate can read it."""
+    import stat
+    bad = {str(p): oct(stat.S_IMODE(p.stat().st_mode)) for p in paths
+           if stat.S_IMODE(p.stat().st_mode) & 0o044 != 0o044}
+    assert not bad, f"written without the umask's read bits: {bad}"
 
 
 def run_cli(*argv: str, env: dict | None = None, timeout: int = 600):

@@ -30,7 +30,7 @@ import torch
 
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.hf import TRAIN_META
-from mlbench_kit.io import atomic_dir, write_json_atomic
+from mlbench_kit.io import atomic_dir, honour_umask, write_json_atomic
 
 PREEMPTED_EXIT = 75  # EX_TEMPFAIL: a checkpoint was saved on a signal; re-run with --resume auto
 _STEP = re.compile(r"^step-(\d+)$")
@@ -212,6 +212,7 @@ def save_checkpoint(accelerator: Any, model: Any, optimizer: Any, scheduler: Any
     if accelerator.is_main_process:
         write_json_atomic(tmp / "trainer_state.json", {**asdict(state), "world_size": accelerator.num_processes})
         (tmp / "COMPLETE").write_text("ok\n")
+        honour_umask(tmp)  # every rank's files, safetensors' 0600 ones included
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         done = sorted(p for p in ckpt_dir.iterdir() if _STEP.match(p.name) and (p / "COMPLETE").is_file())

@@ -37,7 +37,7 @@ if __package__ in (None, "") and sys.path and Path(sys.path[0]).resolve() == Pat
 from mlbench_kit.config import rename_old_keys, with_old_names
 from mlbench_kit.deprecation import deprecated_flag
 from mlbench_kit.errors import MLBenchError
-from mlbench_kit.io import AppendLog, atomic_dir, claim_run_folder, write_json_atomic
+from mlbench_kit.io import AppendLog, atomic_dir, claim_run_folder, honour_umask, write_json_atomic
 from mlbench_kit.train.config import (
     OLD_FLAGS,
     SHORTCUTS,
@@ -523,6 +523,7 @@ def merge_weights(base: str, adapter: Path, out: Path, precision: str = "bf16", 
         model = model.dequantize(dtype=dtype)
     PeftModel.from_pretrained(model, adapter).merge_and_unload().save_pretrained(out)
     load_tokenizer(str(adapter), "--adapter", fast=False).save_pretrained(out)
+    honour_umask(out)
     return f"{'NF4-dequantized' if quantization else precision} base, merged on {device}"
 
 

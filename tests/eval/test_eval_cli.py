@@ -2,7 +2,7 @@ import json
 import shutil
 
 import pytest
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, assert_shared_modes
 
 from mlbench_kit.cli import main
 
@@ -29,10 +29,11 @@ def _eval(gens, out, *extra):
                  "--no-ci", *extra])
 
 
-def test_scores_resumes_and_rescores(tmp_path, capsys):
+def test_scores_resumes_and_rescores(tmp_path, capsys, umask_022):
     gens, n_rows = _gens(tmp_path)
     out = tmp_path / "run"
     assert _eval(gens, out) == 0
+    assert_shared_modes(*(out / n for n in ("summary.json", "report.md", "results.jsonl", "run.json")))
     s = json.loads((out / "summary.json").read_text())["metrics"]["overall"]
     assert s["samples"] == n_rows and s["pass@1"] == 0.0 and s["pass@2"] == 1.0 and s["pass@5"] == 1.0
     assert s["unbiased_pass@1"] == pytest.approx(3 / 5)  # 3 of 5 outputs pass for every row, bash or Python

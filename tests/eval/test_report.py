@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, run_cli
+from conftest import REPO_ROOT, assert_shared_modes, run_cli
 
 SAMPLE = REPO_ROOT / "examples" / "sample" / "samples.jsonl"
 ENVS = REPO_ROOT / "configs" / "eval" / "sample.yaml"
@@ -34,7 +34,8 @@ def evals(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.mark.integration
-def test_report_groups_settings_and_seeds_and_quotes_reference_rows(evals: dict[str, Path], tmp_path: Path) -> None:
+def test_report_groups_settings_and_seeds_and_quotes_reference_rows(evals: dict[str, Path], tmp_path: Path,
+                                                                   umask_022: None) -> None:
     ref = tmp_path / "ref.yaml"
     ref.write_text("source: test fixture\nrows:\n"
                    "  - {name: published-x, table: 1, task: 3, pass@1: 0.25, pass@5: 0.5}\n")
@@ -42,6 +43,7 @@ def test_report_groups_settings_and_seeds_and_quotes_reference_rows(evals: dict[
     r = run_cli("mlbench", "report", f"a={evals['a1-s0']}", f"a={evals['a1-s1']}", f"a={evals['a3']}",
                 f"b={evals['b3']}", "--reference", ref, "--out", out)
     assert r.returncode == 0, r.stderr
+    assert_shared_modes(*(out / n for n in ("report.md", "report.csv", "report.png")))
     rows = list(csv.DictReader((out / "report.csv").open()))
 
     def value(run: str, task: str, kind: str, group: str, metric: str) -> float:

@@ -17,7 +17,7 @@ import psutil
 import pytest
 import torch
 import yaml
-from conftest import REPO_ROOT, run_cli
+from conftest import REPO_ROOT, assert_shared_modes, run_cli
 from safetensors.torch import load_file
 
 from mlbench_kit.train.checkpoint import PREEMPTED_EXIT
@@ -162,11 +162,17 @@ def test_overfitting_a_handful_of_prompts_drives_the_loss_down(tmp_path, tiny_mo
 
 
 @pytest.mark.integration
-def test_sigkill_between_checkpoints_then_resume_equals_uninterrupted(tmp_path, tiny_model_dir, real_prep):
+def test_sigkill_between_checkpoints_then_resume_equals_uninterrupted(tmp_path, tiny_model_dir, real_prep,
+                                                                    umask_022):
     args = ("--max-steps", "16", "--set", "checkpoint.every_steps=4", "--set", "lora.dropout=0.1")
     ref = tmp_path / "ref"
     assert subprocess.run(_launch(tiny_model_dir, real_prep, ref, *args), cwd=REPO_ROOT,
                           capture_output=True, timeout=600).returncode == 0
+    # a labmate can load the adapter and resume from the checkpoint (safetensors alone writes them 0600)
+    last = sorted((ref / "checkpoints").glob("step-*"))[-1]
+    assert_shared_modes(ref / "adapter" / "adapter_model.safetensors", ref / "config.yaml", ref / "run.json",
+                        last / "trainable.safetensors", last / "optimizer.pt", last / "trainer_state.json",
+                        last / "adapter" / "adapter_model.safetensors")
     run = tmp_path / "run"
     assert _interrupt(_launch(tiny_model_dir, real_prep, run, *args), run, 10, signal.SIGKILL)[0] == -signal.SIGKILL
     assert not (run / "adapter").exists()
