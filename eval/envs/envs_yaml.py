@@ -1,11 +1,12 @@
 """Per-repository execution environments from an environments file (``configs/eval/*.yaml``; the format is
 :class:`mlbench_kit.envspec.EnvsFile`, read by the core's config loader).
 
-Relative paths are relative to the YAML file. ``venv`` (or ``prefix``) is any environment with ``bin/python``;
-``conda: NAME`` is looked up under ``conda_root`` (top-level key, or ``$CONDA_ROOT``); ``env:`` sets variables the
-repository's commands rely on; ``warm: [torch]`` names the modules imported once before a run's first verdict
-(default: the common heavy ones; ``[]`` for none). A repository that is not listed uses ``<repos_dir>/<repo>``
-and the base interpreter of the Python running mlbench (never its venv).
+Relative paths are relative to the YAML file. ``venv`` (or ``prefix``) is any environment with ``bin/python`` or
+``bin/python3`` (the sandbox then adds the missing name); ``conda: NAME`` is looked up under ``conda_root``
+(top-level key, or ``$CONDA_ROOT``); ``env:`` sets variables the repository's commands rely on; ``warm: [torch]``
+names the modules imported once before a run's first verdict (default: the common heavy ones; ``[]`` for none). A
+repository that is not listed uses ``<repos_dir>/<repo>`` and the base interpreter of the Python running mlbench
+(never its venv).
 """
 
 from __future__ import annotations
@@ -68,8 +69,8 @@ class EnvConfig:
             ro += (str(Path(self.conda_root).resolve()),)
         if prefix:
             prefix = str((self.base / prefix).resolve())
-            if not Path(prefix, "bin", "python").exists():
-                raise MLBenchError(f"environment of {repo!r} has no bin/python: {prefix}", where,
+            if not any(Path(prefix, "bin", n).exists() for n in ("python", "python3")):
+                raise MLBenchError(f"environment of {repo!r} has no bin/python or bin/python3: {prefix}", where,
                                    "build it (mlbench env build) or fix the path")
         return Env(repo, checkout, prefix, spec.image, ro, spec.recipe, where,
                    tuple(sorted((str(k), str(v)) for k, v in spec.env.items())),

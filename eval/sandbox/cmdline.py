@@ -68,7 +68,7 @@ def stage_script(m: Mounts, who: Identity, cgroup_procs: list[str], report_fd: i
         lines.append("echo -1000 2>/dev/null > /proc/self/oom_score_adj || true")
     lines += [f"echo $$ > {q(p)}" for p in cgroup_procs]
     lines += [f"mount -t tmpfs -o size={m.disk_mb}m,mode=0700{owner} mlbench {s}",
-              f"cd {s}", "mkdir upper ovw work home job ro lower", f"cp -p {q(str(m.job))}/* job/"]  # files 0444
+              f"cd {s}", "mkdir upper ovw work home job ro lower", f"cp -pR {q(str(m.job))}/* job/"]  # 0444, bin/ 0755
     for i, src in enumerate(m.ro_binds):
         lines += [f"mkdir ro/{i}", f"mount --bind {q(src)} ro/{i}"]  # bwrap binds it on read-only
     if m.lower is not None:

@@ -17,6 +17,7 @@ as ``fault``: they are never verdicts about the model.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -76,6 +77,36 @@ def _interpreter_dirs() -> list[str]:
     return [] if base.startswith(("/usr", "/bin", "/lib")) else [base]
 
 
+# Names an answer calls the environment's interpreter by. The benchmark's answers say ``python`` (126 of 260 rows),
+# ``python3`` (34) and ``pip`` (51); Debian's /usr/bin has python3 alone, and a conda or pyenv prefix may lack pip.
+SHIMS = {"python": "", "python3": "", "pip": " -m pip", "pip3": " -m pip"}
+
+
+def _interpreter_in(bindir: Path) -> Path | None:
+    """The environment's own interpreter in ``bindir``: ``python3``, ``python`` or the running version's name."""
+    for name in ("python3", "python", f"python{sys.version_info[0]}.{sys.version_info[1]}"):
+        if (bindir / name).is_file() and os.access(bindir / name, os.X_OK):
+            return bindir / name
+    return None
+
+
+def write_shims(folder: Path, prefix: str) -> bool:
+    """Fill ``folder`` with the :data:`SHIMS` that ``prefix/bin`` lacks, each running the environment's own
+    interpreter (``exec``: ``sys.executable`` stays the real one, so a venv is still found). False when none is
+    needed or the prefix has no interpreter at all (the probe then reports it)."""
+    bindir = Path(prefix, "bin")
+    real = _interpreter_in(bindir)
+    missing = [n for n in SHIMS if not (bindir / n).exists()]
+    if real is None or not missing:
+        return False
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in missing:
+        (folder / name).write_text(f'#!/bin/sh\nexec {shlex.quote(str(real))}{SHIMS[name]} "$@"\n')
+        (folder / name).chmod(0o755)
+    folder.chmod(0o755)
+    return True
+
+
 def _owned_by(root: Path, uid: int) -> bool:
     """Every entry of ``root`` belongs to ``uid`` (so the overlay's writable copy behaves like the checkout)."""
     for dirpath, dirnames, filenames in os.walk(root):
@@ -109,6 +140,7 @@ class Sandbox:
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o711)  # the sandbox uid must traverse to the staged checkouts, never list them
         self._lower: dict[Path, Path] = {}
+        self._shims: dict[str, str | None] = {}
         self._lock = threading.Lock()
         self.staged_s = 0.0
         self._runner_python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else os.path.realpath(
@@ -164,13 +196,30 @@ class Sandbox:
 
     # -- one execution -----------------------------------------------------------------------------------------
 
+    def shim_dir(self, prefix: str) -> str | None:
+        """The host folder of ``prefix``'s shims (see :data:`SHIMS`), made once per run; None when it needs none.
+        Each execution gets a copy in its job folder (``/sandbox/job/bin``: no host path shows inside), right
+        after ``prefix/bin`` on the PATH, so ``python`` is the environment's interpreter in every engine, never
+        another one that /usr/local/bin or /usr/bin happens to hold."""
+        with self._lock:
+            if prefix not in self._shims:
+                folder = self.root / "shims" / hashlib.sha256(prefix.encode()).hexdigest()[:12]
+                self._shims[prefix] = str(folder) if write_shims(folder, prefix) else None
+                if self._shims[prefix]:
+                    os.chmod(folder.parent, 0o755)
+            return self._shims[prefix]
+
     def _env_vars(self, env: Env) -> dict[str, str]:
+        shims = None
         if not self.engine.container:
             # resolved, as _ro_binds mounts it: a venv reached through a symlink is not under its link's path
             prefix = os.path.realpath(env.prefix or sys.base_prefix)
+            shims = self.shim_dir(prefix)
+            if shims and self.engine.isolated:
+                shims = f"{SANDBOX}/job/bin"
         else:  # images built by `mlbench env build --image` hold the environment in /opt/venv
             prefix = CONTAINER_PREFIX
-        path = "/usr/local/bin:/usr/bin:/bin"
+        path = "/usr/local/bin:/usr/bin:/bin" if shims is None else f"{shims}:/usr/local/bin:/usr/bin:/bin"
         out = {"HOME": f"{SANDBOX}/home", "USER": "sandbox", "LOGNAME": "sandbox", "LANG": "C.UTF-8",
                "TMPDIR": "/tmp", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
         if prefix:
@@ -192,8 +241,8 @@ class Sandbox:
         paths = set(env.ro_paths)
         if env.prefix:
             paths.add(os.path.realpath(env.prefix))
-            real_py = Path(env.prefix, "bin", "python")
-            if real_py.exists():  # a venv's interpreter lives in its base install
+            real_py = _interpreter_in(Path(env.prefix, "bin"))
+            if real_py is not None:  # a venv's interpreter lives in its base install
                 paths.add(str(Path(os.path.realpath(real_py)).parent.parent))
         else:
             paths.update(_interpreter_dirs())
@@ -234,6 +283,9 @@ class Sandbox:
         (jobdir / "empty").write_text("")  # bwrap binds it over the /proc files runc masks
         for f in jobdir.iterdir():
             f.chmod(0o444)
+        shims = None if self.engine.container else self.shim_dir(os.path.realpath(job.env.prefix or sys.base_prefix))
+        if shims:
+            shutil.copytree(shims, jobdir / "bin")  # its modes: 0755 folder, 0755 scripts
         if copy:
             jobdir.chmod(0o755)
 

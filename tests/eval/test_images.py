@@ -54,7 +54,7 @@ def _podman(*args: str, **kw) -> subprocess.CompletedProcess:
 
 def test_containerfile_copies_the_build_and_installs_nothing():
     r = {x.repo: x for x in load_recipes(REPO_ROOT / "configs" / "eval" / "envs")}["bert"]
-    plan = ImagePlan("/c/envs/bert-x/venv", "/root/.pyenv/versions/3.7.16", "lib/python3.7/site-packages",
+    plan = ImagePlan("/c/envs/bert-x/venv", "/c/pythons/3.7.16", "lib/python3.7/site-packages",
                      ("tensorflow_core",), "/c/envs/bert-x/checkout")
     cf = containerfile(r, plan).splitlines()
     assert cf[2] == "FROM localhost/mlbench-base:bookworm"

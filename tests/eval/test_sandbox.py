@@ -87,7 +87,7 @@ def test_runs_real_scripts_in_a_private_copy(box):
     assert r.exit_code == 0 and "mlp hidden=8" in r.log
     r = run(box, "test -e out/model.json")
     assert r.exit_code == 1  # nothing of the first execution is left for the next
-    assert [p.name for p in box[0].root.iterdir() if not p.name.startswith(("pristine", "seccomp"))] == []
+    assert [p.name for p in box[0].root.iterdir() if not p.name.startswith(("pristine", "seccomp", "shims"))] == []
 
 
 def test_thread_count_of_one_execution_is_the_limit_not_the_hosts_cores(box):
@@ -293,6 +293,32 @@ def tmp_venv():
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(d)], check=True)
     yield d
     shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "local"])
+def test_python_and_pip_are_the_environments_own_where_it_ships_python3_alone(tmp_path, backend):
+    """Debian's /usr/bin has python3 and no python: an answer's `python` (and `pip`) must still be the
+    environment's interpreter, found as a venv, in every engine that runs the host's environments."""
+    if backend == "bwrap" and shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap not installed")
+    tmp_venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_venv)], check=True)
+    real = os.path.realpath(tmp_venv / "bin" / "python")
+    for name in ("python", "python3"):  # what a stock python3 prefix looks like: python3 only, no pip
+        (tmp_venv / "bin" / name).unlink()
+    (tmp_venv / "bin" / "python3").symlink_to(real)
+    env = Env("toybench", REPO, prefix=str(tmp_venv))
+    code = ("python -c 'import sys; print(\"PY\", sys.prefix)'; python3 -c 'import sys; print(\"PY3\", sys.prefix)'; "
+            "pip --version; echo \"pip exit $?\"")
+    with Sandbox(backend) as sb:
+        if backend == "bwrap":  # the probe asks for /sandbox/work: isolated engines only
+            assert sb.preflight(env, ["./"])["python"] == f"{tmp_venv}/bin/python3"
+        r = sb.run(Job(code, True, env, "./"), Limits(wall_s=30))
+        py = sb.run(Job("import sys; print('TEMP', sys.prefix)", False, env, "./"), Limits(wall_s=30))
+    assert r.fault is None and r.exit_code == 0, r.log
+    assert f"PY {tmp_venv}" in r.log and f"PY3 {tmp_venv}" in r.log  # the venv itself, not its base interpreter
+    assert "No module named pip" in r.log and "pip exit 1" in r.log  # pip is the venv's: without pip here
+    assert py.fault is None and py.exit_code == 0 and f"TEMP {tmp_venv}" in py.log  # a Python Code answer
 
 
 def test_venv_under_tmp_is_visible(tmp_venv, tmp_path):
