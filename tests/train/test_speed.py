@@ -65,6 +65,12 @@ def _packed_batch() -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "labels": labels, "position_ids": pos}
 
 
+def assert_grads_close(got: torch.Tensor, ref: torch.Tensor, name: str) -> None:
+    """Equal up to fp32 summation order: the absolute tolerance scales with the tensor's largest entry (a fixed
+    1e-6 failed one element in 1,024, 2.3e-6 off where the largest was 2.7, on another CPU's kernels)."""
+    torch.testing.assert_close(got, ref, atol=1e-5 * float(ref.abs().max()), rtol=1e-4, msg=name)
+
+
 def _loss_and_grads(model, batch, linear_loss=None, watch=True):  # type: ignore[no-untyped-def]
     model.zero_grad(set_to_none=True)
     with LargestTensor() if watch else contextlib.nullcontext() as seen:  # a dispatch mode keeps dynamo off
@@ -86,7 +92,7 @@ def test_fused_linear_loss_equals_the_logits_path_without_ever_making_the_logits
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
     assert ref_grads.keys() == grads.keys() and grads
     for k in grads:
-        torch.testing.assert_close(grads[k], ref_grads[k], atol=1e-6, rtol=1e-4, msg=k)
+        assert_grads_close(grads[k], ref_grads[k], k)
     assert ref_largest >= SEQ * VOCAB  # the logits path makes the whole [T, vocab] logits
     # the fused path: one chunk's logits at a time, forward and backward (or lm_head's weight, viewed transposed)
     assert largest <= max(CHUNK * VOCAB, VOCAB * HIDDEN) < SEQ * VOCAB
@@ -96,7 +102,7 @@ def test_fused_linear_loss_equals_the_logits_path_without_ever_making_the_logits
     got, grads, largest = _loss_and_grads(model, batch, linear)
     assert "base_model.model.lm_head.weight" in grads
     for k in grads:
-        torch.testing.assert_close(grads[k], ref_grads[k], atol=1e-6, rtol=1e-4, msg=k)
+        assert_grads_close(grads[k], ref_grads[k], k)
     assert largest <= max(CHUNK * VOCAB, VOCAB * HIDDEN)
     linear.head.weight.requires_grad_(False)
     # outside a loss the output layer is itself again: logits, for evaluation, generation and merging
@@ -137,7 +143,7 @@ def test_selective_checkpointing_recomputes_one_layer_in_n_and_computes_the_same
     _, grads, _ = _loss_and_grads(model, batch)
     assert calls[0] == 4 + recomputed  # every layer forward once, the checkpointed ones again in backward
     for k in grads:
-        torch.testing.assert_close(grads[k], ref_grads[k], atol=1e-6, rtol=1e-4, msg=k)
+        assert_grads_close(grads[k], ref_grads[k], k)
 
 
 def test_qlora_keeps_the_selective_checkpointing_that_peft_s_preparation_would_reset(tmp_path):
