@@ -20,7 +20,7 @@ from mlbench_kit.errors import MLBenchError
 ROOT = Path(__file__).resolve().parents[2]
 README_MAX_LINES = 220
 SHELL_FENCES = {"", "bash", "sh", "shell", "console"}
-_FENCE = re.compile(r"^\s*(```+|~~~+)\s*([\w-]*)")
+_FENCE = re.compile(r"^\s*(`{3,}|~{3,})\s*([^`\s]*)[^`]*$")  # an info string holds no backtick
 _ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _OPERATORS = {"|", "||", "&&", ";", "&", "(", ")"}
 
