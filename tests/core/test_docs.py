@@ -196,19 +196,14 @@ def mkdocs_build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
                            "--site-dir", str(site)], capture_output=True, text=True, timeout=300)
 
 
-@pytest.fixture(scope="module")
-def mkdocs_available() -> None:
-    pytest.importorskip("mkdocs", reason="mkdocs is in the dev extra: bash scripts/setup.sh installs it")
-
-
-def test_site_builds_strict(tmp_path: Path, mkdocs_available: None) -> None:
+def test_site_builds_strict(tmp_path: Path) -> None:  # mkdocs: the dev extra, which scripts/setup.sh installs
     out = mkdocs_build(ROOT / "mkdocs.yml", tmp_path / "site")
     assert out.returncode == 0, out.stdout + out.stderr
     assert (tmp_path / "site" / "index.html").is_file()
 
 
 @pytest.mark.parametrize("breakage", ["dead link", "page not in nav"])
-def test_site_build_fails_on_a_broken_page(tmp_path: Path, mkdocs_available: None, breakage: str) -> None:
+def test_site_build_fails_on_a_broken_page(tmp_path: Path, breakage: str) -> None:
     copy = tmp_path / "repo"
     shutil.copytree(ROOT / "docs", copy / "docs", symlinks=True)
     shutil.copytree(ROOT / "bench" / "results", copy / "bench" / "results")
