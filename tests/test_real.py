@@ -1,5 +1,5 @@
 """The real loop, shrunk: SmolLM2-135M-Instruct as released, real ML-Bench rows, the real environment of a test
-repository, every stage of `scripts/real.sh --quick` (the README's real-model section). It fails if any stage
+repository, every stage of `scripts/real.sh --quick` (docs/real-model.md). It fails if any stage
 breaks: the model conversion, prep with the model's chat template, LoRA (the loss must fall), vLLM with the
 adapter, parsing, execution in the sandbox, the report."""
 

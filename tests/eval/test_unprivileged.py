@@ -2,7 +2,7 @@
 
 As root, the test creates a system user of its own (removed at the end, with everything it left), and runs the
 project's real ``mlbench eval`` as that user, with the project's own venv, read-only: the embedded sample's gold
-answers in bwrap, then hostile answers, each contained exactly as the README's "Without root" section says.
+answers in bwrap, then hostile answers, each contained exactly as docs/sandbox.md, "Without root", says.
 
 Where the venv's base interpreter sits in a folder the user cannot enter (pyenv under ``/root``, mode 0700),
 the user's commands run in a private mount namespace in which that folder is a fresh tmpfs holding only
@@ -280,7 +280,7 @@ def _hostile(user: User, marker: str, port: int) -> dict[str, str]:
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="system call numbers of x86_64")
 def test_hostile_answers_are_contained_as_an_unprivileged_user(user):
     """`mlbench eval --mode strict` as the user, limits --mem-mb 256 --pids 48 --disk-mb 48: every hostile answer
-    fails, with the error class the README states for runs without root, and the host is unchanged."""
+    fails, with the error class docs/sandbox.md states for runs without root, and the host is unchanged."""
     marker = f"mlbench-pwned-{uuid.uuid4().hex[:8]}"
     (user.home / "secret").write_text("caller's secret\n")
     os.chown(user.home / "secret", user.uid, user.gid)
@@ -371,6 +371,6 @@ def test_per_execution_limits_without_root(user):
     assert got["mode"] == "rlimit (per process)"
     assert got["tmp"] == [9, "disk", False, None] and got["shm"] == [9, "disk", False, None]
     assert got["fsize"][1] == "fsize" and got["cpu"][1] == "cpu" and not got["cpu"][2]
-    # README, "Without root": RLIMIT_AS caps each process, not their sum; this documents it (and fails, telling
-    # you to update the README, on the day per-execution cgroups work here without root)
-    assert got["memory-tree"] == [0, None, False, None], "the tree's memory is capped now: update the README"
+    # docs/sandbox.md, "Without root": RLIMIT_AS caps each process, not their sum; this documents it (and fails, telling
+    # you to update docs/sandbox.md, on the day per-execution cgroups work here without root)
+    assert got["memory-tree"] == [0, None, False, None], "the tree's memory is capped now: update docs/sandbox.md"
