@@ -19,12 +19,25 @@ from mlbench_kit.errors import MLBenchError
 from ..sandbox import Env
 
 
+def envs_file_missing(path: Path) -> MLBenchError:
+    """The error for an environments file that is not there: who writes one, and where it is looked up."""
+    from .build import default_cache
+    built = default_cache() / "envs.yaml"
+    return MLBenchError("environments file not found", str(path),
+                        "`mlbench env build [REPO ...]` builds the repositories' environments and writes "
+                        f"$MLBENCH_CACHE/envs.yaml (here {built}); then pass --envs {built}. Your own "
+                        "environments: a YAML like configs/eval/mlbench.yaml (configs/eval/sample.yaml for the "
+                        "demo's sample)")
+
+
 class EnvConfig:
     """An environments file (:class:`mlbench_kit.envspec.EnvsFile`); :meth:`for_repo` resolves one repository."""
 
     def __init__(self, path: str | Path | None = None, repos_dir: str | Path | None = None) -> None:
         self.path = Path(path) if path is not None else None
         if self.path is not None:
+            if not self.path.is_file():
+                raise envs_file_missing(self.path)
             spec, lines = load_envs_file(self.path)
             self.base = self.path.parent
             self.where = {name: lines.at(("repos", name)) for name in spec.repos}
