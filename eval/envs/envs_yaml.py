@@ -70,7 +70,10 @@ class EnvConfig:
                                "pass --repos-dir DIR (holding DIR/<repo>) or set `checkout:` in --envs YAML")
         if not checkout.is_dir():
             raise MLBenchError(f"checkout of {repo!r} not found at {checkout}", where,
-                               "unpack it (mlbench env build) or clone it (mlbench prep --checkout), or fix the path")
+                               f"rebuild it: mlbench env build {repo}" if spec.recipe else
+                               "clone the repositories at their pinned commits (mlbench prep --checkout "
+                               "../shared/mlbench/repos.json --repos-dir DIR ...), or point `checkout:`/`repos_dir` "
+                               "at them")
         prefix = spec.venv or spec.prefix
         ro = tuple(spec.ro_paths)
         if spec.conda:
@@ -83,7 +86,9 @@ class EnvConfig:
             prefix = str((self.base / prefix).resolve())
             if not Path(prefix, "bin", "python").exists():
                 raise MLBenchError(f"environment of {repo!r} has no bin/python: {prefix}", where,
-                                   "build it (mlbench env build) or fix the path")
+                                   f"rebuild it: mlbench env build {repo}" if spec.recipe else
+                                   f"create it (python3 -m venv {prefix}) or point `venv:`/`conda:` of {repo} at an "
+                                   "environment with bin/python")
         return Env(repo, checkout, prefix, spec.image, ro, spec.recipe, where,
                    tuple(sorted((str(k), str(v)) for k, v in spec.env.items())),
                    None if spec.warm is None else tuple(spec.warm))

@@ -104,3 +104,11 @@ def test_an_unwritable_output_folder_fails_before_any_work(tmp_path: Path) -> No
     with pytest.raises(MLBenchError) as e:
         prepare._check_out(locked / "prep")
     assert "not writable" in e.value.what and e.value.where == str(locked / "prep")
+
+
+def test_prep_without_out_names_the_flag_and_an_example(capsys: pytest.CaptureFixture) -> None:
+    # before: "error: defaults: no `out` given"
+    assert main(["prep"]) == 2
+    first, fix = capsys.readouterr().err.splitlines()[:2]
+    assert first.startswith("error: missing --out: mlbench prep needs --out DIR"), first
+    assert fix.startswith("  fix: e.g. mlbench prep --data ") and "--out runs/prep" in fix

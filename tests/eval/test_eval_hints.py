@@ -90,3 +90,18 @@ def test_probe_advice_follows_what_the_environment_is(tmp_path: Path) -> None:
         assert "mlbench env base-image" in fix
         _, fix = sb.probe_advice(Env("dgl", REPO, image="localhost/mlbench-dgl:abc", recipe="abc", where="e:2"))
         assert "mlbench env build dgl --image" in fix
+
+
+def test_an_environment_without_python_says_how_to_make_one(tmp_path: Path) -> None:
+    # before: "build it (mlbench env build) or fix the path" for a venv of the user's own too
+    from mlbench_kit.eval.envs import EnvConfig
+    (tmp_path / "empty").mkdir()
+    f = tmp_path / "envs.yaml"
+    f.write_text(f"repos:\n  toybench: {{checkout: {REPO}, venv: empty}}\n"
+                 f"  toyvision: {{checkout: {REPO}, venv: empty, recipe: abc123}}\n")
+    with pytest.raises(MLBenchError) as e:
+        EnvConfig(f).for_repo("toybench")
+    assert f"python3 -m venv {tmp_path / 'empty'}" in str(e.value.fix) and "mlbench env" not in str(e.value.fix)
+    with pytest.raises(MLBenchError) as e:
+        EnvConfig(f).for_repo("toyvision")
+    assert e.value.fix == "rebuild it: mlbench env build toyvision"
