@@ -614,7 +614,7 @@ def preflight(cfg: TrainConfig) -> None:
         d = cfg.data
         raise MLBenchError(f"no prep records for the {d.split} split, task {d.task}", str(data),
                            f"run `mlbench prep --tasks {d.task} --template {cfg.template} --tokenizer {cfg.model} "
-                           f"--out {d.prep_dir} ...` first (see README, Data preparation), or pass --prep-dir DIR")
+                           f"--out {d.prep_dir} ...` first (mlbench prep --help), or pass --prep-dir DIR")
 
 
 def resolve_config(args: argparse.Namespace) -> TrainConfig:

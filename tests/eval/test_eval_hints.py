@@ -105,3 +105,15 @@ def test_an_environment_without_python_says_how_to_make_one(tmp_path: Path) -> N
     with pytest.raises(MLBenchError) as e:
         EnvConfig(f).for_repo("toyvision")
     assert e.value.fix == "rebuild it: mlbench env build toyvision"
+
+
+def test_env_check_without_builds_says_what_it_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture) -> None:
+    # before: "run `mlbench env build` first", also for a user whose environments are a file of their own
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap not installed")
+    monkeypatch.setenv("MLBENCH_CACHE", str(tmp_path))
+    assert main(["env", "check"]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'envs.yaml'}: no environments built yet" in err
+    assert "mlbench env build [REPO ...]" in err and "mlbench eval --envs FILE probes those" in err
