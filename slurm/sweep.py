@@ -50,7 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 # authentication that fails): not the sweep's fault
 _UNREACHABLE = re.compile(r"Unable to contact slurm controller|Could not establish a configuration source|"
                           r"connect failure|Connection refused|Socket timed out|Zero Bytes were transmitted|"
-                          r"Communication connection failure|Unable to resolve|Invalid authentication credential|"
+                          r"Communication connection failure|Unable to resolve \"|resolve_ctls_from_dns_srv|"
+                          r"Invalid authentication credential|"
                           r"[Mm]unge")
 UNREACHABLE_FIX = ("check that the controller answers: `sinfo` and `scontrol ping` (on a cluster: a login node, its "
                    "Slurm module loaded, e.g. `module load slurm`, and $SLURM_CONF); the project's test cluster: "
