@@ -7,6 +7,7 @@ expressions as ``BM25Okapi.get_scores``, so they are bit-identical and ties brea
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 
@@ -26,10 +27,23 @@ def punkt_split(text: str) -> list[str]:
     try:
         return nltk.tokenize.sent_tokenize(text)
     except LookupError:
-        raise MLBenchError("NLTK's English Punkt model (punkt_tab) is not installed", "NLTK_DATA",
-                           "set NLTK_DATA to a folder holding tokenizers/punkt_tab/english (e.g. "
-                           "shared/mlbench/nltk_data), or run `python -m nltk.downloader punkt_tab`; "
-                           "--splitter regex is an explicit, non-paper fallback") from None
+        raise punkt_missing(list(nltk.data.path)) from None
+
+
+def punkt_missing(searched: list[str]) -> MLBenchError:
+    """The error for a missing Punkt model: where NLTK looked, and the three ways out."""
+    shown = ", ".join(searched[:4]) + (f" and {len(searched) - 4} more" if len(searched) > 4 else "")
+    return MLBenchError(f"NLTK's English Punkt model (punkt_tab), which task 2 splits READMEs with, is not installed: "
+                        f"no tokenizers/punkt_tab/english in {shown or 'any folder'}",
+                        f"NLTK_DATA={os.environ.get('NLTK_DATA', '(unset)')}",
+                        "set NLTK_DATA to a folder holding tokenizers/punkt_tab/english (the benchmark's shared data "
+                        "has one: shared/mlbench/nltk_data), or download it once: `python3 -m nltk.downloader -d "
+                        "~/nltk_data punkt_tab`; --splitter regex is an explicit, non-paper fallback")
+
+
+def check_punkt() -> None:
+    """Fail now, before anything is written, when task 2's Punkt model is missing."""
+    punkt_split("A first sentence. A second one.")
 
 
 def regex_split(text: str) -> list[str]:

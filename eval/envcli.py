@@ -158,7 +158,10 @@ def _check(args: Namespace) -> int:
     check_backend(args.backend, False)
     envs_file = cache / "envs.yaml"
     if not envs_file.is_file():
-        raise MLBenchError("no environments built yet", str(envs_file), "run `mlbench env build` first")
+        raise MLBenchError("no environments built yet", str(envs_file),
+                           "build them first: mlbench env build [REPO ...] (without REPO: every recipe of --recipes, "
+                           "the 14 benchmark repositories by default); env check checks builds only, not an "
+                           "environments file of your own (mlbench eval --envs FILE probes those)")
     envs = EnvConfig(envs_file)
     names = args.repos or sorted(envs.repos)
     bad = 0

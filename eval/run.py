@@ -321,15 +321,17 @@ def _execute(cfg: EvalConfig, threads: int, samples: dict, gens: Any, out: Path)
                     used[repo] = (env, sandbox.preflight(env, workdirs))
             with ThreadPoolExecutor(max_workers=cfg.workers) as pool:  # seconds per environment: overlap them
                 warmed = dict(zip(used, pool.map(sandbox.warm, [env for env, _ in used.values()]), strict=True))
-            for repo, (_, probe) in used.items():
+            for repo, (env, probe) in used.items():
                 warm = warmed[repo]
                 print(f"eval: environment {repo}: python {probe['version']} ({probe['python']}) ok in the "
                       f"{cfg.backend} sandbox; limits: {sandbox.limits_mode}; {warm_summary(warm)}",
                       file=sys.stderr)
                 if any(not w.compiled and not w.error for w in warm):
+                    fix = (f"rebuild it: mlbench env build {repo}" if env.recipe else
+                           f"compile them once: {probe['python']} -m compileall -q DIR (DIR: the folder "
+                           "holding them, e.g. its site-packages or the checkout)")
                     print(f"eval: warning: {repo}'s libraries have no bytecode and the sandbox cannot cache it: "
-                          "every execution compiles them again (seconds of each time limit). Run `mlbench env "
-                          "build` for built environments, or `python -m compileall` on your own", file=sys.stderr)
+                          f"every execution compiles them again (seconds of each time limit); {fix}", file=sys.stderr)
         claim_run_folder(out / "run.json", _config(cfg, threads))
         faults: list[EvalResult] = []
         stop = threading.Event()

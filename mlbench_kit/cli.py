@@ -71,7 +71,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc.render()}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted: results written so far are kept; re-run the same command to resume", file=sys.stderr)
+        if args.stage == "prep":  # its folder appears whole at the end, or not at all
+            print("interrupted: prep wrote nothing; re-run the same command", file=sys.stderr)
+        else:
+            print("interrupted: results written so far are kept; re-run the same command to resume",
+                  file=sys.stderr)
         return 130
 
 

@@ -19,6 +19,9 @@ from .errors import MLBenchError
 # The sandbox backends (eval/sandbox's engines register exactly these)
 BACKENDS = ("bwrap", "podman", "docker", "apptainer", "local")
 MODES = ("compat", "strict")
+# the one-line example of a missing-options error (the flags `mlbench eval` cannot run without)
+USAGE = ("e.g. mlbench eval --data ../shared/mlbench/full.jsonl --generations runs/infer/base/task1.jsonl "
+         "--envs ~/.cache/mlbench/envs.yaml --out runs/eval-base (mlbench eval --help lists every option)")
 
 
 @dataclass
@@ -55,11 +58,15 @@ class EvalConfig:
     ci: bool = True  # bootstrap confidence intervals
 
     def check(self, at: Check) -> None:
-        for key in ("data", "out"):
-            if getattr(self, key) is None:
-                raise MLBenchError(f"no `{key}` given", at(key), f"pass --{key} (or `{key}:` in --config)")
-        if (self.generations is None) == (not self.gold):
-            raise MLBenchError("score either generations or the gold answers", at("generations"),
+        missing = [f"--{k}" for k in ("data", "out") if getattr(self, k) is None]
+        if self.generations is None and not self.gold:
+            missing.insert(1 if self.data is None else 0, "--generations (or --gold)")
+        if missing:
+            where = at("data" if self.data is None else "out" if self.out is None else "generations")
+            raise MLBenchError(f"missing {', '.join(missing)}: mlbench eval needs --data ROWS, --generations FILE "
+                               "(or --gold) and --out DIR", None if where == "defaults" else where, USAGE)
+        if self.generations is not None and self.gold:
+            raise MLBenchError("score either generations or the gold answers, not both", at("generations"),
                                "pass one of --generations FILE or --gold")
         for key in ("workers", "mem_mb", "pids", "disk_mb"):
             if getattr(self, key) < 1:

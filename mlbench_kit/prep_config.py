@@ -44,7 +44,11 @@ class PrepConfig:
 
     def check(self, at: Check) -> None:
         if self.out is None:
-            raise MLBenchError("no `out` given", at("out"), "pass --out (or `out:` in --config)")
+            where = at("out")
+            raise MLBenchError("missing --out: mlbench prep needs --out DIR, the folder it writes (and --data ROWS, "
+                               f"default {self.data})", None if where == "defaults" else where,
+                               "e.g. mlbench prep --data ../shared/mlbench/full.jsonl --splits full --readmes "
+                               "../shared/mlbench/readmes --out runs/prep (mlbench prep --help lists every option)")
         if not self.splits:
             raise MLBenchError("`splits` names at least one split", at("splits"))
         if not self.tasks or any(t not in TASKS for t in self.tasks):

@@ -10,8 +10,11 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
+import re
 import shutil
 import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -43,6 +46,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             a.add_argument("--json", action="store_true", help="print the status of every unit as JSON")
 
 
+# what Slurm's clients print when no controller answers (no configuration, a daemon down, a wrong host or port,
+# authentication that fails): not the sweep's fault
+_UNREACHABLE = re.compile(r"Unable to contact slurm controller|Could not establish a configuration source|"
+                          r"connect failure|Connection refused|Socket timed out|Zero Bytes were transmitted|"
+                          r"Communication connection failure|Unable to resolve \"|resolve_ctls_from_dns_srv|"
+                          r"Invalid authentication credential|"
+                          r"[Mm]unge")
+UNREACHABLE_FIX = ("check that the controller answers: `sinfo` and `scontrol ping` (on a cluster: a login node, its "
+                   "Slurm module loaded, e.g. `module load slurm`, and $SLURM_CONF); the project's test cluster: "
+                   "bash slurm/cluster.sh start, then export the SLURM_CONF it prints")
+
+
+def unreachable(cmd: str, stderr: str, note: str = "") -> MLBenchError:
+    """Slurm's clients could not reach a controller: say so, with the client's own words and what to check."""
+    said = " ".join(ln.strip() for ln in stderr.strip().splitlines()[-3:])[:300]
+    return MLBenchError(f"Slurm is not reachable: `{cmd}` failed ({said})",
+                        f"SLURM_CONF={os.environ.get('SLURM_CONF', '(unset)')}", UNREACHABLE_FIX + note)
+
+
+def warn_default_partition(sweep: Sweep) -> None:
+    """One line when the sweep names no partition: its jobs go wherever the cluster's default one is."""
+    if sweep.cfg.slurm.partition is None:
+        print(f"sweep: warning: slurm.partition is not set ({sweep.lines.at('slurm.partition')}): jobs go to the "
+              "cluster's default partition (`sinfo -s` marks it with *); set `partition: NAME` under `slurm:`",
+              file=sys.stderr)
+
+
 def _pending_units(sweep: Sweep, job: ArrayJob) -> list:
     if job.stage == "report":
         return job.units
@@ -53,6 +83,7 @@ def plan(args: argparse.Namespace) -> int:
     sweep = load_sweep(args.sweep, args.root)
     all_jobs = jobs(sweep)
     check_jobs(sweep, all_jobs)
+    warn_default_partition(sweep)
     print(f"sweep {sweep.name}: {len(sweep.models)} model(s) x splits {sweep.cfg.splits} x tasks "
           f"{sweep.cfg.tasks} x seeds {sweep.cfg.seeds} = {len(sweep.cells())} cells; run folder {sweep.run_dir}")
     for job in all_jobs:
@@ -82,7 +113,7 @@ def _queue() -> dict[str, tuple[str, str]]:
     """``{"123_4": (state, reason)}`` for this user's jobs Slurm still knows about."""
     r = _run(["squeue", "--me", "-h", "-r", "-t", "all", "-o", "%i|%T|%r"])
     if r.returncode != 0:
-        raise MLBenchError(f"squeue failed: {r.stderr.strip()}", None, "is the cluster up? (sinfo)")
+        raise unreachable("squeue", r.stderr)
     out = {}
     for line in r.stdout.splitlines():
         jid, state, reason = (line.split("|") + ["", ""])[:3]
@@ -173,6 +204,8 @@ def status(args: argparse.Namespace) -> int:
 
 def submit(args: argparse.Namespace) -> int:
     sweep = load_sweep(args.sweep, args.root)
+    _queue()  # Slurm answers, before anything is written
+    warn_default_partition(sweep)
     rows = unit_status(sweep)
     busy = sorted({r["slurm_id"] for r in rows if r["state"] in ("pending", "running")})
     if busy:
@@ -202,9 +235,12 @@ def submit(args: argparse.Namespace) -> int:
             cmd += [f"--dependency={','.join(deps)}"] if deps else []
             r = _run(cmd + [str(script)])
             if r.returncode != 0:
+                so_far = f"; jobs submitted so far: {[j['job_id'] for j in submitted.values()]}"
+                if _UNREACHABLE.search(r.stderr):
+                    raise unreachable("sbatch", r.stderr, so_far)
                 raise MLBenchError(f"sbatch refused {job.name}: {r.stderr.strip()}", str(script),
-                                   "fix the sweep's slurm section (partition, account, resources); jobs submitted "
-                                   f"so far: {[j['job_id'] for j in submitted.values()]}")
+                                   f"fix the sweep's slurm section ({sweep.lines.at('slurm')}: partition, account, "
+                                   f"resources.{job.stage}){so_far}")
             job_id = r.stdout.strip().split(";")[0]
             submitted[job.name] = {"job_id": job_id, "stage": job.stage, "script": str(script),
                                    "dependency": ",".join(deps), "units": {str(u.index): u.key for u in units}}

@@ -58,8 +58,15 @@ def load_examples(path: Path, tok: Any, template: str, max_context_tokens: int
         notes.append(f"{len(dropped)} records longer than max_context_tokens {max_context_tokens} were left out "
                      f"(re-run prep with --max-context-tokens {max_context_tokens} and this tokenizer to cut their "
                      "README instead)")
+    if not examples and dropped:
+        raise MLBenchError(f"no training records fit: all {len(dropped)} are longer than max_context_tokens "
+                           f"{max_context_tokens}", str(path),
+                           f"re-run mlbench prep with this model's tokenizer (--tokenizer) and --max-context-tokens "
+                           f"{max_context_tokens}: it cuts each README to fit")
     if not examples:
-        raise MLBenchError("no training records fit", str(path), "check the prep output and data.max_context_tokens")
+        raise MLBenchError("no training records: the prep output is empty", str(path),
+                           "re-run mlbench prep for this split and task (its --tasks; --build-splits for id_train/"
+                           "ood_train), or choose another --split/--task")
     return examples, notes
 
 

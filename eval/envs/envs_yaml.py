@@ -20,12 +20,25 @@ from mlbench_kit.errors import MLBenchError
 from ..sandbox import Env
 
 
+def envs_file_missing(path: Path) -> MLBenchError:
+    """The error for an environments file that is not there: who writes one, and where it is looked up."""
+    from .build import default_cache
+    built = default_cache() / "envs.yaml"
+    return MLBenchError("environments file not found", str(path),
+                        "`mlbench env build [REPO ...]` builds the repositories' environments and writes "
+                        f"$MLBENCH_CACHE/envs.yaml (here {built}); then pass --envs {built}. Your own "
+                        "environments: a YAML like configs/eval/mlbench.yaml (configs/eval/sample.yaml for the "
+                        "demo's sample)")
+
+
 class EnvConfig:
     """An environments file (:class:`mlbench_kit.envspec.EnvsFile`); :meth:`for_repo` resolves one repository."""
 
     def __init__(self, path: str | Path | None = None, repos_dir: str | Path | None = None) -> None:
         self.path = Path(path) if path is not None else None
         if self.path is not None:
+            if not self.path.is_file():
+                raise envs_file_missing(self.path)
             spec, lines = load_envs_file(self.path)
             self.base = self.path.parent
             self.where = {name: lines.at(("repos", name)) for name in spec.repos}
@@ -58,7 +71,10 @@ class EnvConfig:
                                "pass --repos-dir DIR (holding DIR/<repo>) or set `checkout:` in --envs YAML")
         if not checkout.is_dir():
             raise MLBenchError(f"checkout of {repo!r} not found at {checkout}", where,
-                               "unpack it (mlbench env build) or clone it (mlbench prep --checkout), or fix the path")
+                               f"rebuild it: mlbench env build {repo}" if spec.recipe else
+                               "clone the repositories at their pinned commits (mlbench prep --checkout "
+                               "../shared/mlbench/repos.json --repos-dir DIR ...), or point `checkout:`/`repos_dir` "
+                               "at them")
         prefix = spec.venv or spec.prefix
         ro = tuple(spec.ro_paths)
         if spec.conda:
@@ -71,7 +87,9 @@ class EnvConfig:
             prefix = str((self.base / prefix).resolve())
             if not any(Path(prefix, "bin", n).exists() for n in ("python", "python3")):
                 raise MLBenchError(f"environment of {repo!r} has no bin/python or bin/python3: {prefix}", where,
-                                   "build it (mlbench env build) or fix the path")
+                                   f"rebuild it: mlbench env build {repo}" if spec.recipe else
+                                   f"create it (python3 -m venv {prefix}) or point `venv:`/`conda:` of {repo} at an "
+                                   "environment with bin/python3")
         return Env(repo, checkout, prefix, spec.image, ro, spec.recipe, where,
                    tuple(sorted((str(k), str(v)) for k, v in spec.env.items())),
                    None if spec.warm is None else tuple(spec.warm))

@@ -377,9 +377,11 @@ class Sandbox:
         environment; nothing is scored."""
         missing = sorted({w for w in workdirs if not (env.checkout / w).is_dir()})
         if missing:
+            fix = (f"rebuild it at the benchmark's pinned commit: mlbench env build {env.name}" if env.recipe else
+                   f"check out the benchmark's pinned commit there (mlbench prep --checkout repos.json --repos-dir "
+                   f"DIR), or point `checkout:` of {env.name} at such a checkout")
             raise MLBenchError(f"environment {env.name!r}: {len(missing)} sample folder(s) missing from the checkout "
-                               f"{env.checkout}: {missing[:5]}", env.where or str(env.checkout),
-                               "check the checkout is at the benchmark's pinned commit (mlbench env build)")
+                               f"{env.checkout}: {missing[:5]}", env.where or str(env.checkout), fix)
         expect = len(os.listdir(env.checkout))
         code = ("python -c 'import os, sys; print(\"MLBENCH-PROBE\", sys.executable, sys.version.split()[0], "
                 "len(os.listdir(\"/sandbox/work\")))'")
@@ -397,12 +399,43 @@ class Sandbox:
                        f"the repository")
         if problem:
             tail = "\n    ".join(res.log.strip().splitlines()[-8:])
-            raise MLBenchError(f"environment {env.name!r} failed its probe in the {self.backend} sandbox: {problem}"
-                               + (f"\n  log:\n    {tail}" if tail else ""), env.where or str(env.checkout),
-                               "build or fix the environment (mlbench env check), then re-run; no verdict was "
-                               "written")
+            what, fix = self.probe_advice(env)
+            raise MLBenchError(f"environment {env.name!r} failed its probe in the {self.backend} sandbox: {problem}; "
+                               f"{what}" + (f"\n  log:\n    {tail}" if tail else ""), env.where or str(env.checkout),
+                               f"{fix}; then re-run (no verdict was written)")
         assert probe is not None  # no problem: the probe printed its line
         return {"python": probe[1], "version": probe[2]}
+
+    def probe_advice(self, env: Env) -> tuple[str, str]:
+        """What ``env`` is (which interpreter the probe ran) and what fixes it, by its kind: a build of
+        ``mlbench env build``, an environment of the user's own, an image, or the default one (the base
+        interpreter of the Python running mlbench, for a repository with no environment of its own)."""
+        name, at = env.name, env.where.rsplit(":", 1)[0] if env.where else "the environments file (--envs)"
+        if self.engine.container:
+            image = env.image or "(none)"
+            rebuild = (f"rebuild it: mlbench env build {name} --image" if env.recipe else
+                       "the demo's base image: mlbench env base-image" if image.startswith("localhost/mlbench-base")
+                       else f"rebuild it, or point `image:` of {name} in {at} at one that does")
+            return (f"the probe ran `python` in the image {image}",
+                    f"the image must have `python` on its PATH; {rebuild}")
+        path = self._env_vars(env)["PATH"]
+        if env.recipe:
+            return (f"it is the build {env.prefix} of `mlbench env build`, its `python` run from PATH {path}",
+                    f"see what is wrong with: mlbench env check {name}; rebuild it: mlbench env build {name}")
+        if env.prefix:
+            return (f"it is the environment {env.prefix} named in {at}, its `python` run from PATH {path}",
+                    f"check that {env.prefix}/bin/python starts (`{env.prefix}/bin/python -c 'import sys'`), "
+                    f"or point `venv:` of {name} in {at} at an environment that does")
+        base = getattr(sys, "_base_executable", sys.executable)
+        recipes = Path(__file__).resolve().parents[2] / "configs" / "eval"
+        recipe = next((f"configs/eval/{d}" for d in ("envs-sample", "envs")
+                       if (recipes / d / f"{name}.yaml").is_file()), None)
+        build = (f", or build one from its recipe: mlbench env build {name} --recipes {recipe}, then pass --envs "
+                 "$MLBENCH_CACHE/envs.yaml" if recipe else "")
+        return (f"{name} has no environment of its own, so the probe ran the default one: the base interpreter of "
+                f"the Python running mlbench ({base}) as `python` from PATH {path}",
+                f"give {name} an environment with bin/python (`venv: DIR` under repos.{name} in {at}){build}; or "
+                f"check that {base} starts for every user (`{base} -c 'import sys'`; its folders readable)")
 
     def warm(self, env: Env) -> list[Warmed]:
         """Import the environment's heavy libraries once inside the sandbox, before any verdict, timing each.

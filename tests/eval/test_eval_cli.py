@@ -122,3 +122,4 @@ def test_libraries_without_bytecode_are_named_before_scoring(tmp_path, capsys):
                  str(tmp_path / "run"), "--no-ci"]) == 0
     err = capsys.readouterr().err
     assert "warm-up: toylib" in err and "(not compiled)" in err and "toybench's libraries have no bytecode" in err
+    assert "; compile them once: " in err and " -m compileall -q DIR" in err  # the environment's own interpreter
