@@ -196,11 +196,15 @@ class Sandbox:
 
     # -- one execution -----------------------------------------------------------------------------------------
 
-    def shim_dir(self, prefix: str) -> str | None:
-        """The host folder of ``prefix``'s shims (see :data:`SHIMS`), made once per run; None when it needs none.
-        Each execution gets a copy in its job folder (``/sandbox/job/bin``: no host path shows inside), right
-        after ``prefix/bin`` on the PATH, so ``python`` is the environment's interpreter in every engine, never
-        another one that /usr/local/bin or /usr/bin happens to hold."""
+    def shim_dir(self, env: Env) -> str | None:
+        """The host folder of ``env``'s shims (see :data:`SHIMS`), made once per run; None when it needs none
+        (container images hold a venv at /opt/venv). Each execution gets a copy in its job folder
+        (``/sandbox/job/bin``: no host path shows inside), right after the environment's ``bin/`` on the PATH, so
+        ``python`` is the environment's interpreter in every engine, never another one that /usr/local/bin or
+        /usr/bin happens to hold."""
+        if self.engine.container:
+            return None
+        prefix = os.path.realpath(env.prefix or sys.base_prefix)
         with self._lock:
             if prefix not in self._shims:
                 folder = self.root / "shims" / hashlib.sha256(prefix.encode()).hexdigest()[:12]
@@ -214,7 +218,7 @@ class Sandbox:
         if not self.engine.container:
             # resolved, as _ro_binds mounts it: a venv reached through a symlink is not under its link's path
             prefix = os.path.realpath(env.prefix or sys.base_prefix)
-            shims = self.shim_dir(prefix)
+            shims = self.shim_dir(env)
             if shims and self.engine.isolated:
                 shims = f"{SANDBOX}/job/bin"
         else:  # images built by `mlbench env build --image` hold the environment in /opt/venv
@@ -283,7 +287,7 @@ class Sandbox:
         (jobdir / "empty").write_text("")  # bwrap binds it over the /proc files runc masks
         for f in jobdir.iterdir():
             f.chmod(0o444)
-        shims = None if self.engine.container else self.shim_dir(os.path.realpath(job.env.prefix or sys.base_prefix))
+        shims = self.shim_dir(job.env)
         if shims:
             shutil.copytree(shims, jobdir / "bin")  # its modes: 0755 folder, 0755 scripts
         if copy:
