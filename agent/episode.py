@@ -145,10 +145,10 @@ class Episode:
         self.tokens_in += len(p.ids)
         self.tokens_out += n_tokens
         self.seconds += wall_s
+        action: dict[str, Any] | None = None
         try:
             action = parse_reply(raw, self.step)
         except FormatError as exc:
-            action = None
             self.format_errors += 1
             rec["error"] = str(exc)
         else:

@@ -241,7 +241,7 @@ def run_episodes(cfg: AgentConfig, rows: list[Sample], repos: dict[str, Path], e
     try:
         while True:
             todo = []
-            for ep, path, ended in live:
+            for ep, path, _ in live:
                 p = ep.prepare()
                 if p is not None:
                     todo.append((ep, path, p))

@@ -17,7 +17,7 @@ from mlbench_kit.agent.parse import FormatError, parse_reply
 from mlbench_kit.agent.repo import Refused, RepoView
 from mlbench_kit.agent.run import run_episodes
 from mlbench_kit.dataset import Sample
-from mlbench_kit.engine import GenParams, GenRequest, Generated
+from mlbench_kit.engine import Generated, GenParams, GenRequest
 from mlbench_kit.errors import MLBenchError
 
 # ---------------------------------------------------------------------------------------------------------- parser
