@@ -40,8 +40,8 @@ class AgentRead:
     """What the harness shows of the (untrusted) repository: every text it inserts is capped in characters, and
     the cut is said in the text the model sees. Reads are confined to the checkout; links are never followed."""
 
-    max_index_chars: int = 12000  # the directory index (files, one per line): the task folder's first
-    max_readme_chars: int = 12000
+    max_index_chars: int = 6000  # the directory index (files, one per line): the task folder's first
+    max_readme_chars: int = 8000
     max_file_chars: int = 8000  # a file the model asked to read (step 4's FILE)
     max_file_bytes: int = 1_000_000  # larger files are refused unread
 

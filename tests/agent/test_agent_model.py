@@ -126,3 +126,88 @@ def test_resume_with_the_tiny_model_equals_an_uninterrupted_run(tmp_path: Path, 
     key = lambda g: (g["github_id"], g["id"])  # noqa: E731
     assert [(key(g), g["output"], g["raw"]) for g in sorted(a, key=key)] == \
         [(key(g), g["output"], g["raw"]) for g in sorted(b, key=key)]
+
+
+class OneAtATime:
+    """The same engine, one request per call: sequential episodes."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+
+    def generate(self, requests, params):
+        return [g for r in requests for g in self.engine.generate([r], params)]
+
+
+def test_lockstep_equals_sequential_on_vllm(tmp_path: Path, shared: Path, tiny_model_dir: Path, rows_file: Path):
+    """All live episodes' turns in one vLLM call give the same tokens as one call per turn (per-turn seeds)."""
+    from mlbench_kit.engine import VllmEngine
+    from mlbench_kit.hf import load_tokenizer
+    cfg = load_agent_config(TINY)
+    cfg.limits.max_format_errors = 4
+    rows = load_samples(rows_file)
+    tok = load_tokenizer(str(tiny_model_dir), fast=False)
+    encode, _ = make_encoder(tok, "auto")
+    import tarfile
+    with tarfile.open(shared / "repos" / f"{REPO}.tar.gz") as tf:
+        tf.extractall(tmp_path / "repos", filter="data")
+    engine = VllmEngine(str(tiny_model_dir), 4096, cfg.sampling.seed)
+    ident = {"model": str(tiny_model_dir), "adapter": None, "backend": "vllm"}
+    try:
+        for name, eng in (("lockstep", engine), ("sequential", OneAtATime(engine))):
+            run_episodes(cfg, rows, {REPO: tmp_path / "repos" / REPO}, lambda e=eng: e, encode, 4096,
+                         tmp_path / name, ident)
+    finally:
+        engine.close()
+    lock, seq = _transcripts(tmp_path / "lockstep"), _transcripts(tmp_path / "sequential")
+    assert sum("turn" in r for t in lock.values() for r in t) >= 8
+    assert lock == seq
+
+
+def _verdicts(run: Path) -> dict[tuple[int, int, int], tuple[bool, str | None]]:
+    out = {}
+    for line in (run / "results.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        out[(r["github_id"], r["id"], r["idx"])] = (r["passed"], r["error_class"])
+    return out
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+@pytest.mark.parametrize("mode", ["compat", "strict"])
+def test_gold_answers_through_the_agent_get_the_gold_verdicts(tmp_path: Path, shared: Path, rows_file: Path,
+                                                               mode: str):
+    """A scripted model that reads the README and submits each row's gold answer: eval's verdicts on the agent's
+    generations are those of `mlbench eval --gold` on the same rows, in both modes."""
+    import tarfile
+
+    from mlbench_kit.cli import main
+    rows = load_samples(rows_file)
+    gold = {s.instruction: s.output for s in rows}
+
+    class GoldModel:
+        def generate(self, requests, params):
+            from mlbench_kit.engine import Generated
+            out = []
+            for r in requests:
+                prompt = "".join(map(chr, r.token_ids))
+                if prompt.startswith("I will provide you with the name"):
+                    reply = json.dumps({"task_flag": "Yes", "ranked_readmefiles": [f"{REPO}/README.md"]})
+                else:
+                    task = next(t for t in gold if f"task: {t}" in prompt)
+                    reply = json.dumps({"flag": "CODE", "file_path": "", "code": gold[task]})
+                out.append(Generated(reply, 10))
+            return out
+
+    with tarfile.open(shared / "repos" / f"{REPO}.tar.gz") as tf:
+        tf.extractall(tmp_path / "repos", filter="data")
+    checkout = tmp_path / "repos" / REPO
+    cfg = load_agent_config(TINY)
+    run_episodes(cfg, rows, {REPO: checkout}, lambda: GoldModel(), lambda t: [ord(c) for c in t], 10**6,
+                 tmp_path / "agent", {"model": "gold", "adapter": None, "backend": "scripted"})
+    envs = _envs(tmp_path, checkout)
+    common = ["--data", str(rows_file), "--envs", str(envs), "--mode", mode, "--no-ci", "--k", "1"]
+    assert main(["eval", *common, "--generations", str(tmp_path / "agent" / "generations.jsonl"),
+                 "--out", str(tmp_path / "eval")]) == 0
+    assert main(["eval", *common, "--gold", "--out", str(tmp_path / "gold")]) == 0
+    agent, want = _verdicts(tmp_path / "eval"), _verdicts(tmp_path / "gold")
+    assert len(agent) == 2 * len(want) == 4
+    assert {k: v for k, v in agent.items()} == {(g, i, e): want[(g, i, 0)] for (g, i, _) in want for e in (0, 1)}
