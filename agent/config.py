@@ -65,6 +65,9 @@ class AgentConfig:
     limits: AgentLimits = field(default_factory=AgentLimits)
     read: AgentRead = field(default_factory=AgentRead)
     max_model_len: int | None = None  # default: the model's positions
+    # a prompt over the context has its repository texts (README, index, file) cut further to fit; the task
+    # never (off: such a prompt ends the episode as context_exceeded)
+    fit_context: bool = True
     gpu_memory_utilization: float = 0.9
 
     def check(self, at: Check) -> None:

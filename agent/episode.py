@@ -74,7 +74,8 @@ class Episode:
         self.step = "plan"
         self.ranked: list[str] = []
         self.readme_at = -1
-        self.py_file = ""
+        self.py_text = ""  # the file FILE asked for, whole (cut when shown), or the harness's refusal
+        self.py_readable = False
         self.args_code = ""
         self.format_errors = 0
         self.tokens_out = 0
@@ -83,36 +84,50 @@ class Episode:
         self._prepared: Prepared | None = None
 
     # -- prompts -----------------------------------------------------------------------------------------------
-    def _readme(self, rel: str) -> tuple[str, dict[str, Any]]:
+    def _readme(self, rel: str, cap: int) -> tuple[str, dict[str, Any], int]:
+        """The README as shown (cut to ``cap`` characters), what was cut, and its full length."""
         try:
             text = self.repo.read(rel)
         except Refused as exc:
-            return str(exc), {"readme": self.repo.display(rel), "refused": str(exc)}
-        shown, dropped = cut(text, self.cfg.read.max_readme_chars)
-        return shown, {"readme": self.repo.display(rel), "readme_cut_chars": dropped}
+            return str(exc), {"readme": self.repo.display(rel), "refused": str(exc)}, 0
+        shown, dropped = cut(text, cap)
+        return shown, {"readme": self.repo.display(rel), "readme_cut_chars": dropped}, len(text)
 
-    def _build(self) -> tuple[str, dict[str, Any]]:
-        s, r = self.sample, self.cfg.read
+    def _build(self, caps: dict[str, int]) -> tuple[str, dict[str, Any], dict[str, int]]:
+        """The step's prompt with the repository's texts cut to ``caps`` (characters); also the full length of
+        each cuttable part it holds (what fitting to the context can take from)."""
+        s = self.sample
+        sizes: dict[str, int] = {}
         if self.step == "plan":
             readmes = self.repo.readmes()
-            text, inputs = self._readme(readmes[0])
+            text, inputs, sizes["readme"] = self._readme(readmes[0], caps["readme"])
             prompt = P.PLAN.format(repo_name=self.repo.name, readme=text, instruction=s.instruction)
             if self.cfg.list_readmes:
                 prompt += P.PLAN_LIST.format(readmes=", ".join(self.repo.display(x) for x in readmes))
         elif self.step == "code_or_file":
-            index, left = self.repo.index(s.path, r.max_index_chars)
-            text, inputs = self._readme(self.ranked[self.readme_at])
+            index, left = self.repo.index(s.path, caps["index"])
+            sizes["index"] = sum(len(f) + 1 for f in self.repo.files())
+            text, inputs, sizes["readme"] = self._readme(self.ranked[self.readme_at], caps["readme"])
             inputs["index_files_left_out"] = left
             prompt = P.CODE_OR_FILE.format(index=index, readme=text, instruction=s.instruction)
         elif self.step == "read_args":
-            prompt, inputs = P.READ_ARGS.format(py_file=self.py_file), {}
+            shown, dropped = cut(self.py_text, caps["file"]) if self.py_readable else (self.py_text, 0)
+            sizes["file"] = len(self.py_text) if self.py_readable else 0
+            prompt, inputs = P.READ_ARGS.format(py_file=shown), {"file_cut_chars": dropped}
         else:
-            text, inputs = self._readme(self.ranked[self.readme_at])
+            text, inputs, sizes["readme"] = self._readme(self.ranked[self.readme_at], caps["readme"])
             prompt = P.WRITE_CODE.format(readme=text, args=self.args_code, instruction=s.instruction)
-        return P.with_format(prompt, self.step), {"step": self.step, **inputs}
+        return P.with_format(prompt, self.step), {"step": self.step, **inputs}, sizes
 
     def prepare(self) -> Prepared | None:
-        """The next turn's prompt, or None when the episode has ended (possibly now: context exceeded)."""
+        """The next turn's prompt, or None when the episode has ended (possibly now: context exceeded).
+
+        A prompt over the context (with this turn's new tokens) has its repository texts cut further when
+        ``fit_context`` is on: the characters to take off are estimated from the prompt's characters per token and
+        taken from the README, index and file in proportion to what each shows, until it fits (at most 8 tries;
+        the caps used are recorded in the turn's ``inputs.fitted``). The task, the step's instructions and the
+        answer format are never cut: a prompt that does not fit without its repository texts ends the episode
+        (``context_exceeded``)."""
         if self.exit is not None:
             return None
         if self._prepared is not None:
@@ -120,10 +135,25 @@ class Episode:
         if self.step == "plan" and not self.repo.readmes():
             self._end("no_answer", "the repository has no README.md")
             return None
-        text, inputs = self._build()
-        ids = self.encode(text)
+        r = self.cfg.read
+        caps = {"readme": r.max_readme_chars, "index": r.max_index_chars, "file": r.max_file_chars}
         room = self.cfg.limits.max_episode_tokens - self.tokens_out
         new = min(self.cfg.sampling.max_new_tokens, room)
+        fitted = False
+        for _ in range(8):
+            text, inputs, sizes = self._build(caps)
+            ids = self.encode(text)
+            over = len(ids) + new - self.max_model_len
+            shown = {k: min(v, caps[k]) for k, v in sizes.items() if min(v, caps[k]) > 0}
+            if over <= 0 or not self.cfg.fit_context or not shown:
+                break
+            take = int(over * len(text) / max(len(ids), 1) * 1.02) + 8  # characters, with a small margin
+            total = sum(shown.values())
+            for k, v in shown.items():
+                caps[k] = max(0, v - -(-take * v // total))
+            fitted = True
+        if fitted:
+            inputs["fitted"] = {k: caps[k] for k in sizes}
         if len(ids) + new > self.max_model_len:
             self._end("context_exceeded", f"the {inputs['step']} prompt is {len(ids)} tokens; with {new} new tokens "
                                           f"it exceeds max_model_len {self.max_model_len}")
@@ -208,13 +238,14 @@ class Episode:
             return None
         if kind == "file":
             try:
-                text = self.repo.read(action["path"])
-                self.py_file, dropped = cut(text, self.cfg.read.max_file_chars)
+                self.py_text, self.py_readable = self.repo.read(action["path"]), True
+                shown, dropped = cut(self.py_text, self.cfg.read.max_file_chars)
                 action["cut_chars"] = dropped
             except Refused as exc:
-                self.py_file = str(exc)
+                self.py_text, self.py_readable = str(exc), False
+                shown = self.py_text
             self.step = "read_args"
-            return self.py_file
+            return shown
         if kind == "args":
             self.args_code = action["args"]
             self.step = "write_code"

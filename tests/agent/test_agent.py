@@ -262,6 +262,21 @@ def test_a_prompt_over_the_context_ends_the_episode_unsent(toy_repo: Path):
     assert ep.exit == "context_exceeded" and ep.turns == [] and "max_model_len 700" in ep.detail
 
 
+def test_repository_texts_are_cut_to_fit_the_context_never_the_task(toy_repo: Path):
+    (toy_repo / "README.md").write_text("# toy\n" + "All about the toy model. " * 400)  # 10,000 characters
+    cfg = _cfg()
+    cfg.sampling.max_new_tokens = 100
+    ep = _episode(toy_repo, cfg, max_model_len=3000)  # one token per character here
+    p = ep.prepare()
+    assert p is not None and len(p.ids) + 100 <= 3000 and len(p.ids) > 2500  # cut, not emptied
+    assert p.inputs["fitted"]["readme"] < cfg.read.max_readme_chars
+    assert SAMPLE.instruction in p.text and "more characters not shown]" in p.text
+    assert p.text.endswith(ep.prepare().text[-200:])  # the answer format survives
+    cfg.fit_context = False
+    ep = _episode(toy_repo, cfg, max_model_len=3000)
+    assert ep.prepare() is None and ep.exit == "context_exceeded"
+
+
 def test_turn_seeds_depend_on_row_episode_and_turn():
     seeds = {turn_seed(42, (9, 1), e, t) for e in range(3) for t in range(4)}
     assert len(seeds) == 12 and turn_seed(42, (9, 1), 1, 2) == turn_seed(42, (9, 1), 1, 2)
