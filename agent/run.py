@@ -254,7 +254,10 @@ def run_episodes(cfg: AgentConfig, rows: list[Sample], repos: dict[str, Path], e
             wall = time.perf_counter() - t0
             rounds += 1
             for (ep, path, _), g in zip(todo, outs, strict=True):
-                rec = ep.feed(g.text, g.n_tokens, wall, g.truncated)
+                # the turn's share of the call: a batch of 100 turns in 100 s gives each 1 s (the time limit
+                # counts shares, so lockstep batches do not make each episode "take" the whole call)
+                rec = ep.feed(g.text, g.n_tokens, wall / len(todo), g.truncated)
+                rec["call_s"], rec["call_size"] = round(wall, 4), len(todo)
                 _log(logs, path).append(rec)
     finally:
         gens.close()

@@ -328,11 +328,14 @@ def _run(toy_repo: Path, out: Path, engine, cfg: AgentConfig | None = None, rows
                         {"model": "scripted", "adapter": None, "backend": "scripted"})
 
 
+RUN_ONLY = ("wall_s", "call_s", "call_size")  # how the turn ran, not what it was: a re-run may differ
+
+
 def _transcripts(out: Path) -> dict[str, list[dict]]:
     """Every transcript, without the wall times (the only thing a re-run may change)."""
     found = {}
     for f in sorted((out / "transcripts").rglob("*.jsonl")):
-        recs = [{k: v for k, v in json.loads(x).items() if k != "wall_s"} for x in f.read_text().splitlines()]
+        recs = [{k: v for k, v in json.loads(x).items() if k not in RUN_ONLY} for x in f.read_text().splitlines()]
         for r in recs:
             if "end" in r:
                 r["end"].pop("seconds")
@@ -375,6 +378,9 @@ def test_generations_and_transcripts_in_lockstep(toy_repo: Path, tmp_path: Path)
     turn = ts["transcripts/9-1/ep0.jsonl"][1]
     assert {"turn", "step", "seed", "prompt_sha", "inputs", "tokens_in", "raw", "tokens_out", "action",
             "observation"} <= set(turn)
+    # each turn counts its share of the lockstep call against the time limit
+    raw = json.loads((tmp_path / "run" / "transcripts" / "9-1" / "ep0.jsonl").read_text().splitlines()[1])
+    assert raw["call_size"] == 4 and raw["wall_s"] == pytest.approx(raw["call_s"] / 4, abs=1e-3)
     # eval's reader takes the file as is
     from mlbench_kit.eval.generations import load_generations
     gens = load_generations(tmp_path / "run" / "generations.jsonl", {SAMPLE.key: SAMPLE, OTHER.key: OTHER})

@@ -29,10 +29,13 @@ def rows_file(tmp_path_factory: pytest.TempPathFactory, full_rows: list[dict]) -
     return f
 
 
+RUN_ONLY = ("wall_s", "call_s", "call_size")  # how the turn ran, not what it was: a re-run may differ
+
+
 def _transcripts(out: Path) -> dict[str, list[dict]]:
     found = {}
     for f in sorted((out / "transcripts").rglob("*.jsonl")):
-        recs = [{k: v for k, v in json.loads(x).items() if k != "wall_s"} for x in f.read_text().splitlines()]
+        recs = [{k: v for k, v in json.loads(x).items() if k not in RUN_ONLY} for x in f.read_text().splitlines()]
         for r in recs:
             if "end" in r:
                 r["end"].pop("seconds")
