@@ -85,6 +85,8 @@ class RepoView:
         """The checkout-relative path a model meant: with or without the ``<repo_name>/`` (or ``repo/<name>/``)
         prefix, a leading ``./``. Refused: absolute paths and ``..`` components."""
         g = given.strip().strip("`'\"")
+        if "\0" in g or len(g) > 4096:
+            raise Refused(f"refused: {given[:80]!r} is not a file name")
         if g.startswith("/") or g.startswith("\\") or (len(g) > 1 and g[1] == ":"):
             raise Refused(f"refused: {given!r} is an absolute path; name a file of the repository index")
         parts = [p for p in PurePosixPath(g.replace("\\", "/")).parts if p not in (".", "")]

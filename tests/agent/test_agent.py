@@ -93,6 +93,9 @@ def test_reads_stay_in_the_checkout(toy_repo: Path, tmp_path: Path):
         "big.py": "over the 100000-byte limit",
         "examples/a": "not a regular file",
         "nope.py": "not in the repository index",
+        "main\0.py": "not a file name",
+        "a/" * 3000: "not a file name",
+        "x" * 300 + ".py": "cannot be read",  # too long for the file system
     }
     for path, why in refused.items():
         with pytest.raises(Refused, match=re.escape(why)):
