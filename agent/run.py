@@ -8,6 +8,7 @@ Writes into ``OUT``:
   an answer gives ``""`` (no row has empty ``arguments``, so eval fails it: it keeps its place in Pass@k).
 - ``transcripts/<github_id>-<id>/ep<k>.jsonl``: one line per turn (flushed when the turn ends), then one ``end``
   line with the exit status.
+- ``summary.json``: exit counts, answers, mean turns, tokens and generation time per episode.
 - ``agent.json``: the settings; a folder made with other settings is refused. A killed run re-run with the same
   command replays each transcript (checking every prompt's hash) and goes on from the last complete turn.
 
@@ -29,7 +30,7 @@ from typing import Any
 from mlbench_kit.dataset import Sample, load_samples
 from mlbench_kit.engine import Engine, GenParams, GenRequest
 from mlbench_kit.errors import MLBenchError
-from mlbench_kit.io import AppendLog, claim_run_folder, read_jsonl_tolerant
+from mlbench_kit.io import AppendLog, claim_run_folder, read_jsonl_tolerant, write_json_atomic
 
 from .config import AgentConfig, load_agent_config
 from .episode import Episode, sha
@@ -188,9 +189,11 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for e in engines:
             e.close()
-    print(f"agent: {stats['rows']} rows x {cfg.episodes} episodes; exits {stats['exits']}; {stats['rounds']} "
-          f"lockstep rounds; generations in {out / 'generations.jsonl'} (score with `mlbench eval --generations`)",
-          file=sys.stderr)
+    summary = json.loads((out / "summary.json").read_text())
+    print(f"agent: {summary['rows']} rows x {cfg.episodes} episodes ({stats['rows']} this time, {stats['rounds']} "
+          f"lockstep rounds); exits {summary['exits']}; mean turns {summary['mean_turns']}, new tokens "
+          f"{summary['mean_tokens_out']}; generations in {out / 'generations.jsonl'} (score with `mlbench eval "
+          "--generations`)", file=sys.stderr)
     return 0
 
 
@@ -267,7 +270,25 @@ def run_episodes(cfg: AgentConfig, rows: list[Sample], repos: dict[str, Path], e
     for eps in by_row.values():
         for ep in eps:
             exits[str(ep.exit)] = exits.get(str(ep.exit), 0) + 1
+    write_json_atomic(out / "summary.json", summarize(gens_path, cfg))
     return {"rows": len(by_row), "exits": exits, "rounds": rounds}
+
+
+def summarize(gens_path: Path, cfg: AgentConfig) -> dict[str, Any]:
+    """The run's episodes at a glance, from ``generations.jsonl`` (every row written so far): exit counts, answers,
+    mean turns, tokens and generation time per episode."""
+    eps = [e for r in read_jsonl_tolerant(gens_path) for e in r["agent"]["episodes"]]
+    n = max(len(eps), 1)
+    exits: dict[str, int] = {}
+    for e in eps:
+        exits[e["exit"]] = exits.get(e["exit"], 0) + 1
+    return {"policy": cfg.policy, "steps": cfg.steps, "config_sha": cfg.sha(), "episodes": len(eps),
+            "rows": len(read_jsonl_tolerant(gens_path)), "exits": dict(sorted(exits.items())),
+            "answered": sum(e["answer"] is not None for e in eps),
+            "mean_turns": round(sum(e["turns"] for e in eps) / n, 3),
+            "mean_tokens_in": round(sum(e["tokens_in"] for e in eps) / n, 1),
+            "mean_tokens_out": round(sum(e["tokens_out"] for e in eps) / n, 1),
+            "mean_seconds": round(sum(e["seconds"] for e in eps) / n, 3)}
 
 
 def _log(logs: dict[Path, AppendLog], path: Path) -> AppendLog:

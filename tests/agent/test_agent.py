@@ -381,6 +381,9 @@ def test_generations_and_transcripts_in_lockstep(toy_repo: Path, tmp_path: Path)
     turn = ts["transcripts/9-1/ep0.jsonl"][1]
     assert {"turn", "step", "seed", "prompt_sha", "inputs", "tokens_in", "raw", "tokens_out", "action",
             "observation"} <= set(turn)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (summary["episodes"], summary["rows"], summary["exits"], summary["answered"]) == (4, 2, {"submitted": 4}, 4)
+    assert summary["mean_turns"] == 4 and summary["mean_tokens_out"] > 0
     # each turn counts its share of the lockstep call against the time limit
     raw = json.loads((tmp_path / "run" / "transcripts" / "9-1" / "ep0.jsonl").read_text().splitlines()[1])
     assert raw["call_size"] == 4 and raw["wall_s"] == pytest.approx(raw["call_s"] / 4, abs=1e-3)
