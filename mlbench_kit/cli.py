@@ -11,6 +11,7 @@ from .errors import MLBenchError
 
 
 def _stages() -> dict[str, tuple[str, Callable, Callable]]:
+    from mlbench_kit.agent import run as agent_run
     from mlbench_kit.data_prep import prepare
     from mlbench_kit.eval import envcli, report
     from mlbench_kit.eval import run as eval_run
@@ -23,6 +24,8 @@ def _stages() -> dict[str, tuple[str, Callable, Callable]]:
                   lora.add_arguments, lora.run),
         "infer": ("sample n responses per prompt (vLLM, HF or an OpenAI-compatible endpoint)",
                   infer_run.add_arguments, infer_run.run),
+        "agent": ("ML-Agent episodes per row (README ranking, then code) -> generations eval scores",
+                  agent_run.add_arguments, agent_run.run),
         "eval": ("execute generations in a sandbox and score them", eval_run.add_arguments, eval_run.run),
         "report": ("eval runs side by side: markdown, CSV, PNG", report.add_arguments, report.run),
         "env": ("build, check and gold-validate the repositories' execution environments", envcli.add_arguments,
@@ -42,6 +45,7 @@ def check_stage(stage: str, argv: list[str]) -> tuple[argparse.Namespace, Any]:
     parser and, for prep, train, infer and eval, the config file loaded with the flags on top. Returns the options and
     the
     resolved config (None for report, env and sweep); a bad option or value is an :class:`MLBenchError`."""
+    from mlbench_kit.agent import run as agent_run
     from mlbench_kit.data_prep import prepare
     from mlbench_kit.eval import run as eval_run
     from mlbench_kit.infer import run as infer_run
@@ -53,7 +57,7 @@ def check_stage(stage: str, argv: list[str]) -> tuple[argparse.Namespace, Any]:
     stages[stage][1](parser)
     args = parser.parse_args(argv)
     resolve = {"prep": prepare.resolve_config, "train": lora.resolve_config, "infer": infer_run.resolve_config,
-               "eval": eval_run.resolve_config}.get(stage)
+               "eval": eval_run.resolve_config, "agent": agent_run.resolve_config}.get(stage)
     return args, resolve(args) if resolve else None
 
 

@@ -21,8 +21,8 @@ if [ "$what" = all ] || [ "$what" = mypy ]; then
   rm -rf "$tree/mlbench_kit" && mkdir -p "$tree/mlbench_kit"
   for f in mlbench_kit/*.py; do ln -s "../../../$f" "$tree/$f"; done
   # the same mapping as [tool.setuptools] package-dir in pyproject.toml
-  for stage in data_prep eval train infer slurm; do ln -s "../../../$stage" "$tree/mlbench_kit/$stage"; done
-  MYPYPATH=$tree "$BIN/mypy" -p mlbench_kit 2>&1 | sed -e "s#^$tree/mlbench_kit/\(data_prep\|eval\|train\|infer\|slurm\)/#\1/#" \
+  for stage in data_prep eval train infer slurm agent; do ln -s "../../../$stage" "$tree/mlbench_kit/$stage"; done
+  MYPYPATH=$tree "$BIN/mypy" -p mlbench_kit 2>&1 | sed -e "s#^$tree/mlbench_kit/\(data_prep\|eval\|train\|infer\|slurm\|agent\)/#\1/#" \
                                                     -e "s#^$tree/mlbench_kit/#mlbench_kit/#"
   exit "${PIPESTATUS[0]}"
 fi

@@ -5,7 +5,8 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-STAGES = {"data_prep": "data_prep", "train": "train", "infer": "infer", "eval": "eval", "slurm": "slurm"}
+STAGES = {"data_prep": "data_prep", "train": "train", "infer": "infer", "eval": "eval", "slurm": "slurm",
+          "agent": "agent"}
 # eval/'s wings and the wings each may import; "scoring" is everything at the top of eval/ (run.py, envcli.py, ...)
 WINGS = {"sandbox": set(), "envs": {"sandbox"}, "report": set(), "scoring": {"sandbox", "envs"}}
 

@@ -1,0 +1,100 @@
+"""`mlbench agent`'s options as one typed config (``configs/agent/*.yaml``), loaded by ``mlbench_kit.config.load``:
+an unknown key or a bad value is one error with the file's line (or the flag)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from mlbench_kit.config import Check, load
+from mlbench_kit.errors import MLBenchError
+
+
+@dataclass
+class AgentSampling:
+    """One completion per turn. Defaults: the benchmark's open-model sampling (temperature 1.0, top_p 1.0, top_k
+    50, seed 42); 512 new tokens per turn (a step's JSON answer)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 50
+    max_new_tokens: int = 512  # per turn
+    seed: int = 42
+
+
+@dataclass
+class AgentLimits:
+    """Hard limits, counted by the harness (never by the model); the one hit is recorded as the episode's exit."""
+
+    max_turns: int = 10  # model calls per episode (OpenHands' ML-Agent-Bench: 10 iterations)
+    max_episode_tokens: int = 4096  # new tokens summed over an episode's turns
+    max_episode_seconds: float = 600.0  # generation wall time summed over an episode's turns (as recorded)
+    max_format_errors: int = 3  # consecutive unparseable replies
+
+
+@dataclass
+class AgentRead:
+    """What the harness shows of the (untrusted) repository: every text it inserts is capped in characters, and
+    the cut is said in the text the model sees. Reads are confined to the checkout; links are never followed."""
+
+    max_index_chars: int = 6000  # the directory index (files, one per line): the task folder's first
+    max_readme_chars: int = 8000
+    max_file_chars: int = 8000  # a file the model asked to read (step 4's FILE)
+    max_file_bytes: int = 1_000_000  # larger files are refused unread
+
+
+@dataclass
+class AgentConfig:
+    """Everything `mlbench agent` needs besides its inputs (model, rows, repositories, output folder)."""
+
+    policy: Literal["ml-agent"] = "ml-agent"
+    # steps the episode runs: "3-4" is what the benchmark's evaluation ran (its eval.py -> run_choose_repo.py):
+    # the row's own repository, README ranking, then the code loop. Steps 1-2 (keywords, repository ranking) are a
+    # later slice.
+    steps: Literal["3-4"] = "3-4"
+    backend: Literal["vllm", "hf"] = "vllm"
+    episodes: int = 5  # k: answers per row (the paper's Pass@1/2/5 on ML-Agent: 5 episodes)
+    template: Literal["auto", "chat", "plain"] = "auto"  # auto: the model's chat template when it has one
+    # The released agent listed the README files to sort after the task (step3_function_repo.yml's
+    # "readme_files need to be sorted:{}"); the paper's Table 22 prints the prompt without that line.
+    list_readmes: bool = True
+    sampling: AgentSampling = field(default_factory=AgentSampling)
+    limits: AgentLimits = field(default_factory=AgentLimits)
+    read: AgentRead = field(default_factory=AgentRead)
+    max_model_len: int | None = None  # default: the model's positions
+    # a prompt over the context has its repository texts (README, index, file) cut further to fit; the task
+    # never (off: such a prompt ends the episode as context_exceeded)
+    fit_context: bool = True
+    gpu_memory_utilization: float = 0.9
+
+    def check(self, at: Check) -> None:
+        if self.episodes < 1:
+            raise MLBenchError("episodes must be at least 1", at("episodes"))
+        lim = self.limits
+        for key in ("max_turns", "max_episode_tokens", "max_format_errors"):
+            if getattr(lim, key) < 1:
+                raise MLBenchError(f"limits.{key} must be at least 1", at(f"limits.{key}"))
+        if lim.max_episode_seconds <= 0:
+            raise MLBenchError("limits.max_episode_seconds must be positive", at("limits.max_episode_seconds"))
+        if self.sampling.max_new_tokens < 1:
+            raise MLBenchError("sampling.max_new_tokens must be at least 1", at("sampling.max_new_tokens"))
+        for key in ("max_index_chars", "max_readme_chars", "max_file_chars", "max_file_bytes"):
+            if getattr(self.read, key) < 100:
+                raise MLBenchError(f"read.{key} must be at least 100", at(f"read.{key}"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def sha(self) -> str:
+        """The settings that change what an episode does (not where it runs): a run folder keeps one."""
+        d = self.to_dict()
+        d.pop("gpu_memory_utilization")
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def load_agent_config(path: str | Path | None, overrides: dict[str, tuple[Any, str]] | None = None) -> AgentConfig:
+    """An :class:`AgentConfig` from an optional YAML file plus ``{dotted key: (value, origin)}`` overrides."""
+    return load(AgentConfig, path, overrides)

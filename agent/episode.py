@@ -1,0 +1,266 @@
+"""One ML-Agent episode on one row, as a state machine the harness drives turn by turn.
+
+Steps 3-4 of the paper, as the benchmark's evaluation ran them (its ``run_choose_repo.py``), on the row's own
+repository, executing nothing:
+
+- ``plan`` (Table 22): repository name, main README (the shortest README path), task -> ``Yes`` with the README
+  files ranked, or ``No`` (the episode ends: ``rejected``).
+- ``code_or_file`` (Table 23), once per ranked README in turn: directory index, the README, task -> ``CODE``
+  (the answer: ``submitted``), ``No`` (this README is rejected: the next ranked one), or ``FILE`` with a path.
+- after ``FILE``: ``read_args`` (the requested file as the harness read it, or its refusal) -> the argument code,
+  then ``write_code`` (README, argument code, task) -> ``CODE`` (``submitted``) or ``No`` (the next README).
+- every README rejected: ``no_answer``.
+
+A turn is one model call. A reply the harness cannot parse is a format error: the same prompt is asked again at
+the next turn (with that turn's seed); ``limits.max_format_errors`` in a row end the episode. The other limits
+(turns, new tokens, generation time, context) end it too; each ending is the episode's recorded exit.
+
+The machine is deterministic given the replies, so a transcript replays it exactly (resume)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlbench_kit.dataset import Sample
+
+from . import prompts as P
+from .config import AgentConfig
+from .parse import FormatError, parse_reply
+from .repo import Refused, RepoView, cut
+
+EXITS = ("submitted", "rejected", "no_answer", "turn_limit", "token_limit", "time_limit", "context_exceeded",
+         "format_errors", "fault")
+
+
+def turn_seed(seed: int, key: tuple[int, int], episode: int, turn: int) -> int:
+    """The seed of one turn, from the sampling seed, the row, the episode and the turn: the same tokens whether
+    the turn ran in a batch with others, alone, or after a resume."""
+    h = hashlib.sha256(f"{seed}/{key[0]}/{key[1]}/{episode}/{turn}".encode()).digest()
+    return int.from_bytes(h[:8], "big") % (2**31 - 1)
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass
+class Prepared:
+    """The next turn's prompt: text, token ids, seed and the cap on its new tokens."""
+
+    text: str
+    ids: list[int]
+    seed: int
+    max_new_tokens: int
+    inputs: dict[str, Any]
+
+
+@dataclass
+class Episode:
+    sample: Sample
+    repo: RepoView
+    cfg: AgentConfig
+    episode: int
+    encode: Callable[[str], list[int]]
+    max_model_len: int
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    exit: str | None = None
+    answer: str | None = None
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        self.step = "plan"
+        self.ranked: list[str] = []
+        self.readme_at = -1
+        self.py_text = ""  # the file FILE asked for, whole (cut when shown), or the harness's refusal
+        self.py_readable = False
+        self.args_code = ""
+        self.format_errors = 0
+        self.tokens_out = 0
+        self.tokens_in = 0
+        self.seconds = 0.0
+        self._prepared: Prepared | None = None
+
+    # -- prompts -----------------------------------------------------------------------------------------------
+    def _readme(self, rel: str, cap: int) -> tuple[str, dict[str, Any], int]:
+        """The README as shown (cut to ``cap`` characters), what was cut, and its full length."""
+        try:
+            text = self.repo.read(rel)
+        except Refused as exc:
+            return str(exc), {"readme": self.repo.display(rel), "refused": str(exc)}, 0
+        shown, dropped = cut(text, cap)
+        return shown, {"readme": self.repo.display(rel), "readme_cut_chars": dropped}, len(text)
+
+    def _build(self, caps: dict[str, int]) -> tuple[str, dict[str, Any], dict[str, int]]:
+        """The step's prompt with the repository's texts cut to ``caps`` (characters); also the full length of
+        each cuttable part it holds (what fitting to the context can take from)."""
+        s = self.sample
+        sizes: dict[str, int] = {}
+        if self.step == "plan":
+            readmes = self.repo.readmes()
+            text, inputs, sizes["readme"] = self._readme(readmes[0], caps["readme"])
+            prompt = P.PLAN.format(repo_name=self.repo.name, readme=text, instruction=s.instruction)
+            if self.cfg.list_readmes:
+                prompt += P.PLAN_LIST.format(readmes=", ".join(self.repo.display(x) for x in readmes))
+        elif self.step == "code_or_file":
+            index, left = self.repo.index(s.path, caps["index"])
+            sizes["index"] = sum(len(f) + 1 for f in self.repo.files())
+            text, inputs, sizes["readme"] = self._readme(self.ranked[self.readme_at], caps["readme"])
+            inputs["index_files_left_out"] = left
+            prompt = P.CODE_OR_FILE.format(index=index, readme=text, instruction=s.instruction)
+        elif self.step == "read_args":
+            shown, dropped = cut(self.py_text, caps["file"]) if self.py_readable else (self.py_text, 0)
+            sizes["file"] = len(self.py_text) if self.py_readable else 0
+            prompt, inputs = P.READ_ARGS.format(py_file=shown), {"file_cut_chars": dropped}
+        else:
+            text, inputs, sizes["readme"] = self._readme(self.ranked[self.readme_at], caps["readme"])
+            prompt = P.WRITE_CODE.format(readme=text, args=self.args_code, instruction=s.instruction)
+        return P.with_format(prompt, self.step), {"step": self.step, **inputs}, sizes
+
+    def prepare(self) -> Prepared | None:
+        """The next turn's prompt, or None when the episode has ended (possibly now: context exceeded).
+
+        A prompt over the context (with this turn's new tokens) has its repository texts cut further when
+        ``fit_context`` is on: the characters to take off are estimated from the prompt's characters per token and
+        taken from the README, index and file in proportion to what each shows, until it fits (at most 8 tries;
+        the caps used are recorded in the turn's ``inputs.fitted``). The task, the step's instructions and the
+        answer format are never cut: a prompt that does not fit without its repository texts ends the episode
+        (``context_exceeded``)."""
+        if self.exit is not None:
+            return None
+        if self._prepared is not None:
+            return self._prepared
+        if self.step == "plan" and not self.repo.readmes():
+            self._end("no_answer", "the repository has no README.md")
+            return None
+        r = self.cfg.read
+        caps = {"readme": r.max_readme_chars, "index": r.max_index_chars, "file": r.max_file_chars}
+        room = self.cfg.limits.max_episode_tokens - self.tokens_out
+        new = min(self.cfg.sampling.max_new_tokens, room)
+        fitted = False
+        for _ in range(8):
+            text, inputs, sizes = self._build(caps)
+            ids = self.encode(text)
+            over = len(ids) + new - self.max_model_len
+            shown = {k: min(v, caps[k]) for k, v in sizes.items() if min(v, caps[k]) > 0}
+            if over <= 0 or not self.cfg.fit_context or not shown:
+                break
+            take = int(over * len(text) / max(len(ids), 1) * 1.02) + 8  # characters, with a small margin
+            total = sum(shown.values())
+            for k, v in shown.items():
+                caps[k] = max(0, v - -(-take * v // total))
+            fitted = True
+        if fitted:
+            inputs["fitted"] = {k: caps[k] for k in sizes}
+        if len(ids) + new > self.max_model_len:
+            self._end("context_exceeded", f"the {inputs['step']} prompt is {len(ids)} tokens; with {new} new tokens "
+                                          f"it exceeds max_model_len {self.max_model_len}")
+            return None
+        seed = turn_seed(self.cfg.sampling.seed, self.sample.key, self.episode, len(self.turns))
+        self._prepared = Prepared(text, ids, seed, new, inputs)
+        return self._prepared
+
+    # -- replies -----------------------------------------------------------------------------------------------
+    def feed(self, raw: str, n_tokens: int, wall_s: float, truncated: bool = False) -> dict[str, Any]:
+        """Take the model's reply to the prepared prompt; returns the turn's transcript record."""
+        p = self._prepared
+        assert p is not None and self.exit is None, "feed() without a prepared prompt"
+        self._prepared = None
+        rec: dict[str, Any] = {"turn": len(self.turns), "step": self.step, "seed": p.seed,
+                               "prompt_sha": sha(p.text), "inputs": p.inputs, "tokens_in": len(p.ids),
+                               "raw": raw, "tokens_out": n_tokens, "truncated": truncated,
+                               "wall_s": round(wall_s, 4)}
+        self.tokens_in += len(p.ids)
+        self.tokens_out += n_tokens
+        self.seconds += wall_s
+        action: dict[str, Any] | None = None
+        try:
+            action = parse_reply(raw, self.step)
+        except FormatError as exc:
+            self.format_errors += 1
+            rec["error"] = str(exc)
+        else:
+            self.format_errors = 0
+            rec["observation"] = self._act(action)
+        rec["action"] = action
+        self.turns.append(rec)
+        if self.exit is None:
+            lim = self.cfg.limits
+            if self.format_errors >= lim.max_format_errors:
+                self._end("format_errors", f"{self.format_errors} unparseable replies in a row")
+            elif self.tokens_out >= lim.max_episode_tokens:
+                self._end("token_limit", f"{self.tokens_out} new tokens (limit {lim.max_episode_tokens})")
+            elif self.seconds >= lim.max_episode_seconds:
+                self._end("time_limit", f"{self.seconds:.1f} s of generation (limit {lim.max_episode_seconds})")
+            elif len(self.turns) >= lim.max_turns:
+                self._end("turn_limit", f"{len(self.turns)} turns (limit {lim.max_turns})")
+        if self.exit is not None:
+            rec["exit"] = self.exit
+        return rec
+
+    def _next_readme(self) -> None:
+        self.readme_at += 1
+        if self.readme_at >= len(self.ranked):
+            self._end("no_answer", "every ranked README was rejected")
+        else:
+            self.step = "code_or_file"
+
+    def _act(self, action: dict[str, Any]) -> str | None:
+        """Apply a parsed action; returns the observation it produces (text the next prompt shows), if any."""
+        kind = action["kind"]
+        if kind == "plan":
+            if action["flag"] == "No":
+                self._end("rejected", "step 3 answered No")
+                return None
+            known = set(self.repo.readmes())
+            ranked = []
+            for name in action["readmes"]:
+                try:
+                    rel = self.repo.resolve_name(name)
+                except Refused:
+                    continue
+                if rel in known and rel not in ranked:
+                    ranked.append(rel)
+            if not ranked:  # the released agent would have crashed opening them
+                ranked = self.repo.readmes()
+                action["fallback"] = "no ranked README is a README of the repository: all of them, shortest first"
+            self.ranked = ranked
+            self._next_readme()
+            return None
+        if kind == "code":
+            self.answer = action["code"]
+            self._end("submitted", "")
+            return None
+        if kind == "reject":
+            self._next_readme()
+            return None
+        if kind == "file":
+            try:
+                self.py_text, self.py_readable = self.repo.read(action["path"]), True
+                shown, dropped = cut(self.py_text, self.cfg.read.max_file_chars)
+                action["cut_chars"] = dropped
+            except Refused as exc:
+                self.py_text, self.py_readable = str(exc), False
+                shown = self.py_text
+            self.step = "read_args"
+            return shown
+        if kind == "args":
+            self.args_code = action["args"]
+            self.step = "write_code"
+            return None
+        raise AssertionError(kind)
+
+    def _end(self, status: str, detail: str) -> None:
+        assert status in EXITS
+        self.exit, self.detail = status, detail
+        self._prepared = None
+
+    def fault(self, detail: str) -> None:
+        self._end("fault", detail)
+
+    def summary(self) -> dict[str, Any]:
+        return {"episode": self.episode, "exit": self.exit, "detail": self.detail, "answer": self.answer,
+                "turns": len(self.turns), "tokens_in": self.tokens_in, "tokens_out": self.tokens_out,
+                "seconds": round(self.seconds, 4)}

@@ -1,0 +1,322 @@
+"""`mlbench agent`: k ML-Agent episodes per row -> the generations file `mlbench eval` scores, plus transcripts.
+
+Writes into ``OUT``:
+
+- ``generations.jsonl``: one line per row once its k episodes have ended, in the format infer writes
+  (``{"github_id", "id", "output": [k answers], "raw", "n_tokens", "model", "adapter", "backend", "sampling"}``)
+  plus ``"agent"``: the policy, each episode's exit status, turns, tokens and generation time. An episode without
+  an answer gives ``""`` (no row has empty ``arguments``, so eval fails it: it keeps its place in Pass@k).
+- ``transcripts/<github_id>-<id>/ep<k>.jsonl``: one line per turn (flushed when the turn ends), then one ``end``
+  line with the exit status.
+- ``summary.json``: exit counts, answers, mean turns, tokens and generation time per episode.
+- ``agent.json``: the settings; a folder made with other settings is refused. A killed run re-run with the same
+  command replays each transcript (checking every prompt's hash) and goes on from the last complete turn.
+
+Lockstep: at each round every live episode's next prompt goes into one engine call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+from mlbench_kit.dataset import Sample, load_samples
+from mlbench_kit.engine import Engine, GenParams, GenRequest
+from mlbench_kit.errors import MLBenchError
+from mlbench_kit.io import AppendLog, claim_run_folder, read_jsonl_tolerant, write_json_atomic
+
+from .config import AgentConfig, load_agent_config
+from .episode import Episode, sha
+from .repo import RepoView
+
+LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="base model folder or hub id")
+    p.add_argument("--adapter", help="PEFT LoRA adapter folder (from train/)")
+    p.add_argument("--tokenizer", help="tokenizer folder or id (default: the model's)")
+    p.add_argument("--data", required=True, help="ML-Bench rows (file, folder or hub id)")
+    p.add_argument("--split", default="full", help="split of --data (default full)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--repos-dir", help="folder holding one pristine checkout per repository (<repo>/)")
+    src.add_argument("--tarballs", help="folder of <repo>.tar.gz checkouts, unpacked into OUT/checkouts/")
+    p.add_argument("--repos", nargs="+", help="only these repositories' rows")
+    p.add_argument("--limit", type=int, help="only the first N rows (after --repos)")
+    p.add_argument("--config", help="configs/agent/*.yaml (default: configs/agent/ml-agent.yaml's values)")
+    p.add_argument("--out", required=True, help="run folder")
+    p.add_argument("--backend", choices=["vllm", "hf"])
+    p.add_argument("--episodes", type=int, help="k: episodes (answers) per row")
+    p.add_argument("--seed", type=int, help="sampling seed")
+    p.add_argument("--max-turns", type=int, help="limits.max_turns")
+    p.add_argument("--max-new-tokens", type=int, help="sampling.max_new_tokens (per turn)")
+    p.add_argument("--max-model-len", type=int, help="context: prompt + new tokens (default: the model's positions)")
+
+
+_FLAGS = {"backend": "backend", "episodes": "episodes", "seed": "sampling.seed", "max_turns": "limits.max_turns",
+          "max_new_tokens": "sampling.max_new_tokens", "max_model_len": "max_model_len"}
+
+
+def resolve_config(args: argparse.Namespace) -> AgentConfig:
+    over = {key: (getattr(args, a), f"--{a.replace('_', '-')}") for a, key in _FLAGS.items()
+            if getattr(args, a, None) is not None}
+    return load_agent_config(args.config, over)
+
+
+def _identity(path: str | None) -> dict[str, Any] | None:
+    """A model or adapter folder named by its path and a digest of its small files (config, adapter weights)."""
+    if path is None:
+        return None
+    p = Path(path)
+    if not p.is_dir():
+        return {"name": path}
+    h = hashlib.sha256()
+    for f in sorted(p.iterdir()):
+        if f.is_file() and f.suffix in (".json", ".safetensors") and f.stat().st_size < 512 * 2**20:
+            h.update(f.name.encode() + f.read_bytes())
+    return {"name": str(p.resolve()), "sha": h.hexdigest()[:16]}
+
+
+def checkouts(args: argparse.Namespace, repos: set[str], out: Path) -> dict[str, Path]:
+    """One pristine checkout per repository: from --repos-dir, or unpacked once from --tarballs (the tar's data
+    filter: no absolute paths, no links out of the tree)."""
+    found = {}
+    for name in sorted(repos):
+        if args.repos_dir:
+            d = Path(args.repos_dir) / name
+            if not d.is_dir():
+                raise MLBenchError(f"no checkout of {name}", str(d), "pass --repos-dir holding <repo>/ folders")
+        else:
+            d = out / "checkouts" / name
+            if not d.is_dir():
+                tar = Path(args.tarballs) / f"{name}.tar.gz"
+                if not tar.is_file():
+                    raise MLBenchError(f"no checkout tarball for {name}", str(tar),
+                                       "pass --tarballs DIR holding <repo>.tar.gz")
+                unpack = out / "checkouts" / f".{name}.unpack"
+                shutil.rmtree(unpack, ignore_errors=True)
+                unpack.mkdir(parents=True)
+                with tarfile.open(tar) as tf:
+                    tf.extractall(unpack, filter="data")
+                if not (unpack / name).is_dir():
+                    raise MLBenchError(f"{tar.name} has no top folder {name}/", str(tar))
+                (unpack / name).rename(d)  # whole or not at all: a killed unpack is redone
+                shutil.rmtree(unpack)
+        found[name] = d
+    return found
+
+
+def select_rows(args: argparse.Namespace) -> list[Sample]:
+    rows = load_samples(args.data, args.split)
+    if args.repos:
+        unknown = set(args.repos) - {s.repo for s in rows}
+        if unknown:
+            raise MLBenchError(f"no rows of {sorted(unknown)}", "--repos", f"repositories: "
+                               f"{sorted({s.repo for s in rows})}")
+        rows = [s for s in rows if s.repo in args.repos]
+    return rows[: args.limit] if args.limit else rows
+
+
+def make_encoder(tokenizer: Any, template: str) -> tuple[Any, str]:
+    """Prompt text -> token ids: the model's chat template (a user turn) when it has one (``auto``), else the
+    text with the tokenizer's specials (BOS), as prep's plain templates are encoded."""
+    from mlbench_kit.hf import prompt_ids
+    chat = template == "chat" or (template == "auto" and bool(getattr(tokenizer, "chat_template", None)))
+    if template == "chat" and not getattr(tokenizer, "chat_template", None):
+        raise MLBenchError("template: chat, but this model's tokenizer has no chat template", "template")
+
+    def encode(text: str) -> list[int]:
+        if chat:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                 add_generation_prompt=True)
+            return prompt_ids(tokenizer, text, "chat")
+        return prompt_ids(tokenizer, text, "plain")
+    return encode, "chat" if chat else "plain"
+
+
+def make_engine(args: argparse.Namespace, cfg: AgentConfig, tokenizer: Any, max_model_len: int) -> Engine:
+    adapters = {"adapter": args.adapter} if args.adapter else None
+    if cfg.backend == "hf":
+        from mlbench_kit.engine import HfEngine
+        return HfEngine(args.model, tokenizer, adapters)
+    from mlbench_kit.engine import VllmEngine
+    rank = None
+    if args.adapter:
+        r = int(json.loads((Path(args.adapter) / "adapter_config.json").read_text())["r"])
+        rank = next((x for x in LORA_RANKS if x >= r), r)
+    return VllmEngine(args.model, max_model_len, cfg.sampling.seed, adapters, rank, args.tokenizer,
+                      gpu_memory_utilization=cfg.gpu_memory_utilization)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The `mlbench agent` command."""
+    from mlbench_kit.hf import check_model_available, load_tokenizer, model_positions
+    cfg = resolve_config(args)
+    check_model_available(args.model, "--model")
+    tokenizer = load_tokenizer(args.tokenizer or args.model, "--tokenizer" if args.tokenizer else "--model",
+                               fast=False)
+    positions = model_positions(args.model)
+    if cfg.max_model_len and positions and cfg.max_model_len > positions:
+        raise MLBenchError(f"max_model_len {cfg.max_model_len} is above the model's {positions} positions",
+                           "max_model_len")
+    max_model_len = cfg.max_model_len or positions or 4096
+    rows = select_rows(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    encode, template = make_encoder(tokenizer, cfg.template)
+    settings = {"config": cfg.to_dict(), "config_sha": cfg.sha(), "model": _identity(args.model),
+                "adapter": _identity(args.adapter), "template": template, "max_model_len": max_model_len,
+                "data": str(args.data), "split": args.split, "rows": [list(s.key) for s in rows]}
+    settings["config"].pop("gpu_memory_utilization")
+    claim_run_folder(out / "agent.json", settings)
+    repos = checkouts(args, {s.repo for s in rows}, out)
+    engines: list[Engine] = []
+
+    def engine() -> Engine:
+        if not engines:
+            engines.append(make_engine(args, cfg, tokenizer, max_model_len))
+        return engines[0]
+    try:
+        stats = run_episodes(cfg, rows, repos, engine, encode, max_model_len, out,
+                             ident={"model": args.model, "adapter": args.adapter, "backend": cfg.backend})
+    finally:
+        for e in engines:
+            e.close()
+    summary = json.loads((out / "summary.json").read_text())
+    print(f"agent: {summary['rows']} rows x {cfg.episodes} episodes ({stats['rows']} this time, {stats['rounds']} "
+          f"lockstep rounds); exits {summary['exits']}; mean turns {summary['mean_turns']}, new tokens "
+          f"{summary['mean_tokens_out']}; generations in {out / 'generations.jsonl'} (score with `mlbench eval "
+          "--generations`)", file=sys.stderr)
+    return 0
+
+
+def _replay(ep: Episode, path: Path) -> bool:
+    """Replay a transcript into a fresh episode (every prompt's hash checked); True when it had ended."""
+    ended = False
+    for rec in read_jsonl_tolerant(path):
+        if "end" in rec:
+            ended = True
+            break
+        p = ep.prepare()
+        if p is None or sha(p.text) != rec["prompt_sha"] or p.seed != rec["seed"]:
+            raise MLBenchError(f"turn {rec.get('turn')} of this transcript does not replay: its prompt or seed "
+                               "differs from what this run builds (the repository or the code changed)", str(path),
+                               "use a new --out")
+        ep.feed(rec["raw"], rec["tokens_out"], rec["wall_s"], rec.get("truncated", False))
+    if ended and ep.exit is None:  # a fault or a limit outside the turns (recorded in the end line)
+        end = next(r["end"] for r in read_jsonl_tolerant(path) if "end" in r)
+        ep.exit, ep.detail = end["exit"], end.get("detail", "")
+    return ended
+
+
+def run_episodes(cfg: AgentConfig, rows: list[Sample], repos: dict[str, Path], engine: Any, encode: Any,
+                 max_model_len: int, out: Path, ident: dict[str, Any]) -> dict[str, Any]:
+    """Every row's k episodes in lockstep rounds (``engine`` is a callable giving the engine, made on first use,
+    so a finished run starts none). Returns counts for the summary line."""
+    gens_path = out / "generations.jsonl"
+    done = {(int(r["github_id"]), int(r["id"])) for r in read_jsonl_tolerant(gens_path)}
+    views = {name: RepoView(path, name, cfg.read.max_file_bytes) for name, path in repos.items()}
+    live: list[tuple[Episode, Path, bool]] = []  # episode, transcript path, whether its end line is written
+    by_row: dict[tuple[int, int], list[Episode]] = {}
+    for s in rows:
+        if s.key in done:
+            continue
+        for k in range(cfg.episodes):
+            ep = Episode(s, views[s.repo], cfg, k, encode, max_model_len)
+            path = out / "transcripts" / f"{s.github_id}-{s.id}" / f"ep{k}.jsonl"
+            ended = _replay(ep, path) if path.exists() else False
+            by_row.setdefault(s.key, []).append(ep)
+            live.append((ep, path, ended))
+    logs: dict[Path, AppendLog] = {}
+    gens = AppendLog(gens_path)
+    params = GenParams(temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k,
+                       max_new_tokens=cfg.sampling.max_new_tokens)
+    adapter = "adapter" if ident.get("adapter") else None
+    rounds = 0
+    written: set[tuple[int, int]] = set()
+    try:
+        while True:
+            todo = []
+            for ep, path, _ in live:
+                p = ep.prepare()
+                if p is not None:
+                    todo.append((ep, path, p))
+            _finish(live, by_row, written, logs, gens, ident, cfg)
+            if not todo:
+                break
+            t0 = time.perf_counter()
+            outs = engine().generate([GenRequest(tuple(p.ids), p.seed, adapter, p.max_new_tokens)
+                                      for _, _, p in todo], params)
+            wall = time.perf_counter() - t0
+            rounds += 1
+            for (ep, path, _), g in zip(todo, outs, strict=True):
+                # the turn's share of the call: a batch of 100 turns in 100 s gives each 1 s (the time limit
+                # counts shares, so lockstep batches do not make each episode "take" the whole call)
+                rec = ep.feed(g.text, g.n_tokens, wall / len(todo), g.truncated)
+                rec["call_s"], rec["call_size"] = round(wall, 4), len(todo)
+                _log(logs, path).append(rec)
+    finally:
+        gens.close()
+        for log in logs.values():
+            log.close()
+    exits: dict[str, int] = {}
+    for eps in by_row.values():
+        for ep in eps:
+            exits[str(ep.exit)] = exits.get(str(ep.exit), 0) + 1
+    write_json_atomic(out / "summary.json", summarize(gens_path, cfg))
+    return {"rows": len(by_row), "exits": exits, "rounds": rounds}
+
+
+def summarize(gens_path: Path, cfg: AgentConfig) -> dict[str, Any]:
+    """The run's episodes at a glance, from ``generations.jsonl`` (every row written so far): exit counts, answers,
+    mean turns, tokens and generation time per episode."""
+    eps = [e for r in read_jsonl_tolerant(gens_path) for e in r["agent"]["episodes"]]
+    n = max(len(eps), 1)
+    exits: dict[str, int] = {}
+    for e in eps:
+        exits[e["exit"]] = exits.get(e["exit"], 0) + 1
+    return {"policy": cfg.policy, "steps": cfg.steps, "config_sha": cfg.sha(), "episodes": len(eps),
+            "rows": len(read_jsonl_tolerant(gens_path)), "exits": dict(sorted(exits.items())),
+            "answered": sum(e["answer"] is not None for e in eps),
+            "mean_turns": round(sum(e["turns"] for e in eps) / n, 3),
+            "mean_tokens_in": round(sum(e["tokens_in"] for e in eps) / n, 1),
+            "mean_tokens_out": round(sum(e["tokens_out"] for e in eps) / n, 1),
+            "mean_seconds": round(sum(e["seconds"] for e in eps) / n, 3)}
+
+
+def _log(logs: dict[Path, AppendLog], path: Path) -> AppendLog:
+    if path not in logs:
+        logs[path] = AppendLog(path)
+    return logs[path]
+
+
+def _finish(live: list[tuple[Episode, Path, bool]], by_row: dict[tuple[int, int], list[Episode]],
+            written: set[tuple[int, int]], logs: dict[Path, AppendLog], gens: AppendLog, ident: dict[str, Any],
+            cfg: AgentConfig) -> None:
+    """Write the end line of every episode that has ended, and the generations line of every row whose k
+    episodes have all ended."""
+    for i, (ep, path, ended) in enumerate(live):
+        if ep.exit is not None and not ended:
+            _log(logs, path).append({"end": ep.summary()})
+            live[i] = (ep, path, True)
+    for key, eps in by_row.items():
+        if key not in written and all(e.exit is not None for e in eps):
+            gens.append(generation_line(key, eps, ident, cfg))
+            written.add(key)
+
+
+def generation_line(key: tuple[int, int], eps: list[Episode], ident: dict[str, Any],
+                    cfg: AgentConfig) -> dict[str, Any]:
+    return {"github_id": key[0], "id": key[1], "output": [ep.answer or "" for ep in eps],
+            "raw": [ep.turns[-1]["raw"] if ep.turns else "" for ep in eps],
+            "n_tokens": [ep.tokens_out for ep in eps], "model": ident["model"], "adapter": ident.get("adapter"),
+            "backend": ident["backend"], "sampling": {**cfg.to_dict()["sampling"], "n": cfg.episodes},
+            "agent": {"policy": cfg.policy, "steps": cfg.steps, "config_sha": cfg.sha(),
+                      "episodes": [ep.summary() for ep in eps]}}

@@ -1,0 +1,84 @@
+"""Lockstep against one request per call (issue 32): ML-Agent episodes per minute on the same vLLM engine.
+
+Both arms run the same rows, episodes and seeds through `mlbench_kit.agent.run.run_episodes` on one engine, each
+into its own folder: *lockstep* sends every live episode's turn in one `generate` call per round; *sequential*
+sends the same requests one per call. The transcripts must be equal (per-turn seeds), so the ratio compares the
+same work. Prints one JSON line: episodes, turns, seconds and episodes per minute of each arm, and the ratio.
+
+    python bench/agent_speed.py --model DIR --data ../shared/mlbench/full.jsonl --tarballs ../shared/mlbench/repos \\
+        --repos PyTorch-GAN --limit 4 --config configs/agent/tiny-cpu.yaml --out runs/agent-speed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from pathlib import Path
+
+from mlbench_kit.agent.config import load_agent_config
+from mlbench_kit.agent.run import checkouts, make_encoder, run_episodes, select_rows
+from mlbench_kit.engine import VllmEngine
+from mlbench_kit.hf import load_tokenizer, model_positions
+
+
+class OneAtATime:
+    """The same engine, one request per call."""
+
+    def __init__(self, engine: VllmEngine) -> None:
+        self.engine = engine
+
+    def generate(self, requests, params):
+        return [g for r in requests for g in self.engine.generate([r], params)]
+
+
+def _turns(out: Path) -> list[list[dict]]:
+    keep = []
+    for f in sorted((out / "transcripts").rglob("*.jsonl")):
+        recs = [json.loads(x) for x in f.read_text().splitlines()]
+        keep.append([{k: r[k] for k in ("turn", "seed", "prompt_sha", "raw")} for r in recs if "turn" in r])
+    return keep
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--data", required=True)
+    p.add_argument("--split", default="full")
+    p.add_argument("--tarballs", required=True)
+    p.add_argument("--repos", nargs="+")
+    p.add_argument("--limit", type=int, default=4)
+    p.add_argument("--config", default="configs/agent/tiny-cpu.yaml")
+    p.add_argument("--episodes", type=int)
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    a.repos_dir = None
+    cfg = load_agent_config(a.config, {"episodes": (a.episodes, "--episodes")} if a.episodes else None)
+    rows = select_rows(a)
+    out = Path(a.out)
+    repos = checkouts(a, {s.repo for s in rows}, out)
+    tok = load_tokenizer(a.model, "--model", fast=False)
+    encode, _ = make_encoder(tok, cfg.template)
+    max_len = cfg.max_model_len or model_positions(a.model) or 4096
+    engine = VllmEngine(a.model, max_len, cfg.sampling.seed)
+    ident = {"model": a.model, "adapter": None, "backend": "vllm"}
+    result: dict = {"model": a.model, "rows": len(rows), "episodes": len(rows) * cfg.episodes}
+    try:
+        for name, eng in (("warm-up", engine), ("lockstep", engine), ("sequential", OneAtATime(engine))):
+            shutil.rmtree(out / name, ignore_errors=True)
+            t0 = time.perf_counter()
+            stats = run_episodes(cfg, rows, repos, lambda e=eng: e, encode, max_len, out / name, ident)
+            secs = time.perf_counter() - t0
+            turns = sum(len(t) for t in _turns(out / name))
+            result[name] = {"seconds": round(secs, 2), "rounds": stats["rounds"], "turns": turns,
+                            "episodes_per_min": round(60 * result["episodes"] / secs, 2)}
+    finally:
+        engine.close()
+    result["same_transcripts"] = _turns(out / "lockstep") == _turns(out / "sequential")
+    result["ratio"] = round(result["lockstep"]["episodes_per_min"] / result["sequential"]["episodes_per_min"], 2)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

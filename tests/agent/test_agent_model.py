@@ -1,0 +1,216 @@
+"""ML-Agent with real components: the tiny Llama the tests build (transformers generate), real ML-Bench rows and
+their repository unpacked from ../shared/mlbench/repos, then `mlbench eval` scoring the generations unchanged."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+from mlbench_kit.agent.config import load_agent_config
+from mlbench_kit.agent.episode import EXITS
+from mlbench_kit.agent.run import make_encoder, run_episodes
+from mlbench_kit.dataset import load_samples
+
+REPO = "PyTorch-GAN"  # a small checkout (67 kB packed)
+TINY = Path(__file__).resolve().parents[2] / "configs" / "agent" / "tiny-cpu.yaml"
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def rows_file(tmp_path_factory: pytest.TempPathFactory, full_rows: list[dict]) -> Path:
+    """Two real rows of one repository."""
+    rows = [r for r in full_rows if r["github"].rstrip("/").endswith("/" + REPO)][:2]
+    f = tmp_path_factory.mktemp("rows") / "rows.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return f
+
+
+RUN_ONLY = ("wall_s", "call_s", "call_size")  # how the turn ran, not what it was: a re-run may differ
+
+
+def _transcripts(out: Path) -> dict[str, list[dict]]:
+    found = {}
+    for f in sorted((out / "transcripts").rglob("*.jsonl")):
+        recs = [{k: v for k, v in json.loads(x).items() if k not in RUN_ONLY} for x in f.read_text().splitlines()]
+        for r in recs:
+            if "end" in r:
+                r["end"].pop("seconds")
+        found[str(f.relative_to(out))] = recs
+    return found
+
+
+def _envs(tmp: Path, checkout: Path) -> Path:
+    envs = tmp / "envs.yaml"
+    envs.write_text(f"repos:\n  {REPO}:\n    checkout: {checkout}\n    warm: []\n")
+    return envs
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+def test_the_tiny_model_runs_episodes_and_eval_scores_them(tmp_path: Path, shared: Path, tiny_model_dir: Path,
+                                                           rows_file: Path):
+    out = tmp_path / "agent"
+    argv = ["mlbench", "agent", "--model", tiny_model_dir, "--data", rows_file, "--tarballs", shared / "repos",
+            "--config", TINY, "--out", out]
+    r = run_cli(*argv)
+    assert r.returncode == 0, r.stderr[-3000:]
+    gens = [json.loads(x) for x in (out / "generations.jsonl").read_text().splitlines()]
+    assert len(gens) == 2 and all(len(g["output"]) == 2 for g in gens)
+    episodes = [e for g in gens for e in g["agent"]["episodes"]]
+    assert all(e["exit"] in EXITS and e["exit"] != "fault" for e in episodes)
+    assert all(e["turns"] <= 4 and e["tokens_out"] <= 160 for e in episodes)  # tiny-cpu.yaml's limits
+    ts = _transcripts(out)
+    assert len(ts) == 4 and all(t[-1]["end"]["exit"] in EXITS for t in ts.values())
+    assert all(t["step"] == "plan" for tr in ts.values() for t in tr[:1] if "turn" in t)
+    # the same command again: nothing to redo, nothing changes
+    r = run_cli(*argv)
+    assert r.returncode == 0 and (out / "generations.jsonl").read_text().count("\n") == 2
+    # other settings into the same folder are refused
+    r = run_cli(*argv, "--seed", "7")
+    assert r.returncode == 2 and "other settings" in r.stderr
+    # eval reads the generations unchanged
+    checkout = out / "checkouts" / REPO
+    r = run_cli("mlbench", "eval", "--data", rows_file, "--generations", out / "generations.jsonl", "--envs",
+                _envs(tmp_path, checkout), "--out", tmp_path / "eval", "--no-ci", "--k", "1", "2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    assert summary["metrics"]["overall"]["samples"] == 2
+
+
+class Killed(Exception):
+    pass
+
+
+class KillAfter:
+    def __init__(self, engine, n: int) -> None:
+        self.engine, self.n, self.calls = engine, n, 0
+
+    def generate(self, requests, params):
+        if self.calls >= self.n:
+            raise Killed
+        self.calls += 1
+        return self.engine.generate(requests, params)
+
+
+def test_resume_with_the_tiny_model_equals_an_uninterrupted_run(tmp_path: Path, shared: Path, tiny_model_dir: Path,
+                                                                 rows_file: Path):
+    """Kill after turn 2, resume: the transcripts and generations are those of a run never killed."""
+    from mlbench_kit.engine import HfEngine
+    from mlbench_kit.hf import load_tokenizer
+    cfg = load_agent_config(TINY)
+    cfg.limits.max_format_errors = 4  # the untrained model rarely writes JSON: let episodes run 4 turns
+    rows = load_samples(rows_file)
+    tok = load_tokenizer(str(tiny_model_dir), fast=False)
+    encode, _ = make_encoder(tok, "auto")
+    repos_dir = tmp_path / "repos"
+    import tarfile
+    with tarfile.open(shared / "repos" / f"{REPO}.tar.gz") as tf:
+        tf.extractall(repos_dir, filter="data")
+    engine = HfEngine(str(tiny_model_dir), tok)
+    ident = {"model": str(tiny_model_dir), "adapter": None, "backend": "hf"}
+
+    def run(out: Path, eng) -> dict:
+        return run_episodes(cfg, rows, {REPO: repos_dir / REPO}, lambda: eng, encode, 4096, out, ident)
+    whole = run(tmp_path / "whole", engine)
+    with pytest.raises(Killed):
+        run(tmp_path / "part", KillAfter(engine, 2))
+    before = _transcripts(tmp_path / "part")
+    assert sum("turn" in r for t in before.values() for r in t) == 8  # 2 rounds x 4 episodes
+    counted = KillAfter(engine, 10**6)
+    resumed = run(tmp_path / "part", counted)
+    assert _transcripts(tmp_path / "part") == _transcripts(tmp_path / "whole")
+    assert resumed["exits"] == whole["exits"]
+    assert counted.calls == whole["rounds"] - 2  # the finished rounds were not generated again
+    a = [json.loads(x) for x in (tmp_path / "whole" / "generations.jsonl").read_text().splitlines()]
+    b = [json.loads(x) for x in (tmp_path / "part" / "generations.jsonl").read_text().splitlines()]
+    key = lambda g: (g["github_id"], g["id"])  # noqa: E731
+    assert [(key(g), g["output"], g["raw"]) for g in sorted(a, key=key)] == \
+        [(key(g), g["output"], g["raw"]) for g in sorted(b, key=key)]
+
+
+class OneAtATime:
+    """The same engine, one request per call: sequential episodes."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+
+    def generate(self, requests, params):
+        return [g for r in requests for g in self.engine.generate([r], params)]
+
+
+def test_lockstep_equals_sequential_on_vllm(tmp_path: Path, shared: Path, tiny_model_dir: Path, rows_file: Path):
+    """All live episodes' turns in one vLLM call give the same tokens as one call per turn (per-turn seeds)."""
+    from mlbench_kit.engine import VllmEngine
+    from mlbench_kit.hf import load_tokenizer
+    cfg = load_agent_config(TINY)
+    cfg.limits.max_format_errors = 4
+    rows = load_samples(rows_file)
+    tok = load_tokenizer(str(tiny_model_dir), fast=False)
+    encode, _ = make_encoder(tok, "auto")
+    import tarfile
+    with tarfile.open(shared / "repos" / f"{REPO}.tar.gz") as tf:
+        tf.extractall(tmp_path / "repos", filter="data")
+    engine = VllmEngine(str(tiny_model_dir), 4096, cfg.sampling.seed)
+    ident = {"model": str(tiny_model_dir), "adapter": None, "backend": "vllm"}
+    try:
+        for name, eng in (("lockstep", engine), ("sequential", OneAtATime(engine))):
+            run_episodes(cfg, rows, {REPO: tmp_path / "repos" / REPO}, lambda e=eng: e, encode, 4096,
+                         tmp_path / name, ident)
+    finally:
+        engine.close()
+    lock, seq = _transcripts(tmp_path / "lockstep"), _transcripts(tmp_path / "sequential")
+    assert sum("turn" in r for t in lock.values() for r in t) >= 8
+    assert lock == seq
+
+
+def _verdicts(run: Path) -> dict[tuple[int, int, int], tuple[bool, str | None]]:
+    out = {}
+    for line in (run / "results.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        out[(r["github_id"], r["id"], r["idx"])] = (r["passed"], r["error_class"])
+    return out
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+@pytest.mark.parametrize("mode", ["compat", "strict"])
+def test_gold_answers_through_the_agent_get_the_gold_verdicts(tmp_path: Path, shared: Path, rows_file: Path,
+                                                               mode: str):
+    """A scripted model that reads the README and submits each row's gold answer: eval's verdicts on the agent's
+    generations are those of `mlbench eval --gold` on the same rows, in both modes."""
+    import tarfile
+
+    from mlbench_kit.cli import main
+    rows = load_samples(rows_file)
+    gold = {s.instruction: s.output for s in rows}
+
+    class GoldModel:
+        def generate(self, requests, params):
+            from mlbench_kit.engine import Generated
+            out = []
+            for r in requests:
+                prompt = "".join(map(chr, r.token_ids))
+                if prompt.startswith("I will provide you with the name"):
+                    reply = json.dumps({"task_flag": "Yes", "ranked_readmefiles": [f"{REPO}/README.md"]})
+                else:
+                    task = next(t for t in gold if f"task: {t}" in prompt)
+                    reply = json.dumps({"flag": "CODE", "file_path": "", "code": gold[task]})
+                out.append(Generated(reply, 10))
+            return out
+
+    with tarfile.open(shared / "repos" / f"{REPO}.tar.gz") as tf:
+        tf.extractall(tmp_path / "repos", filter="data")
+    checkout = tmp_path / "repos" / REPO
+    cfg = load_agent_config(TINY)
+    run_episodes(cfg, rows, {REPO: checkout}, lambda: GoldModel(), lambda t: [ord(c) for c in t], 10**6,
+                 tmp_path / "agent", {"model": "gold", "adapter": None, "backend": "scripted"})
+    envs = _envs(tmp_path, checkout)
+    common = ["--data", str(rows_file), "--envs", str(envs), "--mode", mode, "--no-ci", "--k", "1"]
+    assert main(["eval", *common, "--generations", str(tmp_path / "agent" / "generations.jsonl"),
+                 "--out", str(tmp_path / "eval")]) == 0
+    assert main(["eval", *common, "--gold", "--out", str(tmp_path / "gold")]) == 0
+    agent, want = _verdicts(tmp_path / "eval"), _verdicts(tmp_path / "gold")
+    assert len(agent) == 2 * len(want) == 4
+    assert {k: v for k, v in agent.items()} == {(g, i, e): want[(g, i, 0)] for (g, i, _) in want for e in (0, 1)}
