@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from mlbench_kit.config import flag_overrides
 from mlbench_kit.dataset import Sample, load_samples
 from mlbench_kit.errors import MLBenchError
@@ -34,6 +32,7 @@ from mlbench_kit.io import (
     write_json_atomic,
     write_jsonl_atomic,
 )
+from mlbench_kit.progress import Progress
 from mlbench_kit.records import EvalResult
 
 from .checks import check_output, runs_as_shell, syntax_error, type_ok
@@ -352,9 +351,12 @@ def _execute(cfg: EvalConfig, threads: int, samples: dict, gens: Any, out: Path)
                 return bool(rec.passed)
 
             with ThreadPoolExecutor(max_workers=max(1, cfg.workers)) as pool:
-                bar = tqdm(pool.map(work, todo), total=len(todo), desc="eval", unit="gen",
-                           disable=not todo, file=sys.stderr)
-                passed = sum(bar)
+                bar = Progress(len(todo), "eval", "gen")  # a bar on a terminal, else a line every 30 s
+                passed = 0
+                for ok in pool.map(work, todo):
+                    passed += ok
+                    bar.update(1)
+                bar.close()
         staged = f"; staged checkouts in {sandbox.staged_s:.1f} s" if sandbox.staged_s else ""
     print(f"eval: executed {scorer.executions} (reused {scorer.cached}); {passed}/{len(todo)} new generations "
           f"passed; {len(done)} done before{staged}", file=sys.stderr)

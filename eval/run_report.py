@@ -38,19 +38,21 @@ def render_run_report(summary: dict[str, Any]) -> str:
     lines += [_row(f"type: {t}", v, ks) for t, v in m["per_type"].items()]
     lines += [_row(r, v, ks) for r, v in m["per_repo"].items()]
     ub = ", ".join(f"{k}: {m['overall'][f'unbiased_pass@{k}']}" for k in ks)
-    lines += ["", f"Unbiased pass@k (Chen et al., over all n outputs): {ub}.", "", "## Error classes", "",
-              "| class | meaning | outputs |", "|---|---|---|"]
-    for cls, cnt in sorted(m["overall"]["error_classes"].items()):
+    lines += ["", f"Unbiased pass@k (Chen et al., over all n outputs): {ub}.", "", "## Error classes", ""]
+    classes = sorted(m["overall"]["error_classes"].items())
+    lines += ["| class | meaning | outputs |", "|---|---|---|"] if classes else ["None: every output passed."]
+    for cls, cnt in classes:
         lines.append(f"| {cls} | {ERROR_CLASSES.get(cls, '')} | {cnt} |")
     gv = summary.get("gold_valid")
     if gv:
         lines += ["", f"## Gold-valid rows ({gv['rows']} rows whose own answer passes in its environment)", "",
                   f"From `{gv['source']}`. The table above is the paper's number, over all rows; this one is what a "
-                  "model can actually be credited for.", "", head, sep]
-        if gv["metrics"]:
-            lines.append(_row("**gold-valid**", gv["metrics"], ks))
-        lines += ["", "Excluded rows, by cause:", ""]
-        lines += [f"- {cause}: {len(keys)} rows (first: {keys[:6]})" for cause, keys in sorted(gv["excluded"].items())]
+                  "model can actually be credited for.", ""]
+        lines += [head, sep, _row("**gold-valid**", gv["metrics"], ks)] if gv["metrics"] else [
+            "None: no scored sample is a gold-valid row."]
+        excluded = sorted(gv["excluded"].items())
+        lines += ["", "Excluded rows, by cause:" if excluded else "Excluded rows: none.", ""]
+        lines += [f"- {cause}: {len(keys)} rows (first: {keys[:6]})" for cause, keys in excluded]
     g = summary["gold_ceiling"]
     lines += ["", "## Gold ceiling (ground truth under the benchmark's parameter and type checks)", "",
               "| repository | rows | param ok | type ok | both |", "|---|---|---|---|---|"]

@@ -60,12 +60,15 @@ def build_llama(tokenizer_dir: str | Path, out_dir: str | Path, hidden: int = 12
 
 
 def pretrain(model_dir: str | Path, texts: list[str], steps: int = 300, seq_len: int = 128, batch: int = 8,
-             lr: float = 3e-3, seed: int = 0) -> list[float]:
+             lr: float = 3e-3, seed: int = 0, every: float = 30.0) -> list[float]:
     """Full-weight causal-LM training of a tiny model on ``texts``, in place: the stand-in for the pretraining a
     real code model has had (it has read READMEs), so that the LoRA stage starts from a model that knows the
-    vocabulary rather than from noise. Returns the loss curve."""
+    vocabulary rather than from noise. Returns the loss curve. Progress on stderr: a bar on a terminal, else
+    ``pretrain: i/N steps (p%), loss L, elapsed m:ss, ETA m:ss`` every ``every`` seconds (the demo shows them)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mlbench_kit.progress import Progress
 
     torch.manual_seed(seed)
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -74,8 +77,9 @@ def pretrain(model_dir: str | Path, texts: list[str], steps: int = 300, seq_len:
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 - s / steps)
     g = torch.Generator().manual_seed(seed)
-    losses = []
+    losses: list[float] = []
     model.train()
+    bar = Progress(steps, "pretrain", "step", every=every)
     for _ in range(steps):
         starts = torch.randint(0, max(1, len(ids) - seq_len - 1), (batch,), generator=g)
         x = torch.stack([ids[s: s + seq_len] for s in starts])
@@ -85,6 +89,8 @@ def pretrain(model_dir: str | Path, texts: list[str], steps: int = 300, seq_len:
         sched.step()
         opt.zero_grad()
         losses.append(loss.item())
+        bar.update(1, f"loss {sum(losses[-20:]) / len(losses[-20:]):.2f}")
+    bar.close()
     model.save_pretrained(model_dir)
     honour_umask(model_dir)  # safetensors writes 0600: a labmate could not load the model
     return losses
@@ -116,6 +122,9 @@ def main() -> None:
     """`python examples/tiny.py --repos DIR [--synthetic DIR] --out DIR`: the demo's base model (see corpus());
     without --synthetic it reads the repositories alone (the sweep tests' models)."""
     import argparse
+
+    from mlbench_kit.progress import bars_only_on_tty
+    bars_only_on_tty()  # the demo logs this: no library bars in its log
     p = argparse.ArgumentParser(description=main.__doc__)
     p.add_argument("--repos", required=True, help="fixture repositories (their READMEs and source are the corpus)")
     p.add_argument("--synthetic", help="folder of synthetic-*.jsonl (examples/synth.py)")

@@ -43,6 +43,8 @@ class VllmBackend:
             kwargs["enable_chunked_prefill"] = chunked
         if adapters:
             kwargs.update(enable_lora=True, max_lora_rank=lora_rank, max_loras=len(adapters))
+        import sys
+        kwargs["use_tqdm_on_load"] = sys.stderr.isatty()  # the weights' loading bar: not into a log file
         self.llm = LLM(**kwargs)
         self.cfg = cfg
         self.loras = {}

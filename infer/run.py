@@ -10,12 +10,9 @@ cannot be resumed into the same folder.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 from typing import Any
-
-from tqdm import tqdm
 
 from mlbench_kit.config import rename_old_keys
 from mlbench_kit.deprecation import deprecated_flag
@@ -28,6 +25,7 @@ from mlbench_kit.hf import (
 )
 from mlbench_kit.io import AppendLog, claim_run_folder, read_jsonl_tolerant
 from mlbench_kit.parse import PARSERS, parse_response
+from mlbench_kit.progress import Console, Progress, logs_to_file
 from mlbench_kit.records import TASKS, GenerationRecord
 
 from .adapters import (
@@ -66,6 +64,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="engine precision (default auto: the adapters' training precision, else the model's)")
     p.add_argument("--limit", type=int, help="only the first N prompts per task (smoke runs)")
     p.add_argument("--allow-base-mismatch", action="store_true", help="skip the adapter/base model check")
+    p.add_argument("--verbose", action="store_true",
+                   help=f"the engine's and libraries' logs on the terminal (default: in OUT/{ENGINE_LOG})")
+
+
+ENGINE_LOG = "logs/engine.log"  # under --out: vLLM's / transformers' own output unless --verbose
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -172,9 +175,19 @@ def targets(args: argparse.Namespace) -> list[tuple[str | None, str | None, Path
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the infer stage; returns the exit status."""
+    """Run the infer stage; returns the exit status. The terminal gets one line per step and a progress line; the
+    engine's and libraries' own output goes to ``OUT/logs/engine.log`` (``--verbose``: to the terminal)."""
     cfg = resolve_config(args)
     todo_targets = targets(args)
+    log = None if getattr(args, "verbose", False) else Path(args.out) / ENGINE_LOG
+    with logs_to_file(log, "infer") as con:
+        if log is not None:
+            con.say(f"infer: engine and library logs in {log} (--verbose shows them here)")
+        return _run(args, cfg, todo_targets, con)
+
+
+def _run(args: argparse.Namespace, cfg: InferConfig, todo_targets: list[tuple[str | None, str | None, Path]],
+         con: Console) -> int:
     adapters = {name: path for name, path, _ in todo_targets if name is not None and path}
     for adapter_dir in adapters.values():
         adapter_config(adapter_dir)
@@ -208,38 +221,44 @@ def run(args: argparse.Namespace) -> int:
         for t, items in tasks.items():
             done = {(r["github_id"], r["id"]) for r in read_jsonl_tolerant(out / f"task{t}.jsonl")}
             todo = [it for it in items if it.key not in done]
-            print(f"infer: {label}task {t}: {len(items)} prompts, {len(items) - len(todo)} already written",
-                  file=sys.stderr)
+            con.say(f"infer: {label}task {t}: {len(items)} prompts, {len(items) - len(todo)} already written")
             if todo:
                 plan.append((name if path else None, ident, todo, out / f"task{t}.jsonl", f"{label}task {t}"))
     if not plan:
-        print(f"infer: nothing to do; generations in {args.out}", file=sys.stderr)
+        con.say(f"infer: nothing to do; generations in {args.out}")
         return 0
+    t0 = time.monotonic()
+    if cfg.backend != "openai":
+        what = f"{len(adapters)} adapter{'s' * (len(adapters) != 1)}" if adapters else "no adapter"
+        con.say(f"infer: starting the {cfg.backend} engine: {args.model}, {what}")
     backend = make_backend(args, cfg, tokenizer, max_model_len, adapters)
+    if cfg.backend != "openai":
+        con.say(f"infer: engine ready in {time.monotonic() - t0:.0f} s")
     try:
-        calls = generate_plan(backend, plan, cfg)
+        calls = generate_plan(backend, plan, cfg, con.stream)
     finally:
         backend.close()
     n = sum(len(p[2]) for p in plan)
-    print(f"infer: {n} prompts of {len(plan)} target/task pairs in {calls} engine call{'s' * (calls != 1)}; "
-          f"generations in {args.out} (score with `mlbench eval --generations`)", file=sys.stderr)
+    con.say(f"infer: {n} prompts of {len(plan)} target/task pairs in {calls} engine call{'s' * (calls != 1)}; "
+            f"generations in {args.out} (score with `mlbench eval --generations`)")
     return 0
 
 
-def generate_plan(backend: Backend, plan: list[tuple], cfg: InferConfig) -> int:
+def generate_plan(backend: Backend, plan: list[tuple], cfg: InferConfig, stream: Any = None) -> int:
     """Every prompt of every (adapter, task) entry of ``plan`` through the engine in as few calls as
     ``batch_size`` allows: one for all of them by default. vLLM then schedules the base model's and every
     adapter's prompts together (a ``LoRARequest`` per prompt) instead of draining the engine at the end of each
     of, say, 9 calls (3 tasks x base, ID and OOD). Backends that cannot mix adapters in one call get one call per
     adapter in each chunk, all tasks together. Each chunk's lines are appended to their files when it finishes (a
-    killed run resumes). Per-prompt seeds make the samples the same either way. Returns the number of calls."""
+    killed run resumes). Per-prompt seeds make the samples the same either way. Progress goes to ``stream``
+    (default stderr): a bar on a terminal, else a line every 30 s. Returns the number of calls."""
     work = [(k, it) for k, entry in enumerate(plan) for it in entry[2]]
     mixed = getattr(backend, "generate_mixed", None) if getattr(backend, "mixes_adapters", False) else None
     if mixed is None:  # one adapter per call: keep each adapter's prompts together, whatever the batch size
         first = {a: i for i, a in reversed(list(enumerate(e[0] for e in plan)))}
         work.sort(key=lambda w: first[plan[w[0]][0]])
     calls, n_tok, t0 = 0, 0, time.perf_counter()
-    bar = tqdm(total=len(work), desc="infer", unit="prompt", file=sys.stderr, disable=not work)
+    bar = Progress(len(work), "infer", "prompt", stream=stream)
     logs = [AppendLog(entry[3]) for entry in plan]
     try:
         for start in range(0, len(work), cfg.batch_size):
@@ -257,8 +276,7 @@ def generate_plan(backend: Backend, plan: list[tuple], cfg: InferConfig) -> int:
             for (k, it), comps in zip(chunk, outs, strict=True):
                 logs[k].append(_record(it, comps, plan[k][1], cfg).to_json())
                 n_tok += sum(c.n_tokens for c in comps)
-            bar.update(len(chunk))
-            bar.set_postfix_str(f"{n_tok / max(time.perf_counter() - t0, 1e-9):.0f} tok/s")
+            bar.update(len(chunk), f"{n_tok / max(time.perf_counter() - t0, 1e-9):.0f} tok/s")
     finally:
         for log in logs:
             log.close()

@@ -63,6 +63,8 @@ def check_stage(stage: str, argv: list[str]) -> tuple[argparse.Namespace, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``mlbench``; bad input exits with status 2 and one clear message."""
+    from .progress import bars_only_on_tty
+    bars_only_on_tty()  # before any stage imports tqdm: no progress bars in a log, a pipe or a Slurm file
     parser = argparse.ArgumentParser(prog="mlbench", description=__doc__)
     sub = parser.add_subparsers(dest="stage", required=True)
     stages = _stages()

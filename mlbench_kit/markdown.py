@@ -21,10 +21,15 @@ def md_text(text: str, limit: int | None = None) -> str:
 
 
 def md_code(text: str, limit: int | None = None) -> str:
-    """``text`` as an inline code span inside a table cell (fenced by more backticks than it holds)."""
+    """``text`` as an inline code span inside a table cell (fenced by more backticks than it holds); padded with a
+    space inside the fence only where CommonMark needs one (the text starts or ends with a backtick), so that the
+    source reads `like this`, not ` like this `. Empty text is ``–``."""
     text = md_text(text, limit)
+    if not text.strip():
+        return "–"
     ticks = "`" * (max((len(r) for r in re.findall("`+", text)), default=0) + 1)
-    return f"{ticks} {text} {ticks}"
+    pad = " " if text[0] == "`" or text[-1] == "`" or (text[0] == " " and text[-1] == " ") else ""
+    return f"{ticks}{pad}{text}{pad}{ticks}"
 
 
 def fmt_rate(v: float | None, rng: tuple | list | None = None) -> str:

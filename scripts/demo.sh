@@ -25,15 +25,35 @@ LOGS=$RUN/logs
 mkdir -p "$LOGS"
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} TOKENIZERS_PARALLELISM=false
 N=7; I=0; T0=$SECONDS
-# run NAME DESCRIPTION CMD...: one line per stage; the command's output goes to $LOGS/NAME.log
+PROGRESS_EVERY=60; [ -t 1 ] || PROGRESS_EVERY=120  # seconds between a long stage's progress lines (fewer in a log)
+PROGRESS_EVERY=${DEMO_PROGRESS_EVERY:-$PROGRESS_EVERY}
+# run NAME DESCRIPTION CMD...: one line per stage; the command's output goes to $LOGS/NAME.log. A stage that runs
+# long shows its tool's latest progress line ("pretrain: 300/1500 steps (20%), loss 3.10, elapsed 2:30, ETA
+# 10:00"; the tools write one every 30 s to the log) under its stage line every $PROGRESS_EVERY seconds
 run() {
   local name=$1 what=$2; shift 2
-  I=$((I + 1)); local t=$SECONDS
+  I=$((I + 1)); local t=$SECONDS open=1 shown="" line pid
+  local next=$((SECONDS + PROGRESS_EVERY))
   printf 'demo [%d/%d] %-58s' "$I" "$N" "$what"
-  if "$@" >"$LOGS/$name.log" 2>&1; then
-    printf ' %4ds\n' $((SECONDS - t))
+  "$@" >"$LOGS/$name.log" 2>&1 &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    [ $SECONDS -ge $next ] || continue
+    next=$((SECONDS + PROGRESS_EVERY))
+    line=$(grep -aE '^[a-z]+: [0-9]+/[0-9]+ [a-z]+s \(' "$LOGS/$name.log" | tail -n 1) || true
+    if [ -n "$line" ] && [ "$line" != "$shown" ]; then
+      [ $open = 1 ] && echo
+      open=0; shown=$line
+      printf '           %s\n' "$line"
+    fi
+  done
+  if wait "$pid"; then
+    if [ $open = 1 ]; then printf ' %4ds\n' $((SECONDS - t)); else printf '%-69s %4ds\n' '           done' \
+      $((SECONDS - t)); fi
   else
-    printf ' FAILED\n'; echo "demo: $what failed; its log: $LOGS/$name.log" >&2; tail -n 12 "$LOGS/$name.log" >&2
+    if [ $open = 1 ]; then printf ' FAILED\n'; else printf '%-69s FAILED\n' '           '; fi
+    echo "demo: $what failed; its log: $LOGS/$name.log" >&2; tail -n 12 "$LOGS/$name.log" >&2
     exit 1
   fi
 }

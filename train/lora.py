@@ -298,10 +298,10 @@ class LoRAFinetuneRecipe:
 
     def train(self) -> int:
         """Run optimizer steps until the configured number; 0 when done, PREEMPTED_EXIT after a signal."""
-        from tqdm import tqdm
+        from mlbench_kit.progress import Progress
         s = self.state
-        bar = tqdm(total=self.total_steps, initial=s.step, desc="train", unit="step", disable=not self.main,
-                   file=sys.stderr)
+        # a bar on a terminal, else a line every 30 s (no \r in a log); the main process only
+        bar = Progress(self.total_steps if self.main else 0, "train", "step", initial=s.step)
         self._t0, self._tokens0, self._flops = time.perf_counter(), s.tokens, [0.0, 0.0]
         try:
             return self._loop(bar)
@@ -323,8 +323,7 @@ class LoRAFinetuneRecipe:
                 s.micro += len(group)
                 s.step += 1
                 self._log_step(stats)
-                bar.update(1)
-                bar.set_postfix(loss=f"{stats['loss']:.4f}", tok_s=f"{stats['tokens_per_s']:.0f}")
+                bar.update(1, f"loss {stats['loss']:.4f}, {stats['tokens_per_s']:.0f} tok/s")
                 if self.preempt.agreed(self.accelerator):
                     self._save_preempted(rng_state())
                     return PREEMPTED_EXIT
@@ -645,6 +644,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from mlbench_kit.progress import bars_only_on_tty
+    bars_only_on_tty()  # `accelerate launch train/lora.py` skips `mlbench`: no library bars in a log here either
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     try:

@@ -45,7 +45,10 @@ def write_csv(settings: list[Setting], refs: list[Reference], ks: list[int], pat
     write_atomic(path, buf.getvalue())
 
 
-def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+def _table(head: list[str], rows: list[list[str]], empty: str = "none") -> list[str]:
+    """A markdown table; with no rows, the one line ``empty`` instead of a header over nothing."""
+    if not rows:
+        return [empty[0].upper() + empty[1:] + "."]
     return ["| " + " | ".join(map(md_text, head)) + " |", "|" + "---|" * len(head)] + [
         "| " + " | ".join(map(md_text, r)) + " |" for r in rows]
 
@@ -72,12 +75,17 @@ def write_markdown(settings: list[Setting], refs: list[Reference], ks: list[int]
     lines += _table(["setting", "param hit", "all params", "type acc"],
                     [[s.label] + [fmt_rate(s.metric(m)[0]) for m in EXTRA] for s in settings])
     first, last = f"pass@{ks[0]}", f"pass@{ks[-1]}"
+    shown = f"Pass@{ks[0]}" + (f" / Pass@{ks[-1]}" if len(ks) > 1 else "")
     for kind, title in (("per_repo", "repository"), ("per_type", "type")):
         groups = _groups(settings, kind)
-        lines += ["", f"## Pass@{ks[0]} / Pass@{ks[-1]} per {title}", ""]
-        lines += _table([title] + [s.label for s in settings],
-                        [[g] + [f"{fmt_rate(s.metric(first, (kind, g))[0])} / {fmt_rate(s.metric(last, (kind, g))[0])}"
-                                for s in settings] for g in groups])
+        lines += ["", f"## {shown} per {title}", ""]
+
+        def cell(s: Setting, g: str, kind: str = kind) -> str:
+            a = fmt_rate(s.metric(first, (kind, g))[0])
+            return a if len(ks) == 1 else f"{a} / {fmt_rate(s.metric(last, (kind, g))[0])}"
+
+        lines += _table([title] + [s.label for s in settings], [[g] + [cell(s, g) for s in settings] for g in groups],
+                        f"none: the runs have no per-{title} results")
         if kind == "per_type" and any(r.per_type for r in refs):
             lines += ["", "Quoted per type (the paper's split, not recomputed):", ""]
             lines += _table(["quoted row", "task", "type"] + [f"Pass@{k}" for k in ks],
@@ -89,7 +97,7 @@ def write_markdown(settings: list[Setting], refs: list[Reference], ks: list[int]
     lines += _table(["class", "meaning"] + [s.label for s in settings],
                     [[c, ERROR_CLASSES.get(c, "")] + [str(sum(summ["metrics"]["overall"]["error_classes"].get(c, 0)
                                                              for summ in s.summaries)) for s in settings]
-                     for c in classes])
+                     for c in classes], "none: every output passed")
     lines += ["", "## Gold ceiling", "",
               "How the dataset's own answers fare under the same parameter and type checks (rows that pass both "
               "are the most any model can score). For the execution ceiling, score the answers themselves with "
@@ -133,41 +141,108 @@ def _gold(s: Setting) -> dict[str, Any]:
     return s.summaries[0]["gold_ceiling"].get("ALL", {"rows": 0, "param_ok": 0, "type_ok": 0, "both": 0})
 
 
+_ZERO_LW = 2.5  # points: the marker a zero bar gets, so that it reads as measured 0, not missing
+
+
+def _bars(ax: Any, pos: list[float], vals: list[float | None], rngs: list[tuple | None], width: float, label: str,
+          color: Any, horizontal: bool = False) -> None:
+    """One series of bars with their intervals as whiskers and each value written at its end: a bar of 0 gets a
+    thick line of its width at the axis and the label "0.00"; a missing value (no such metric) gets no bar and "n/a"
+    so the two never look alike."""
+    size = [v or 0.0 for v in vals]
+    err = None
+    if any(rngs):
+        err = [[max(0.0, s - r[0]) if r else 0.0 for s, r in zip(size, rngs, strict=True)],
+               [max(0.0, r[1] - s) if r else 0.0 for s, r in zip(size, rngs, strict=True)]]
+    style = dict(color=color, label=label, edgecolor=color, linewidth=0.8)
+    whisker = dict(ecolor="0.15", capsize=3, error_kw={"elinewidth": 1.0, "capthick": 1.0})
+    if horizontal:
+        ax.barh(pos, size, width, xerr=err, **style, **whisker)
+    else:
+        ax.bar(pos, size, width, yerr=err, **style, **whisker)
+    for p, v, r in zip(pos, vals, rngs, strict=True):
+        end = max(v or 0.0, r[1] if r else 0.0) + 0.015
+        text = "n/a" if v is None else f"{v:.2f}"
+        if v == 0:
+            ends = [p - 0.45 * width, p + 0.45 * width]  # a gap between neighbours: one mark per bar
+            if horizontal:
+                ax.plot([0, 0], ends, color=color, lw=_ZERO_LW, solid_capstyle="butt", clip_on=False)
+            else:
+                ax.plot(ends, [0, 0], color=color, lw=_ZERO_LW, solid_capstyle="butt", clip_on=False)
+        if horizontal:
+            ax.text(end, p, text, va="center", ha="left", fontsize=6.5, color="0.2")
+        else:
+            ax.text(p, end, text, va="bottom", ha="center", fontsize=6.5, color="0.2", rotation=90 if width < 0.2
+                    else 0)
+
+
+def _legend_above(ax: Any, n: int) -> None:
+    """The legend in a row above the axes, under the title: never over a bar."""
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=min(n, 4), fontsize=8, frameon=False,
+              borderaxespad=0.2, handlelength=1.2, columnspacing=1.0)
+
+
+def pass_figure(settings: list[Setting], ks: list[int]) -> Any:
+    """report.png's figure: Pass@k per setting with its intervals; parameter hits and type accuracy."""
+    import matplotlib.pyplot as plt
+
+    labels = [s.label for s in settings]
+    colors = [f"C{i}" for i in range(10)]  # the default cycle, named
+    fig, axes = plt.subplots(1, 2, figsize=(max(8.0, 2.0 * len(settings) + 3), 4.4), layout="constrained")
+    pk = f"Pass@{ks[0]}" if len(ks) == 1 else "Pass@k"
+    panels = ((axes[0], [f"pass@{k}" for k in ks], f"{pk} by setting", f"{pk} (whiskers: 95% CI, or seed range)"),
+              (axes[1], ["param_hit_precision", "type_accuracy"], "What the outputs get right", None))
+    for (ax, metrics, title, note), offset in zip(panels, (0, len(ks)), strict=True):
+        width = 0.8 / len(metrics)
+        for j, m in enumerate(metrics):
+            got = [s.metric(m) for s in settings]
+            rngs: list[tuple | None] = [r if m.startswith("pass@") else None for _, r in got]
+            _bars(ax, [i + j * width for i in range(len(settings))], [v for v, _ in got], rngs, width,
+                  m.replace("_", " ").replace("pass@", "Pass@"), colors[(offset + j) % len(colors)])
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(settings))], labels, rotation=30, ha="right", fontsize=8)
+        ax.set_ylim(0, 1.12)
+        ax.set_yticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])
+        ax.spines[["top", "right"]].set_visible(False)
+        ax.set_title(title, pad=22)
+        if note:
+            ax.set_ylabel(note, fontsize=8)
+        _legend_above(ax, len(metrics))
+    return fig
+
+
+def repo_figure(settings: list[Setting], ks: list[int]) -> Any:
+    """report_repos.png's figure: Pass@k (the smallest k) per repository and setting, with its intervals."""
+    import matplotlib.pyplot as plt
+
+    repos = _groups(settings, "per_repo")
+    colors = [f"C{i}" for i in range(10)]  # the default cycle, named
+    fig, ax = plt.subplots(figsize=(7, max(2.8, 0.35 * len(repos) * max(1, len(settings) / 3) + 1.6)),
+                           layout="constrained")
+    h = 0.8 / len(settings)
+    metric = f"pass@{ks[0]}"
+    for i, s in enumerate(settings):
+        got = [s.metric(metric, ("per_repo", g)) for g in repos]
+        _bars(ax, [r + i * h for r in range(len(repos))], [v for v, _ in got], [r for _, r in got], h, s.label,
+              colors[i % len(colors)], horizontal=True)
+    ax.set_yticks([r + 0.4 - h / 2 for r in range(len(repos))], repos, fontsize=8)
+    ax.invert_yaxis()  # repositories top to bottom in name order, settings in the order given
+    ax.set_xlim(0, 1.15)
+    ax.set_xticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])
+    ax.spines[["top", "right"]].set_visible(False)
+    ax.set_xlabel(f"Pass@{ks[0]} (whiskers: 95% bootstrap CI for one seed, seed range for several)", fontsize=8)
+    ax.set_title(f"Pass@{ks[0]} per repository", pad=22)
+    _legend_above(ax, len(settings))
+    return fig
+
+
 def write_plots(settings: list[Setting], ks: list[int], out: Path) -> list[str]:
-    """report.png: Pass@k, parameter hits and type accuracy per setting; report_repos.png: Pass@1 per repository."""
+    """report.png: Pass@k, parameter hits and type accuracy per setting; report_repos.png: Pass@k per repository."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     out.mkdir(parents=True, exist_ok=True)
-    labels = [s.label for s in settings]
-    fig, axes = plt.subplots(1, 2, figsize=(max(8.0, 2.0 * len(settings) + 3), 3.8))
-    for ax, metrics, title in ((axes[0], [f"pass@{k}" for k in ks], "Pass@k by setting"),
-                               (axes[1], ["param_hit_precision", "type_accuracy"], "What the outputs get right")):
-        width = 0.8 / len(metrics)
-        for j, m in enumerate(metrics):
-            vals = [s.metric(m)[0] or 0 for s in settings]
-            ax.bar([i + j * width for i in range(len(settings))], vals, width, label=m.replace("_", " "))
-        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(settings))], labels, rotation=30, ha="right", fontsize=8)
-        ax.set_ylim(0, 1)
-        ax.set_title(title)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "report.png", dpi=100)
-    plt.close(fig)
-
-    repos = _groups(settings, "per_repo")
-    fig, ax = plt.subplots(figsize=(7, max(2.5, 0.35 * len(repos) * max(1, len(settings) / 3) + 1)))
-    h = 0.8 / len(settings)
-    for i, s in enumerate(settings):
-        ax.barh([r + i * h for r in range(len(repos))],
-                [s.metric(f"pass@{ks[0]}", ("per_repo", g))[0] or 0 for g in repos], h, label=s.label)
-    ax.set_yticks([r + 0.4 - h / 2 for r in range(len(repos))], repos, fontsize=8)
-    ax.set_xlim(0, 1)
-    ax.set_xlabel(f"Pass@{ks[0]}")
-    ax.set_title("Pass@1 per repository")
-    ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(out / "report_repos.png", dpi=100)
-    plt.close(fig)
+    for name, fig in (("report.png", pass_figure(settings, ks)), ("report_repos.png", repo_figure(settings, ks))):
+        fig.savefig(out / name, dpi=100)
+        plt.close(fig)
     return ["report.png", "report_repos.png"]

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 from conftest import REPO_ROOT, assert_shared_modes, run_cli
 
@@ -102,3 +105,134 @@ def test_report_quotes_the_paper_rows_of_the_measured_tasks(evals: dict[str, Pat
     assert "| model | Oracle Segment Pass@1 | Oracle Segment Pass@2 | Oracle Segment Pass@5 |" in table1
     assert "| CodeLlama-ID (paper) *(quoted)* | 17.69 | 23.46 | 30.77 |" in table1
     assert f"| a | {100 * 52 / 53:.2f} |" in table1
+
+
+def _gold_k1(tmp: Path) -> Path:
+    """The sample's own answers, one output each, Pass@1 only: every output passes (no error class)."""
+    r = run_cli("mlbench", "eval", "--data", SAMPLE, "--gold", "--k", "1", "--envs", ENVS, "--out", tmp / "gold")
+    assert r.returncode == 0, r.stderr
+    return tmp / "gold"
+
+
+def _tables(md: str) -> list[list[str]]:
+    """Each markdown table of ``md`` as its lines (header, separator, rows)."""
+    tables, cur = [], []
+    for line in md.splitlines() + [""]:
+        if line.startswith("|"):
+            cur.append(line)
+        elif cur:
+            tables.append(cur)
+            cur = []
+    return tables
+
+
+@pytest.mark.integration
+def test_report_md_has_no_doubled_heading_no_empty_table_no_spaced_code(tmp_path: Path) -> None:
+    """Only Pass@1 and no failed output: headings say Pass@1 once, the error classes are one line, not a header over
+    nothing; paths are code spans without padding spaces (in mlbench report's and in eval's own report.md)."""
+    gold = _gold_k1(tmp_path)
+    out = tmp_path / "report"
+    r = run_cli("mlbench", "report", f"gold={gold}", "--out", out)
+    assert r.returncode == 0, r.stderr
+    problems = []
+    for name, md in (("mlbench report", (out / "report.md").read_text()), ("eval", (gold / "report.md").read_text())):
+        heads = [x for x in md.splitlines() if x.startswith("#")]
+        problems += [f"{name}: doubled heading {h!r}" for h in heads if "Pass@1 / Pass@1" in h]
+        problems += [f"{name}: a table without rows {t[0]!r}" for t in _tables(md) if len(t) <= 2]
+        if "None: every output passed." not in md.split("## Error classes")[1]:
+            problems.append(f"{name}: no one-line 'none' for the error classes")
+        spans = [m.group(2) for m in re.finditer(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)", md)]
+        assert spans
+        problems += [f"{name}: padded code span {x!r}" for x in spans if x.startswith(" ") and x.endswith(" ")]
+    assert not problems, "\n".join(problems)
+    md = (out / "report.md").read_text()
+    assert "## Pass@1 per repository" in md and "| toybench | 1.000 |" in md
+    assert f"- gold: `{gold}`" in md
+
+
+def _figures(settings: list, ks: list[int], out: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """The figures `write_plots` saves, by file name, kept for inspection (drawn as saved)."""
+    from matplotlib.figure import Figure
+
+    from mlbench_kit.eval.report.render import write_plots
+    saved: dict[str, Any] = {}
+    orig = Figure.savefig
+
+    def keep(fig: Figure, fname: Any, *a: Any, **kw: Any) -> None:
+        orig(fig, fname, *a, **kw)
+        saved[Path(fname).name] = fig
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    write_plots(settings, ks, out)
+    return saved
+
+
+def _bar_problems(fig: Any, ax: Any, series: dict[str, list], horizontal: bool) -> list[str]:
+    """What is wrong with ``ax``'s bars, for each series of ``series`` (legend label -> the settings' (value,
+    interval) per bar): a bar without a whisker from its interval's low to high end at its centre; a bar of 0
+    without a thick line over its width at the axis and a "0.00" label; a legend over the axes or a bar."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.container import BarContainer, ErrorbarContainer
+    FigureCanvasAgg(fig).draw()  # closed by write_plots: drawn again, as saved (same size and dpi)
+    renderer = fig.canvas.get_renderer()
+    bars = {c.get_label().lower(): c for c in ax.containers if isinstance(c, BarContainer)}
+    assert {m.lower() for m in series} <= set(bars), (sorted(series), sorted(bars))
+    along, across = (1, 0) if horizontal else (0, 1)  # the bars' position axis, their value axis
+    whiskers = [seg for c in ax.containers if isinstance(c, ErrorbarContainer)
+                for coll in c.lines[2] for seg in coll.get_segments()]
+    marks = [np.column_stack([ln.get_xdata(), ln.get_ydata()]) for ln in ax.lines
+             if ln.get_linewidth() >= 2 and ln.get_visible()]
+    texts = [(t.get_text(), t.get_position()) for t in ax.texts]
+    problems, n_zero = [], 0
+    for label, got in series.items():
+        for patch, (v, rng) in zip(bars[label.lower()].patches, got, strict=True):
+            box = patch.get_bbox()
+            lo, hi = (box.y0, box.y1) if horizontal else (box.x0, box.x1)
+            centre = (lo + hi) / 2
+            if rng is not None:
+                ends = [sorted(pt[across] for pt in seg) for seg in whiskers
+                        if all(abs(pt[along] - centre) < 1e-9 for pt in seg)]
+                if not any(np.allclose(e, rng, atol=1e-6) for e in ends):
+                    problems.append(f"{label} {v}: no whisker {rng} (whiskers there: {ends})")
+            if v == 0:
+                n_zero += 1
+                if not any(lo - 1e-9 <= m[:, along].min() and m[:, along].max() <= hi + 1e-9
+                           and not m[:, across].any() for m in marks):
+                    problems.append(f"{label}: a bar of 0 without a mark at the axis")
+                if not any(t == "0.00" and lo <= pos[along] <= hi for t, pos in texts):
+                    problems.append(f"{label}: a bar of 0 without its 0.00 label")
+    assert n_zero, "the fixture has bars of 0"
+    legend = ax.get_legend().get_window_extent(renderer)
+    if legend.overlaps(ax.get_window_extent(renderer)):
+        problems.append("the legend sits over the axes")
+    if any(legend.overlaps(b) for c in bars.values() for p in c.patches
+           if (b := p.get_window_extent(renderer)).width > 0 and b.height > 0):
+        problems.append("the legend covers a bar")
+    return problems
+
+
+@pytest.mark.integration
+def test_report_plots_show_intervals_zero_bars_and_keep_the_legend_off_the_bars(
+        evals: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """report.png: each Pass@k bar has its interval (bootstrap CI of one seed, min-max of two) as a whisker; b's
+    Pass@k of 0 is a visible mark with "0.00", not an empty slot; the legend is outside the axes. report_repos.png
+    the same per repository."""
+    from mlbench_kit.eval.report.data import load_settings
+    settings = load_settings([f"a={evals['a1-s0']}", f"a={evals['a1-s1']}", f"a={evals['a3']}", f"b={evals['b3']}"])
+    ks = [1, 2, 5]
+    figs = _figures(settings, ks, tmp_path, monkeypatch)
+    assert set(figs) == {"report.png", "report_repos.png"}
+    fig = figs["report.png"]
+    ax = fig.axes[0]
+    series = {f"Pass@{k}": [s.metric(f"pass@{k}") for s in settings] for k in ks}
+    assert all(rng for got in series.values() for _, rng in got)  # the intervals are in the data
+    problems = _bar_problems(fig, ax, series, horizontal=False)
+    right = fig.axes[1]  # parameter hits and type accuracy: no intervals, the same legend rule
+    if right.get_legend().get_window_extent(fig.canvas.get_renderer()).overlaps(
+            right.get_window_extent(fig.canvas.get_renderer())):
+        problems.append("the legend sits over the right-hand axes")
+    fig = figs["report_repos.png"]
+    repos = sorted({g for s in settings for summ in s.summaries for g in summ["metrics"]["per_repo"]})
+    series = {s.label: [s.metric("pass@1", ("per_repo", g)) for g in repos] for s in settings}
+    problems += [f"repos: {x}" for x in _bar_problems(fig, fig.axes[0], series, horizontal=True)]
+    assert not problems, "\n".join(problems)

@@ -88,6 +88,32 @@ def test_vllm_one_engine_call_for_every_task_gives_the_per_call_samples(tmp_path
 
 
 @pytest.mark.integration
+def test_infer_is_quiet_the_engine_logs_go_to_a_file_and_verbose_shows_them(tmp_path, tiny_model_dir, real_prep):
+    """4 prompts on the tiny model through vLLM, output piped (as in a log or CI): a few `infer:` lines on stderr
+    naming OUT/logs/engine.log, no engine line and no carriage return (no progress bar off a terminal); the
+    engine's own logs are in that file. With --verbose they are on the terminal again and no log file is made."""
+    out = tmp_path / "quiet"
+    r = _infer(tiny_model_dir, real_prep, out, "--limit", "4")
+    assert r.returncode == 0, r.stderr[-3000:]
+    log = out / "logs" / "engine.log"
+    lines = r.stderr.splitlines()
+    assert len(lines) <= 8 and all(x.startswith("infer: ") for x in lines), r.stderr[-3000:]
+    assert "\r" not in r.stderr and r.stdout == "", (r.stdout[-2000:], r.stderr[-2000:])
+    assert f"infer: engine and library logs in {log}" in lines[0]
+    assert any(x.startswith("infer: 4/4 prompts (100%)") for x in lines)  # the progress line
+    text = log.read_text()
+    assert "(EngineCore" in text and "Starting to load model" in text and "infer: engine ready in" in text
+    assert len(_rows(out / "task3.jsonl")) == 4
+
+    loud = tmp_path / "verbose"
+    r = _infer(tiny_model_dir, real_prep, loud, "--limit", "4", "--verbose")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "(EngineCore" in r.stdout + r.stderr and "Starting to load model" in r.stdout + r.stderr
+    assert not (loud / "logs").exists() and "\r" not in r.stderr
+    assert [x["raw"] for x in _rows(loud / "task3.jsonl")] == [x["raw"] for x in _rows(out / "task3.jsonl")]
+
+
+@pytest.mark.integration
 def test_hf_backend_same_format_same_seed_and_resume(tmp_path, tiny_model_dir, real_prep):
     out = tmp_path / "hf"
     r = _infer(tiny_model_dir, real_prep, out, "--backend", "hf", "--limit", "3")
