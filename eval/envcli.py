@@ -18,7 +18,7 @@ from pathlib import Path
 
 from mlbench_kit.envspec import load_recipes
 from mlbench_kit.errors import MLBenchError
-from mlbench_kit.io import write_atomic, write_json_atomic
+from mlbench_kit.io import read_jsonl_tolerant, write_atomic, write_json_atomic
 
 from .envs.build import Builder, default_cache, env_dir, stale_builds, write_envs_yaml
 from .envs.untar import DEFAULT_MAX_BYTES, DEFAULT_MAX_MEMBERS, Limits
@@ -204,7 +204,7 @@ def _validate(args: Namespace) -> int:
                                                           for k, v in options.items()}))
             if code not in (0, 3):
                 return code
-            recs = [json.loads(x) for x in (out / f"gold-{mode}" / "results.jsonl").open()]
+            recs = read_jsonl_tolerant(out / f"gold-{mode}" / "results.jsonl")
         results[mode] = recs
     rows = [{"github_id": s.github_id, "id": s.id, "repo": s.repo, "type": s.type} for s in samples]
     defects = {(r.repo, i): why for r in recipes for i, why in r.gold_defects}
