@@ -40,6 +40,37 @@ def _harden() -> None:
             pass
 
 
+def _open_oom() -> int | None:
+    """``/proc/self/oom_score_adj``, opened while this process is still dumpable: once it is not, the file belongs
+    to root, and neither the runner nor its child (which inherits non-dumpability until exec) may open it; the
+    child's own attempt failed silently, so generations ran at the runner's value (0, or -1000 as root)."""
+    try:
+        return os.open("/proc/self/oom_score_adj", os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def _oom_fork(oom_fd: int | None) -> int:
+    """Fork the generation with oom_score_adj 1000 (the OOM killer's first choice, always), the runner keeping its
+    own value: raised for the fork (unprivileged), restored right after (never below the value it had)."""
+    own = None
+    if oom_fd is not None:
+        try:
+            own = os.pread(oom_fd, 16, 0).strip()
+            os.pwrite(oom_fd, b"1000", 0)
+        except OSError:
+            own = None
+    pid = os.fork()
+    if pid != 0 and own is not None:
+        try:
+            os.pwrite(oom_fd, own, 0)
+        except OSError:
+            pass  # the runner stays at 1000 beside its child: no worse than before this fix
+    if oom_fd is not None:
+        os.close(oom_fd)
+    return pid
+
+
 def _copy_workspace(src: str, dst: str) -> None:
     """The "copy" workspace (engines that cannot mount an overlay for us): a private copy in a tmpfs."""
     for name in os.listdir(src):
@@ -54,12 +85,7 @@ def _child(spec: dict, errw: int) -> None:
     """In the forked child: limits, working folder, then exec. Failures before exec go to ``errw``."""
     import resource
     try:
-        os.setsid()
-        try:  # the OOM killer's first choice is always the generation, never the runner (raising is unprivileged)
-            with open("/proc/self/oom_score_adj", "w") as fh:
-                fh.write("1000")
-        except OSError:
-            pass
+        os.setsid()  # (oom_score_adj 1000 was set by the runner around the fork: see _oom_fork)
         for name, value in spec.get("rlimits", {}).items():
             lim = getattr(resource, name)
             # CPU: a hard limit one second above the soft one, so the soft limit's SIGXCPU comes first
@@ -162,6 +188,7 @@ def main() -> int:
     report: dict = {"v": 1, "exit": None, "signal": None, "survivors": None, "fault": None, "full": [],
                     "cpu_s": None, "at_fsize": False}
     try:
+        oom_fd = _open_oom()
         _harden()
         with open(spec_path, encoding="utf-8") as fh:
             spec = json.load(fh)
@@ -170,7 +197,7 @@ def main() -> int:
         if spec.get("copy_from"):
             _copy_workspace(spec["copy_from"], spec["copy_to"])
         errr, errw = os.pipe2(os.O_CLOEXEC)
-        pid = os.fork()
+        pid = _oom_fork(oom_fd)
         if pid == 0:
             os.close(errr)
             if report_fd != 2:

@@ -180,6 +180,17 @@ def test_runner_secrets_are_out_of_reach(box):
     assert r.exit_code == 0 and "READ" not in r.log and r.log.count("denied") == 3
 
 
+def test_the_generation_is_the_oom_killers_first_choice(box):
+    """Issue 30 item 6: the child of the non-dumpable runner could not open /proc/self/oom_score_adj, so the
+    generation ran at the runner's value (0, or -1000 as root) and the runner could be the OOM killer's victim."""
+    r = run(box, "echo gen $(cat /proc/self/oom_score_adj) runner $(cat /proc/1/oom_score_adj)")
+    words = r.log.split()
+    assert r.exit_code == 0 and words[0] == "gen" and words[2] == "runner", r.log
+    assert int(words[1]) == 1000 and int(words[3]) <= 0, r.log
+    r = run(box, "import os\nprint('py', open('/proc/self/oom_score_adj').read().strip(), os.getpid())", shell=False)
+    assert r.log.split()[:2] == ["py", "1000"], r.log
+
+
 # -- 2. the host never reads what the generation wrote ----------------------------------------------------------
 
 @pytest.mark.parametrize("attack", [
