@@ -61,7 +61,7 @@ def _oom_fork(oom_fd: int | None) -> int:
         except OSError:
             own = None
     pid = os.fork()
-    if pid != 0 and own is not None:
+    if pid != 0 and own is not None and oom_fd is not None:
         try:
             os.pwrite(oom_fd, own, 0)
         except OSError:
@@ -81,10 +81,12 @@ def _copy_workspace(src: str, dst: str) -> None:
             shutil.copy2(s, d, follow_symlinks=False)
 
 
-def _child(spec: dict, errw: int) -> None:
+def _child(spec: dict, errw: int, stdout_w: int | None = None) -> None:
     """In the forked child: limits, working folder, then exec. Failures before exec go to ``errw``."""
     import resource
     try:
+        if stdout_w is not None:  # the benchmark's checker: stdout a pipe nobody reads while the command runs
+            os.dup2(stdout_w, 1)
         os.setsid()  # (oom_score_adj 1000 was set by the runner around the fork: see _oom_fork)
         for name, value in spec.get("rlimits", {}).items():
             lim = getattr(resource, name)
@@ -181,12 +183,27 @@ def _evidence(report: dict, spec: dict) -> None:
         report["survivors"] = 0
 
 
+def _relay_undrained(fd: int) -> None:
+    """What the undrained stdout pipe holds (at most its 64 KB) to this process's stdout, for the log."""
+    os.set_blocking(fd, False)
+    try:
+        data = os.read(fd, 1 << 16)
+    except OSError:
+        data = b""
+    while data:
+        try:
+            data = data[os.write(1, data):]
+        except OSError:
+            return
+
+
 def main() -> int:
     spec_path, channel = sys.argv[1], sys.argv[2]
     nonce = os.environ.pop("MLBENCH_REPORT_NONCE", "")
     report_fd = 2 if channel == "stderr" else int(channel)
     report: dict = {"v": 1, "exit": None, "signal": None, "survivors": None, "fault": None, "full": [],
                     "cpu_s": None, "at_fsize": False}
+    inner: tuple[int, int] | None = None
     try:
         oom_fd = _open_oom()
         _harden()
@@ -197,13 +214,20 @@ def main() -> int:
         if spec.get("copy_from"):
             _copy_workspace(spec["copy_from"], spec["copy_to"])
         errr, errw = os.pipe2(os.O_CLOEXEC)
+        if spec.get("undrained_stdout"):
+            # engines whose CLI relays the output (docker): the host drains it all, and the undrained stdout of
+            # the benchmark's checker is this pipe, which the runner holds and reads only once everything is dead
+            # (an answer that fills the host's pipe blocked the CLI, and with it the runner's report)
+            inner = os.pipe2(os.O_CLOEXEC)
         pid = _oom_fork(oom_fd)
         if pid == 0:
             os.close(errr)
             if report_fd != 2:
                 os.close(report_fd)
-            _child(spec, errw)
+            _child(spec, errw, inner[1] if inner else None)
         os.close(errw)
+        if inner:
+            os.close(inner[1])
         status = None
         while status is None:
             try:
@@ -233,6 +257,8 @@ def main() -> int:
         os.kill(-1, signal.SIGKILL)  # as PID 1: every other process of the namespace
     except ProcessLookupError:
         pass
+    if inner:
+        _relay_undrained(inner[0])
     data = json.dumps(report).encode()
     os.write(report_fd, f"\nMLBENCH-REPORT {nonce} ".encode() + data + b"\n" if report_fd == 2 else data)
     return 0
