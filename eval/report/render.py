@@ -37,6 +37,9 @@ def write_csv(settings: list[Setting], refs: list[Reference], ks: list[int], pat
                 if v is not None:
                     w.writerow([s.run, s.task, len(s.summaries), kind, g[1] if g else "all", m, round(v, 4),
                                 *(rng if rng else ("", "")), "measured"])
+        # what the Pass@k above leaves out (faults, unscored samples): always written, 0 included
+        for m, n in zip(("faults", "unscored_samples"), s.not_scored, strict=True):
+            w.writerow([s.run, s.task, len(s.summaries), "overall", "all", m, n, "", "", "measured"])
     for r in refs:
         quoted = [("overall", "all", r.values)] + [("type", t, v) for t, v in r.per_type.items()]
         for kind, group, values in quoted:
@@ -58,10 +61,15 @@ def write_markdown(settings: list[Setting], refs: list[Reference], ks: list[int]
              "check, the type check and runs cleanly); brackets: the 95% bootstrap CI over samples for one seed, "
              "min–max over seeds for several (their mean shown).", "", "## Pass@k by setting", ""]
     rows = [[s.run, str(s.task or "–"), str(len(s.summaries)), str(s.summaries[0]["metrics"]["overall"]["samples"])]
-            + [fmt_rate(*s.metric(f"pass@{k}")) for k in ks] for s in settings]
+            + [fmt_rate(*s.metric(f"pass@{k}")) for k in ks] + [s.incomplete or "–"] for s in settings]
     rows += [[f"{r.name} *(quoted)*", str(r.task or "–"), "", ""] + [fmt_rate(r.values.get(f"pass@{k}")) for k in ks]
-             for r in refs]
-    lines += _table(["run", "task", "seeds", "samples"] + [f"Pass@{k}" for k in ks], rows)
+             + [""] for r in refs]
+    lines += _table(["run", "task", "seeds", "samples"] + [f"Pass@{k}" for k in ks] + ["not scored"], rows)
+    bad = [s for s in settings if s.incomplete]
+    if bad:
+        lines += ["", "**INCOMPLETE**: " + "; ".join(f"{md_text(s.label)}: {s.incomplete}" for s in bad)
+                  + ". Their Pass@k is over the samples that were scored only: faults (faults.jsonl of each run) are "
+                  "not verdicts; fix the environment and re-run `mlbench eval` to score them."]
     if refs:
         lines += ["", "Quoted rows are copied from their source, not recomputed here: "
                   + "; ".join(sorted({r.source for r in refs})) + "."]
@@ -140,7 +148,7 @@ def write_plots(settings: list[Setting], ks: list[int], out: Path) -> list[str]:
     import matplotlib.pyplot as plt
 
     out.mkdir(parents=True, exist_ok=True)
-    labels = [s.label for s in settings]
+    labels = [s.label + ("\n(INCOMPLETE)" if s.incomplete else "") for s in settings]
     fig, axes = plt.subplots(1, 2, figsize=(max(8.0, 2.0 * len(settings) + 3), 3.8))
     for ax, metrics, title in ((axes[0], [f"pass@{k}" for k in ks], "Pass@k by setting"),
                                (axes[1], ["param_hit_precision", "type_accuracy"], "What the outputs get right")):
@@ -161,7 +169,8 @@ def write_plots(settings: list[Setting], ks: list[int], out: Path) -> list[str]:
     h = 0.8 / len(settings)
     for i, s in enumerate(settings):
         ax.barh([r + i * h for r in range(len(repos))],
-                [s.metric(f"pass@{ks[0]}", ("per_repo", g))[0] or 0 for g in repos], h, label=s.label)
+                [s.metric(f"pass@{ks[0]}", ("per_repo", g))[0] or 0 for g in repos], h,
+                label=s.label + (" (INCOMPLETE)" if s.incomplete else ""))
     ax.set_yticks([r + 0.4 - h / 2 for r in range(len(repos))], repos, fontsize=8)
     ax.set_xlim(0, 1)
     ax.set_xlabel(f"Pass@{ks[0]}")
