@@ -18,10 +18,12 @@ The LR scheduler (``scheduler.pt``) is saved the same way in both: the recipe st
 from __future__ import annotations
 
 import json
+import pickle
 import re
 import shutil
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -209,6 +211,41 @@ def safe_load(path: Path, what: str, safe_globals: list[Any] | None = None) -> A
                            "afresh in another --output-dir") from None
 
 
+def _deepspeed_globals() -> list[Any]:
+    """The classes a DeepSpeed ZeRO checkpoint holds beside tensors and plain types (found with
+    torch.serialization.get_unsafe_globals_in_checkpoint on ZeRO-2 and ZeRO-3 checkpoints of this recipe)."""
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+    return [LossScaler, ZeroStageEnum, fragment_address]
+
+
+@contextmanager
+def weights_only_loads(allowed: list[Any], where: Path) -> Iterator[None]:
+    """Every ``torch.load`` in the block (a library's included: DeepSpeed loads its checkpoint with
+    ``weights_only=False``) runs with ``weights_only=True``, ``allowed`` classes added; a file that needs more is
+    one clear error, and nothing in it runs."""
+    real = torch.load
+
+    def load(f: Any, *args: Any, **kwargs: Any) -> Any:
+        kwargs["weights_only"] = True
+        try:
+            with torch.serialization.safe_globals(allowed):
+                return real(f, *args, **kwargs)
+        except pickle.UnpicklingError as exc:
+            first = (str(exc).strip().splitlines() or ["UnpicklingError"])[0][:200]
+            raise MLBenchError(f"refused a checkpoint file: it does not load as plain tensors and DeepSpeed's state "
+                               f"classes (torch.load weights_only=True) ({first})", str(f),
+                               "a checkpoint is never unpickled: resume only folders this toolkit wrote, or start "
+                               "afresh in another --output-dir") from None
+
+    torch.load = load
+    try:
+        yield
+    finally:
+        torch.load = real
+
+
 def _load_rng(path: Path) -> dict[str, Any]:
     """This rank's RNG file. Format 2 holds tensors and plain types; an older file holds numpy's state as an
     ndarray, which loads safely with numpy's array reconstruction allowed (uint32 data, no code)."""
@@ -292,8 +329,9 @@ def load_checkpoint(accelerator: Any, model: Any, optimizer: Any, scheduler: Any
     ``weights_only=True``: a checkpoint holds tensors and plain types, and is never unpickled."""
     state = TrainState.read(path / "trainer_state.json")
     if is_deepspeed(accelerator):
-        model.load_checkpoint(str(path / "deepspeed"), tag="state", load_module_strict=False,
-                              load_optimizer_states=True, load_lr_scheduler_states=False)
+        with weights_only_loads(_deepspeed_globals(), path / "deepspeed"):  # DeepSpeed asks for weights_only=False
+            model.load_checkpoint(str(path / "deepspeed"), tag="state", load_module_strict=False,
+                                  load_optimizer_states=True, load_lr_scheduler_states=False)
     else:
         from safetensors.torch import load_file
         from torch.distributed.checkpoint.state_dict import (

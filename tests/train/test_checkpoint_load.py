@@ -129,3 +129,22 @@ def test_a_checkpoint_without_a_config_hash_is_not_resumed():
     with pytest.raises(MLBenchError, match="under another config"):
         check_resumable(TrainState(step=4, config_sha="xyz"), ("abc", "def"), "ck")
     check_resumable(TrainState(step=4, config_sha="def"), ("abc", "def"), "ck")
+
+
+def test_deepspeeds_own_loads_are_forced_to_weights_only(tmp_path):
+    """DeepSpeed loads its ZeRO files with torch.load(weights_only=False): inside load_checkpoint every torch.load
+    is forced to weights_only=True, DeepSpeed's three state classes allowed, nothing else."""
+    from mlbench_kit.train.checkpoint import _deepspeed_globals, weights_only_loads
+    marker = tmp_path / "marker"
+    evil = tmp_path / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    torch.save({"optimizer_state_dict": _Evil(marker)}, evil)
+    fine = tmp_path / "fine.pt"
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    torch.save({"zero_stage": ZeroStageEnum.gradients, "w": torch.ones(2)}, fine)
+    with weights_only_loads(_deepspeed_globals(), tmp_path):
+        with pytest.raises(MLBenchError) as ei:
+            torch.load(evil, map_location="cpu", weights_only=False)  # as DeepSpeed calls it
+        got = torch.load(fine, map_location="cpu", weights_only=False)
+    assert str(evil) in ei.value.render() and not marker.exists()
+    assert got["zero_stage"] == ZeroStageEnum.gradients and torch.equal(got["w"], torch.ones(2))
+    assert torch.load(fine, weights_only=False)["zero_stage"] == ZeroStageEnum.gradients  # restored after the block
