@@ -168,13 +168,30 @@ def _at_size(paths: list, size: int, max_entries: int = 20000) -> bool:
     return False
 
 
+def _pids_max():
+    """Forks the container's pids controller refused ("max" of pids.events, cgroup v2 or v1), None if unreadable."""
+    for path in ("/sys/fs/cgroup/pids.events", "/sys/fs/cgroup/pids/pids.events"):
+        try:
+            with open(path, encoding="ascii") as fh:
+                for line in fh:
+                    key, _, value = line.partition(" ")
+                    if key == "max":
+                        return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
 def _evidence(report: dict, spec: dict) -> None:
     """What the generation left behind: survivors, full mounts, a file at the size limit. Each part is bounded,
     and none can fail the report: a verdict without one piece of evidence beats a fault."""
     writable = spec.get("writable", [])
     fsize = spec.get("rlimits", {}).get("RLIMIT_FSIZE")
-    for key, probe in (("survivors", lambda: len(_alive())), ("full", lambda: _full(writable)),
-                       ("at_fsize", lambda: bool(fsize) and _at_size(writable, fsize))):
+    probes = [("survivors", lambda: len(_alive())), ("full", lambda: _full(writable)),
+              ("at_fsize", lambda: bool(fsize) and _at_size(writable, fsize))]
+    if spec.get("cgroup_evidence"):  # a container whose /sys/fs/cgroup is its own (docker): the kernel's count
+        probes.append(("pids_max", _pids_max))
+    for key, probe in probes:
         try:
             report[key] = probe()
         except Exception as exc:  # noqa: BLE001 - e.g. out of memory in an OOM-filled cgroup

@@ -224,6 +224,8 @@ class Sandbox:
             spec |= {"copy_from": f"{SANDBOX}/src", "copy_to": f"{SANDBOX}/work"}
         if undrained:
             spec["undrained_stdout"] = True
+        if self.engine.name == "docker":  # its /sys/fs/cgroup is the container's own: the runner reads pids.events
+            spec["cgroup_evidence"] = True
         (jobdir / "spec.json").write_text(json.dumps(spec))
         if job.as_shell:
             (jobdir / "cmd.sh").write_text(job.code + "\n")

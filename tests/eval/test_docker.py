@@ -146,7 +146,6 @@ def test_docker_verdicts_match_bwrap(docker_base):
               if verdicts[("bwrap", n)] != verdicts[("docker", n)]}
     print("differ:", json.dumps(differ, default=str))
     assert verdicts[("bwrap", "nonblock-stdout")][:3] == (None, 1, False)
-    for name in ("nonblock-stdout", "oom-unmapped", "stdout-undrained", "honest", "honest-python", "exit-153"):
-        assert name not in differ, (name, differ[name])
+    assert not differ
     left = subprocess.run(["docker", "ps", "-aq", "--filter", "name=mlbench-"], capture_output=True, text=True)
     assert left.stdout.strip() == ""  # no container is left behind, running or stopped
