@@ -25,6 +25,7 @@ from pathlib import Path
 
 from mlbench_kit.envspec import load_recipes
 from mlbench_kit.eval.envcli import RECIPES
+from mlbench_kit.io import read_jsonl_tolerant
 
 BACKENDS = ("bwrap", "podman")
 
@@ -54,8 +55,7 @@ def _verdicts(out: Path, modes: list[str]) -> dict[tuple[int, str], dict]:
         f = out / f"gold-{mode}" / "results.jsonl"
         if not f.is_file():
             continue
-        for line in f.open():
-            r = json.loads(line)
+        for r in read_jsonl_tolerant(f):
             rows[(r["id"], mode)] = r
     return rows
 

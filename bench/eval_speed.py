@@ -19,7 +19,6 @@ Build the environments first: mlbench env build External-Attention-pytorch PyTor
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -43,6 +42,7 @@ from mlbench_kit.eval.sandbox import (
     thread_vars,
     warm_code,
 )
+from mlbench_kit.io import read_jsonl_tolerant
 
 REPOS = ["External-Attention-pytorch", "PyTorch-GAN", "Time-Series-Library"]
 
@@ -154,7 +154,7 @@ def main() -> None:
                   *REPOS, "--out", str(out), "--workers", str(a.workers), "--cpus", str(a.cpus), "--no-ci"])
     ours_s = time.perf_counter() - t0
     assert rc == 0, rc
-    ours = {(r["github_id"], r["id"]): r["passed"] for r in map(json.loads, (out / "results.jsonl").open())}
+    ours = {(r["github_id"], r["id"]): r["passed"] for r in read_jsonl_tolerant(out / "results.jsonl")}
     diff = sorted(k for k in base if base[k] != ours.get(k))
     both = sum(v and ours.get(k, False) for k, v in base.items())
     print(f"throughput, {len(samples)} gold rows of {', '.join(REPOS)} on {os.cpu_count()} cores: baseline "

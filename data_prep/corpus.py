@@ -9,6 +9,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from mlbench_kit.dataset import confined_path, plain_name
 from mlbench_kit.errors import MLBenchError
 
 # When a folder holds several README files, prefer the canonical one (README.md over README_EN.md).
@@ -57,13 +58,20 @@ class ReadmeCorpus:
 
     def _find(self, repo: str, path: str) -> Readme:
         repo_dir = self.root / repo
+        if not plain_name(repo) or not confined_path(path):
+            raise MLBenchError(f"repository {repo!r} and path {path!r} do not name a folder inside one repository",
+                               str(self.root), "a repository is one plain folder name, a path is relative without '..'")
         if not repo_dir.is_dir():
             raise MLBenchError(f"no folder for repository {repo!r}", str(repo_dir),
                                "check --readmes/--repos-dir points at the folder holding one sub-folder per repository")
+        real_repo = repo_dir.resolve()
         parts = [p for p in PurePosixPath(path).parts if p not in (".", "")]
         for depth in range(len(parts), -1, -1):
             found = _pick_readme(repo_dir.joinpath(*parts[:depth]))
             if found is not None:
+                if not found.resolve().is_relative_to(real_repo):  # a link in the checkout pointing elsewhere
+                    raise MLBenchError(f"the README for {path!r} resolves outside repository {repo!r}: "
+                                       f"{found.resolve()}", str(found), "remove the link from the checkout")
                 rel = found.relative_to(repo_dir).as_posix()
                 return Readme(rel, found.read_text(encoding="utf-8", errors="replace"), depth < len(parts))
         raise MLBenchError(f"no README anywhere between {path!r} and the root of {repo!r}", str(repo_dir))

@@ -18,9 +18,10 @@ from pathlib import Path
 
 from mlbench_kit.envspec import load_recipes
 from mlbench_kit.errors import MLBenchError
-from mlbench_kit.io import write_atomic, write_json_atomic
+from mlbench_kit.io import read_jsonl_tolerant, write_atomic, write_json_atomic
 
 from .envs.build import Builder, default_cache, env_dir, stale_builds, write_envs_yaml
+from .envs.untar import DEFAULT_MAX_BYTES, DEFAULT_MAX_MEMBERS, Limits
 
 RECIPES = Path(__file__).resolve().parents[1] / "configs" / "eval" / "envs"
 
@@ -37,6 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     b.add_argument("--fetch-assets", action="store_true", help="download declared assets (needs network)")
     b.add_argument("--image", action="store_true", help="also build each podman image")
     b.add_argument("--installer", choices=["uv", "pip"], help="default: uv when installed")
+    b.add_argument("--tar-max-mb", type=int, default=DEFAULT_MAX_BYTES >> 20,
+                   help="refuse a tarball whose files exceed this many MiB (default %(default)s)")
+    b.add_argument("--tar-max-members", type=int, default=DEFAULT_MAX_MEMBERS,
+                   help="refuse a tarball with more members (default %(default)s)")
     b.add_argument("--keep-going", action="store_true", help="build the others when one fails (exit 1 at the end)")
     sub.add_parser("list", parents=[common], help="recipes, their builds and validation")
     sub.add_parser("prune", parents=[common], help="remove builds of older recipe versions and unfinished ones")
@@ -89,7 +94,8 @@ def _log(msg: str) -> None:
 def _build(args: Namespace) -> int:
     cache = _cache(args)
     recipes = load_recipes(args.recipes, args.repos or None)
-    builder = Builder(cache, Path(args.tarballs) if args.tarballs else None, args.fetch_assets, args.installer, _log)
+    builder = Builder(cache, Path(args.tarballs) if args.tarballs else None, args.fetch_assets, args.installer, _log,
+                      Limits(args.tar_max_mb << 20, args.tar_max_members))
     failed, images = {}, {}
     for r in recipes:
         try:
@@ -201,7 +207,7 @@ def _validate(args: Namespace) -> int:
                                                           for k, v in options.items()}))
             if code not in (0, 3):
                 return code
-            recs = [json.loads(x) for x in (out / f"gold-{mode}" / "results.jsonl").open()]
+            recs = read_jsonl_tolerant(out / f"gold-{mode}" / "results.jsonl")
         results[mode] = recs
     rows = [{"github_id": s.github_id, "id": s.id, "repo": s.repo, "type": s.type} for s in samples]
     defects = {(r.repo, i): why for r in recipes for i, why in r.gold_defects}

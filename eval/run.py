@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import math
 import re
 import shlex
@@ -494,7 +493,7 @@ def _gold_valid_metrics(path: str, results: list[dict[str, Any]], ks: list[int],
 
 
 def _fault_exit(out: Path, n_faults: int) -> int:
-    first = json.loads((out / "faults.jsonl").read_text().splitlines()[0])
+    first = read_jsonl_tolerant(out / "faults.jsonl")[0]
     stopped = f" (stopped after {MAX_FAULTS})" if n_faults >= MAX_FAULTS else ""
     print(f"error: {n_faults} generations were not scored{stopped}: the environment or the sandbox failed, not the "
           f"model (first: github_id={first['github_id']} id={first['id']}: {first['fault']})\n"

@@ -33,6 +33,32 @@ if TYPE_CHECKING:
 T = TypeVar("T", bound="DataclassInstance")
 
 
+MAX_NODES = 100_000  # a config's nodes with every alias expanded (configs hold hundreds; a 406-byte "billion
+#                      laughs" expands to 10^9 and took 36 s and 3.7 GB before it was refused)
+
+
+def _bounded(root: Any, source: str) -> None:
+    """Refuse YAML whose aliases expand beyond :data:`MAX_NODES` nodes. Counted on the composed graph, where an
+    alias is a shared node: linear in the file, whatever the expansion."""
+    size: dict[int, int] = {}
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        if id(node) in size:
+            continue
+        kids = ([c for kv in node.value for c in kv] if isinstance(node, yaml.MappingNode)
+                else list(node.value) if isinstance(node, yaml.SequenceNode) else [])
+        if done:
+            size[id(node)] = 1 + sum(size.get(id(c), 0) for c in kids)
+            if size[id(node)] > MAX_NODES:
+                raise MLBenchError(f"YAML that expands to more than {MAX_NODES} nodes through its aliases (*name)",
+                                   f"{source}:{node.start_mark.line + 1}", "write the values out; aliases may "
+                                   "repeat a value, not multiply a document") from None
+            continue
+        stack.append((node, True))
+        stack.extend((c, False) for c in kids if id(c) not in size)
+
+
 class Lines:
     """Where each key of a YAML file is: dotted path -> ``file:line``."""
 
@@ -44,6 +70,7 @@ class Lines:
                 root = yaml.compose(text)
                 if root is not None:
                     self.lines[()] = f"{source}:{root.start_mark.line + 1}"
+                    _bounded(root, source)
                 self._walk(root, ())
             except yaml.YAMLError as exc:
                 mark = getattr(exc, "problem_mark", None)

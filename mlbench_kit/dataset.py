@@ -66,6 +66,17 @@ def repo_name(github: str, github_id: int) -> str:
     return name.removesuffix(".git") or f"repo{github_id}"
 
 
+def plain_name(name: str) -> bool:
+    """Whether ``name`` is one plain path component (a repository folder's name): not empty, ``.`` or ``..``,
+    no ``/``, ``\\`` or NUL."""
+    return bool(name) and name not in (".", "..") and not any(c in name for c in "/\\\0")
+
+
+def confined_path(path: str) -> bool:
+    """Whether a row's ``path`` stays inside its repository: relative, no ``..`` component, no NUL."""
+    return not path.startswith(("/", "\\")) and "\0" not in path and ".." not in path.replace("\\", "/").split("/")
+
+
 def validate_row(row: dict[str, Any], where: str) -> Sample:
     """Turn one raw row into a :class:`Sample`, or raise one clear error."""
     row = {ALIASES.get(k, k): v for k, v in row.items()}
@@ -83,10 +94,21 @@ def validate_row(row: dict[str, Any], where: str) -> Sample:
         if not isinstance(row[col], str):
             raise MLBenchError(f"`{col}` must be a string, got {type(row[col]).__name__}", where)
     github_id = int(row["github_id"])
+    github = row.get("github") or ""
+    if not isinstance(github, str):
+        raise MLBenchError(f"`github` must be a string, got {type(github).__name__}", where)
+    repo = repo_name(github, github_id)
+    if not plain_name(repo):
+        raise MLBenchError(f"`github` {github[:120]!r} names the repository {repo!r}, which is not a plain folder "
+                           "name", where, "the URL must end in the repository's name, like "
+                           "https://github.com/dmlc/dgl")
+    if not confined_path(row["path"]):
+        raise MLBenchError(f"`path` {row['path'][:120]!r} leaves the repository (absolute, or a '..' component)",
+                           where, "write it relative to the repository's root, like ./examples/pytorch/gcn")
     return Sample(
-        github_id=github_id, id=int(row["id"]), repo=repo_name(row.get("github") or "", github_id),
+        github_id=github_id, id=int(row["id"]), repo=repo,
         path=row["path"], arguments=parse_arguments(row["arguments"], where), instruction=row["instruction"],
-        oracle=row["oracle"], type=row["type"], output=row["output"], github=row.get("github") or "",
+        oracle=row["oracle"], type=row["type"], output=row["output"], github=github,
         repo_id=int(row["repo_id"]) if row.get("repo_id") is not None else None,
         prefix_code=row.get("prefix_code") or "", where=where,
     )

@@ -21,7 +21,9 @@ def read_jsonl(path: str | Path, errors: str = "strict") -> Iterator[tuple[int, 
     path = Path(path)
     if not path.is_file():
         raise MLBenchError("file not found", str(path), "check the path")
-    with path.open(encoding="utf-8", errors=errors) as fh:
+    # newline="\n": a record ends at "\n" only; text may hold U+2028, U+2029, U+0085, "\r" (str.splitlines()
+    # and universal newlines would split there: one printed character made a whole run unreadable)
+    with path.open(encoding="utf-8", errors=errors, newline="\n") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
@@ -38,13 +40,20 @@ def read_jsonl(path: str | Path, errors: str = "strict") -> Iterator[tuple[int, 
             yield lineno, obj
 
 
+def split_records(text: str) -> list[str]:
+    """The lines of a JSONL text: split on "\n" only (never ``str.splitlines()``, which also splits on U+2028,
+    U+2029, U+0085, "\r", "\x1c"... that a record may hold raw, as ``ensure_ascii=False`` writes them)."""
+    lines = text.split("\n")
+    return lines[:-1] if lines and lines[-1] == "" else lines
+
+
 def read_jsonl_tolerant(path: str | Path) -> list[dict[str, Any]]:
     """Read an append-only log, ignoring a torn last line left by a killed writer."""
     path = Path(path)
     if not path.exists():
         return []
     rows = []
-    lines = path.read_text(encoding="utf-8").splitlines()
+    lines = split_records(path.read_text(encoding="utf-8"))
     for i, line in enumerate(lines):
         if not line.strip():
             continue

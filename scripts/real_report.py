@@ -19,12 +19,14 @@ from typing import Any
 
 import yaml
 
+from mlbench_kit.io import read_jsonl_tolerant
+
 ROOT = Path(__file__).resolve().parents[1]
 PAPER_ROWS = ROOT / "configs" / "report" / "paper-rows.yaml"
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
+    return read_jsonl_tolerant(path)
 
 
 def _pct(v: float | None) -> str:

@@ -18,10 +18,12 @@ The LR scheduler (``scheduler.pt``) is saved the same way in both: the recipe st
 from __future__ import annotations
 
 import json
+import pickle
 import re
 import shutil
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -152,11 +154,19 @@ def save_adapter(accelerator: Any, model: Any, path: Path, tokenizer: Any, meta:
 
 
 def rng_state() -> dict[str, Any]:
-    """This process's random states (python, numpy, torch, CUDA)."""
+    """This process's random states (python, numpy, torch, CUDA), as tensors and plain types only, so that the
+    file loads with ``torch.load(weights_only=True)`` (a checkpoint is never unpickled)."""
     import random
 
     import numpy as np
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    version, mt, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "format": 2,
+        "python": {"version": int(version), "state": torch.tensor(mt, dtype=torch.int64), "gauss": gauss},
+        "numpy": {"kind": str(kind), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -166,11 +176,88 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     import random
 
     import numpy as np
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    if state.get("format") == 2:
+        py, npy = state["python"], state["numpy"]
+        random.setstate((py["version"], tuple(int(x) for x in py["state"].tolist()), py["gauss"]))
+        np.random.set_state((npy["kind"], np.asarray(npy["keys"].numpy(), dtype=np.uint32), npy["pos"],
+                             npy["has_gauss"], npy["cached_gaussian"]))
+    else:  # written before format 2: python's state as tuples, numpy's as an ndarray (see _load_rng)
+        random.setstate(state["python"])
+        np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def safe_load(path: Path, what: str, safe_globals: list[Any] | None = None) -> Any:
+    """``torch.load(path, weights_only=True)``: tensors and plain containers only, never code. A file that needs
+    anything else (a pickle that would run code, or an object this version does not write) is one clear error."""
+    try:
+        if safe_globals:
+            with torch.serialization.safe_globals(safe_globals):
+                return torch.load(path, weights_only=True, map_location="cpu")
+        return torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as exc:  # noqa: BLE001 - UnpicklingError, RuntimeError, EOFError...: all mean "refused"
+        first = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0][:200]
+        unsafe = ""
+        try:
+            found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+            unsafe = f"; it needs {', '.join(found[:5])}" if found else ""
+        except Exception:  # noqa: BLE001 - a damaged file: the first message says enough
+            pass
+        raise MLBenchError(f"refused the checkpoint's {what}: it does not load as plain tensors "
+                           f"(torch.load weights_only=True){unsafe} ({first})", str(path),
+                           "a checkpoint is never unpickled: resume only folders this toolkit wrote, or start "
+                           "afresh in another --output-dir") from None
+
+
+def _deepspeed_globals() -> list[Any]:
+    """The classes a DeepSpeed ZeRO checkpoint holds beside tensors and plain types (found with
+    torch.serialization.get_unsafe_globals_in_checkpoint on ZeRO-2 and ZeRO-3 checkpoints of this recipe)."""
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+    return [LossScaler, ZeroStageEnum, fragment_address]
+
+
+@contextmanager
+def weights_only_loads(allowed: list[Any], where: Path) -> Iterator[None]:
+    """Every ``torch.load`` in the block (a library's included: DeepSpeed loads its checkpoint with
+    ``weights_only=False``) runs with ``weights_only=True``, ``allowed`` classes added; a file that needs more is
+    one clear error, and nothing in it runs."""
+    real = torch.load
+
+    def load(f: Any, *args: Any, **kwargs: Any) -> Any:
+        kwargs["weights_only"] = True
+        try:
+            with torch.serialization.safe_globals(allowed):
+                return real(f, *args, **kwargs)
+        except pickle.UnpicklingError as exc:
+            first = (str(exc).strip().splitlines() or ["UnpicklingError"])[0][:200]
+            raise MLBenchError(f"refused a checkpoint file: it does not load as plain tensors and DeepSpeed's state "
+                               f"classes (torch.load weights_only=True) ({first})", str(f),
+                               "a checkpoint is never unpickled: resume only folders this toolkit wrote, or start "
+                               "afresh in another --output-dir") from None
+
+    torch.load = load
+    try:
+        yield
+    finally:
+        torch.load = real
+
+
+def _load_rng(path: Path) -> dict[str, Any]:
+    """This rank's RNG file. Format 2 holds tensors and plain types; an older file holds numpy's state as an
+    ndarray, which loads safely with numpy's array reconstruction allowed (uint32 data, no code)."""
+    import numpy as np
+    older = [np.ndarray, np.dtype, np.dtypes.UInt32DType]
+    core = getattr(np, "_core", None) or np.core
+    older.append(core.multiarray._reconstruct)
+    state = safe_load(path, "random state", older)
+    if not isinstance(state, dict) or not {"python", "numpy", "torch"} <= set(state):
+        raise MLBenchError("refused the checkpoint's random state: not the layout this toolkit writes", str(path),
+                           "start afresh in another --output-dir")
+    return state
 
 
 def save_checkpoint(accelerator: Any, model: Any, optimizer: Any, scheduler: Any, ckpt_dir: Path,
@@ -224,12 +311,28 @@ def save_checkpoint(accelerator: Any, model: Any, optimizer: Any, scheduler: Any
     return final
 
 
+def check_resumable(state: TrainState, config_shas: tuple[str, ...], where: str) -> None:
+    """Refuse a checkpoint that does not name one of this run's config hashes (one without a hash included: a
+    handed-over folder must not be resumed as this run's)."""
+    if not state.config_sha:
+        raise MLBenchError("this checkpoint records no config hash, so it cannot be matched to this run", where,
+                           "remove it (or the run folder) to start afresh; checkpoints of this version record it")
+    if state.config_sha not in config_shas:
+        # run.json guards the folder, but a process still saving after the folder was emptied and claimed
+        # by another config (a SIGTERM'd run finishing its agreed save) can leave its checkpoint behind
+        raise MLBenchError("this checkpoint was made under another config than this run's", where,
+                           "remove it (or the run folder) to start afresh, or resume with the config it was "
+                           "made with (its run folder's config.yaml)")
+
+
 def load_checkpoint(accelerator: Any, model: Any, optimizer: Any, scheduler: Any, path: Path) -> TrainState:
-    """Restore the training state and this rank's RNG; returns where training stood."""
+    """Restore the training state and this rank's RNG; returns where training stood. Every ``.pt`` file loads with
+    ``weights_only=True``: a checkpoint holds tensors and plain types, and is never unpickled."""
     state = TrainState.read(path / "trainer_state.json")
     if is_deepspeed(accelerator):
-        model.load_checkpoint(str(path / "deepspeed"), tag="state", load_module_strict=False,
-                              load_optimizer_states=True, load_lr_scheduler_states=False)
+        with weights_only_loads(_deepspeed_globals(), path / "deepspeed"):  # DeepSpeed asks for weights_only=False
+            model.load_checkpoint(str(path / "deepspeed"), tag="state", load_module_strict=False,
+                                  load_optimizer_states=True, load_lr_scheduler_states=False)
     else:
         from safetensors.torch import load_file
         from torch.distributed.checkpoint.state_dict import (
@@ -240,10 +343,10 @@ def load_checkpoint(accelerator: Any, model: Any, optimizer: Any, scheduler: Any
         full = StateDictOptions(full_state_dict=True, strict=False)
         trainable: dict[str, Any] = load_file(path / "trainable.safetensors")
         set_model_state_dict(model, trainable, options=full)
-        set_optimizer_state_dict(model, optimizer, torch.load(path / "optimizer.pt", weights_only=False),
+        set_optimizer_state_dict(model, optimizer, safe_load(path / "optimizer.pt", "optimizer state"),
                                  options=full)
-    scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
+    scheduler.load_state_dict(safe_load(path / "scheduler.pt", "scheduler state"))
     rng = path / f"rng-{accelerator.process_index}.pt"
     if rng.is_file() and state.world_size == accelerator.num_processes:
-        _set_rng_state(torch.load(rng, weights_only=False))
+        _set_rng_state(_load_rng(rng))
     return state

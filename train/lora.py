@@ -133,6 +133,7 @@ class LoRAFinetuneRecipe:
         step when this launch has another number of processes (refused where that is impossible)."""
         from mlbench_kit.train.checkpoint import (
             TrainState,
+            check_resumable,
             is_deepspeed,
             latest_checkpoint,
             regroup,
@@ -144,12 +145,7 @@ class LoRAFinetuneRecipe:
         if self.resume_from is None:
             return
         old = TrainState.read(self.resume_from / "trainer_state.json")
-        if old.config_sha and old.config_sha not in (self.config_sha, self.config_sha_before_rename):
-            # run.json guards the folder, but a process still saving after the folder was emptied and claimed
-            # by another config (a SIGTERM'd run finishing its agreed save) can leave its checkpoint behind
-            raise MLBenchError("this checkpoint was made under another config than this run's", str(self.resume_from),
-                               "remove it (or the run folder) to start afresh, or resume with the config it was "
-                               "made with (its run folder's config.yaml)")
+        check_resumable(old, (self.config_sha, self.config_sha_before_rename), str(self.resume_from))
         self.grad_accum = regroup(old.world_size, old.grad_accum or self.cfg.optim.grad_accum, self.world,
                                   is_deepspeed(self.accelerator), str(self.resume_from))
         if self.grad_accum != self.cfg.optim.grad_accum:

@@ -24,7 +24,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import time
 import urllib.request
 import zipfile
@@ -38,6 +37,7 @@ from mlbench_kit.errors import MLBenchError
 from mlbench_kit.io import write_json_atomic
 
 from .images import apptainer_def, build_env_image, containerfile, image_plan
+from .untar import Limits, safe_extract
 
 SANDBOX_UID = 65534
 
@@ -56,10 +56,11 @@ class Builder:
     """Builds recipes into ``cache``; ``tarballs`` (a folder of ``<repo>.tar.gz``) or git gives checkouts."""
 
     def __init__(self, cache: Path, tarballs: Path | None = None, fetch_assets: bool = False,
-                 installer: str | None = None, log=print) -> None:
+                 installer: str | None = None, log=print, limits: Limits | None = None) -> None:
         self.cache, self.tarballs, self.fetch_assets, self.log = Path(cache), tarballs, fetch_assets, log
         self.installer = installer or ("uv" if _uv() else "pip")
-        self.assets = AssetStore(self.cache / "assets")
+        self.limits = limits or Limits()  # caps on what one tarball may hold (untar.py)
+        self.assets = AssetStore(self.cache / "assets", self.limits)
 
     # -- one recipe --------------------------------------------------------------------------------------------
 
@@ -140,8 +141,10 @@ class Builder:
                                        recipe.where, "update the recipe's commit or the tarball")
             tmp = part / "unpack"
             shutil.rmtree(tmp, ignore_errors=True)
-            with tarfile.open(tar) as tf:
-                tf.extractall(tmp, filter="data")
+            safe_extract(tar, tmp, self.limits, under=recipe.repo)
+            if not (tmp / recipe.repo).is_dir() or (tmp / recipe.repo).is_symlink():
+                raise MLBenchError(f"the tarball holds no folder {recipe.repo}/", str(tar),
+                                   "a checkout tarball holds one top-level folder named after the repository")
             (tmp / recipe.repo).rename(dest)
             tmp.rmdir()
             return {"checkout_source": str(tar)}
@@ -265,8 +268,8 @@ class AssetStore:
     """Fetched assets, content-addressed: ``ROOT/sha256/<digest>``; ``ROOT/lock.json`` pins what was fetched
     without a declared checksum (trust on first fetch, then verified)."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
+    def __init__(self, root: Path, limits: Limits | None = None) -> None:
+        self.root, self.limits = root, limits or Limits()
         self.lock_file = root / "lock.json"
 
     def _lock(self) -> dict[str, str]:
@@ -292,10 +295,14 @@ class AssetStore:
             d.parent.mkdir(parents=True, exist_ok=True)
             if a.unpack == "zip":
                 with zipfile.ZipFile(blob) as z:
-                    z.extractall(d)
+                    infos = z.infolist()
+                    if len(infos) > self.limits.max_members or \
+                            sum(i.file_size for i in infos) > self.limits.max_bytes:
+                        raise MLBenchError(f"the archive exceeds the caps ({self.limits.max_members} members, "
+                                           f"{self.limits.max_bytes} bytes)", a.url or str(blob))
+                    z.extractall(d)  # zipfile drops absolute names and '..', and makes no links
             elif a.unpack == "tar":
-                with tarfile.open(blob) as t:
-                    t.extractall(d, filter="data")
+                safe_extract(blob, d, self.limits)
             else:
                 shutil.copyfile(blob, d)
 

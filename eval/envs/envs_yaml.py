@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from mlbench_kit.dataset import plain_name
 from mlbench_kit.envspec import EnvsFile, RepoEnv, load_envs_file
 from mlbench_kit.errors import MLBenchError
 
@@ -65,7 +66,11 @@ class EnvConfig:
         if spec.checkout:
             checkout = (self.base / spec.checkout).resolve()
         elif self.repos_dir is not None:
-            checkout = self.repos_dir / repo
+            # the name comes from a dataset row: one plain folder of repos_dir, also after resolving links
+            checkout = (self.repos_dir / repo).resolve()
+            if not plain_name(repo) or checkout.parent != self.repos_dir.resolve():
+                raise MLBenchError(f"repository name {repo!r} does not name a folder directly inside {self.repos_dir}",
+                                   where, "a repository's name is one plain folder name (the last part of its URL)")
         else:
             raise MLBenchError(f"no checkout known for repository {repo!r}", "--repos-dir",
                                "pass --repos-dir DIR (holding DIR/<repo>) or set `checkout:` in --envs YAML")

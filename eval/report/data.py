@@ -28,6 +28,21 @@ class Setting:
     def label(self) -> str:
         return self.run if self.task is None else f"{self.run} · task {self.task}"
 
+    @property
+    def not_scored(self) -> tuple[int, int]:
+        """Over its seeds: generations that hit environment or sandbox faults, and samples left unscored. Its
+        Pass@k is over what was scored only, so a report shows these beside it (INCOMPLETE)."""
+        return (sum(int(s.get("faults") or 0) for s in self.summaries),
+                sum(len(s.get("unscored") or []) for s in self.summaries))
+
+    @property
+    def incomplete(self) -> str:
+        """"" when everything was scored, else e.g. "INCOMPLETE: 2 faults, 1 unscored sample"."""
+        faults, unscored = self.not_scored
+        parts = [f"{faults} fault{'s' * (faults != 1)}" if faults else "",
+                 f"{unscored} unscored sample{'s' * (unscored != 1)}" if unscored else ""]
+        return "INCOMPLETE: " + ", ".join(p for p in parts if p) if faults or unscored else ""
+
     def metric(self, name: str, group: tuple[str, str] | None = None) -> tuple[float | None, tuple | None]:
         """Mean over seeds, and a range: the bootstrap 95% CI for one seed, min–max over several."""
         vals = []

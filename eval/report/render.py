@@ -37,6 +37,9 @@ def write_csv(settings: list[Setting], refs: list[Reference], ks: list[int], pat
                 if v is not None:
                     w.writerow([s.run, s.task, len(s.summaries), kind, g[1] if g else "all", m, round(v, 4),
                                 *(rng if rng else ("", "")), "measured"])
+        # what the Pass@k above leaves out (faults, unscored samples): always written, 0 included
+        for m, n in zip(("faults", "unscored_samples"), s.not_scored, strict=True):
+            w.writerow([s.run, s.task, len(s.summaries), "overall", "all", m, n, "", "", "measured"])
     for r in refs:
         quoted = [("overall", "all", r.values)] + [("type", t, v) for t, v in r.per_type.items()]
         for kind, group, values in quoted:
@@ -61,10 +64,15 @@ def write_markdown(settings: list[Setting], refs: list[Reference], ks: list[int]
              "check, the type check and runs cleanly); brackets: the 95% bootstrap CI over samples for one seed, "
              "min–max over seeds for several (their mean shown).", "", "## Pass@k by setting", ""]
     rows = [[s.run, str(s.task or "–"), str(len(s.summaries)), str(s.summaries[0]["metrics"]["overall"]["samples"])]
-            + [fmt_rate(*s.metric(f"pass@{k}")) for k in ks] for s in settings]
+            + [fmt_rate(*s.metric(f"pass@{k}")) for k in ks] + [s.incomplete or "–"] for s in settings]
     rows += [[f"{r.name} *(quoted)*", str(r.task or "–"), "", ""] + [fmt_rate(r.values.get(f"pass@{k}")) for k in ks]
-             for r in refs]
-    lines += _table(["run", "task", "seeds", "samples"] + [f"Pass@{k}" for k in ks], rows)
+             + [""] for r in refs]
+    lines += _table(["run", "task", "seeds", "samples"] + [f"Pass@{k}" for k in ks] + ["not scored"], rows)
+    bad = [s for s in settings if s.incomplete]
+    if bad:
+        lines += ["", "**INCOMPLETE**: " + "; ".join(f"{md_text(s.label)}: {s.incomplete}" for s in bad)
+                  + ". Their Pass@k is over the samples that were scored only: faults (faults.jsonl of each run) are "
+                  "not verdicts; fix the environment and re-run `mlbench eval` to score them."]
     if refs:
         lines += ["", "Quoted rows are copied from their source, not recomputed here: "
                   + "; ".join(sorted({r.source for r in refs})) + "."]
@@ -186,7 +194,7 @@ def pass_figure(settings: list[Setting], ks: list[int]) -> Any:
     """report.png's figure: Pass@k per setting with its intervals; parameter hits and type accuracy."""
     import matplotlib.pyplot as plt
 
-    labels = [s.label for s in settings]
+    labels = [s.label + ("\n(INCOMPLETE)" if s.incomplete else "") for s in settings]
     colors = [f"C{i}" for i in range(10)]  # the default cycle, named
     fig, axes = plt.subplots(1, 2, figsize=(max(8.0, 2.0 * len(settings) + 3), 4.4), layout="constrained")
     pk = f"Pass@{ks[0]}" if len(ks) == 1 else "Pass@k"
@@ -222,8 +230,8 @@ def repo_figure(settings: list[Setting], ks: list[int]) -> Any:
     metric = f"pass@{ks[0]}"
     for i, s in enumerate(settings):
         got = [s.metric(metric, ("per_repo", g)) for g in repos]
-        _bars(ax, [r + i * h for r in range(len(repos))], [v for v, _ in got], [r for _, r in got], h, s.label,
-              colors[i % len(colors)], horizontal=True)
+        _bars(ax, [r + i * h for r in range(len(repos))], [v for v, _ in got], [r for _, r in got], h,
+              s.label + (" (INCOMPLETE)" if s.incomplete else ""), colors[i % len(colors)], horizontal=True)
     ax.set_yticks([r + 0.4 - h / 2 for r in range(len(repos))], repos, fontsize=8)
     ax.invert_yaxis()  # repositories top to bottom in name order, settings in the order given
     ax.set_xlim(0, 1.15)

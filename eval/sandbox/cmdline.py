@@ -144,7 +144,8 @@ def container_argv(engine: str, image: str, name: str, m: Mounts, mem_mb: int, p
     copies it into a size-capped tmpfs, and the report comes back on stderr under a per-execution nonce.
     """
     s = str(m.scratch)
-    argv = [engine, "run", "--rm", "--name", name]
+    # docker: no --rm, so that its OOM record can be read before the container is removed (Docker.stop)
+    argv = [engine, "run", *(["--rm"] if engine == "podman" else []), "--name", name]
     if engine == "podman":
         # crun fails on cgroup-v1 hybrid hosts; passthrough: the container's stdout/stderr are our pipes, as in
         # bwrap (no conmon copy, no log file on the host disk outside every limit)

@@ -61,6 +61,8 @@ class Engine(Protocol):
     container: bool  # runs an image (its environment in /opt/venv) that holds limits of its own
     cgroup: bool  # runs in the execution's own cgroup where the host gives one
     binds_env: bool  # the host's environment folders are bound in, read-only
+    relays: bool  # its CLI relays the container's output (docker): the benchmark's undrained stdout is reproduced
+    #               inside, by the runner, so that nothing the answer prints can block the runner's report
 
     def tools(self, root: bool) -> tuple[str, ...]: ...
 
@@ -70,7 +72,9 @@ class Engine(Protocol):
 
     def command(self, x: Launch) -> list[str]: ...
 
-    def stop(self, name: str, proc: subprocess.Popen, cg: cgroups.ExecCgroup | None) -> None: ...
+    def stop(self, name: str, proc: subprocess.Popen, cg: cgroups.ExecCgroup | None) -> bool:
+        """Remove what outlives the execution; True when the engine itself recorded an OOM kill in it."""
+        ...
 
 
 def need_image(env: Env, backend: str) -> str:
@@ -94,6 +98,7 @@ class Bwrap:
     bwrap starts, and the seccomp policy is compiled to BPF."""
 
     name, isolated, container, cgroup, binds_env = "bwrap", True, False, True, True
+    relays = False
 
     def tools(self, root: bool) -> tuple[str, ...]:
         return ("bwrap", "unshare", "setpriv") if root else ("bwrap", "unshare")
@@ -110,8 +115,8 @@ class Bwrap:
         return _staged(x, bwrap_argv(x.mounts, x.limits.tmp_mb, x.runner_python), join_cgroup=True, drop=True,
                        seccomp_bpf=x.seccomp)
 
-    def stop(self, name: str, proc: subprocess.Popen, cg: cgroups.ExecCgroup | None) -> None:
-        pass  # its PID 1 died with the process group, and the namespace with it
+    def stop(self, name: str, proc: subprocess.Popen, cg: cgroups.ExecCgroup | None) -> bool:
+        return False  # its PID 1 died with the process group, and the namespace with it
 
 
 class Docker:
@@ -119,6 +124,7 @@ class Docker:
     nonce; the daemon's own limits hold (``--memory``, ``--pids-limit``)."""
 
     name, isolated, container, cgroup, binds_env = "docker", True, True, False, False
+    relays = True
 
     def tools(self, root: bool) -> tuple[str, ...]:
         return ("docker",)
@@ -137,10 +143,13 @@ class Docker:
                               lim.cpus, lim.tmp_mb, x.who.uid, x.cgroup.parent_for_podman() if x.cgroup else None,
                               x.seccomp, src=None if x.staged else str(x.job.env.checkout.resolve()))
 
-    def stop(self, name: str, proc: subprocess.Popen, cg: cgroups.ExecCgroup | None) -> None:
-        if proc.poll() is None or cg is None:
-            # passthrough: the container outlives its CLI; without our cgroup to kill, the engine must remove it
-            subprocess.run([self.name, "rm", "-f", "-t", "0", name], capture_output=True)
+    def stop(self, name: str, proc: subprocess.Popen, cg: cgroups.ExecCgroup | None) -> bool:
+        # started without --rm: the container's own OOM record is read before it is removed (the runner may be
+        # the one killed, and then no report tells it); the container outlives a killed CLI, so it is always removed
+        r = subprocess.run(["docker", "inspect", "--format", "{{.State.OOMKilled}}", name], capture_output=True,
+                           text=True)
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True)  # (docker rm has no -t)
+        return r.returncode == 0 and r.stdout.strip() == "true"
 
 
 class Podman(Docker):
@@ -149,6 +158,7 @@ class Podman(Docker):
     without root, docker's way."""
 
     name, isolated, container, cgroup, binds_env = "podman", True, True, True, False
+    relays = False  # passthrough: the container's stdout is our pipe itself
 
     def tools(self, root: bool) -> tuple[str, ...]:
         return ("podman", "unshare", "setpriv") if root else ("podman", "unshare")
@@ -160,11 +170,18 @@ class Podman(Docker):
         argv = super().command(x)
         return _staged(x, argv, join_cgroup=False, drop=False, seccomp_bpf=None) if x.staged else argv
 
+    def stop(self, name: str, proc: subprocess.Popen, cg: cgroups.ExecCgroup | None) -> bool:
+        if proc.poll() is None or cg is None:
+            # passthrough: the container outlives its CLI; without our cgroup to kill, the engine must remove it
+            subprocess.run([self.name, "rm", "-f", "-t", "0", name], capture_output=True)
+        return False  # an OOM is read from the execution's cgroup (rootful) or the runner's report
+
 
 class Apptainer:
     """Apptainer: a generated command line, the checkout copied by the runner, the report on stderr."""
 
     name, isolated, container, cgroup, binds_env = "apptainer", True, True, False, False
+    relays = False
 
     def tools(self, root: bool) -> tuple[str, ...]:
         return ("apptainer",)
@@ -178,14 +195,15 @@ class Apptainer:
     def command(self, x: Launch) -> list[str]:
         return apptainer_argv(need_image(x.job.env, self.name), x.mounts.job, str(x.job.env.checkout.resolve()))
 
-    def stop(self, name: str, proc: subprocess.Popen, cg: cgroups.ExecCgroup | None) -> None:
-        pass
+    def stop(self, name: str, proc: subprocess.Popen, cg: cgroups.ExecCgroup | None) -> bool:
+        return False
 
 
 class Local:
     """No isolation: :func:`.local.run_local` runs the job in place; there is no command to start."""
 
     name, isolated, container, cgroup, binds_env = "local", False, False, False, False
+    relays = False
 
     def tools(self, root: bool) -> tuple[str, ...]:
         return ()
@@ -199,8 +217,8 @@ class Local:
     def command(self, x: Launch) -> list[str]:
         raise NotImplementedError("the local engine runs in place (run_local)")
 
-    def stop(self, name: str, proc: subprocess.Popen, cg: cgroups.ExecCgroup | None) -> None:
-        pass
+    def stop(self, name: str, proc: subprocess.Popen, cg: cgroups.ExecCgroup | None) -> bool:
+        return False
 
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (Bwrap(), Podman(), Docker(), Apptainer(), Local())}

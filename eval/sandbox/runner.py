@@ -40,6 +40,37 @@ def _harden() -> None:
             pass
 
 
+def _open_oom() -> int | None:
+    """``/proc/self/oom_score_adj``, opened while this process is still dumpable: once it is not, the file belongs
+    to root, and neither the runner nor its child (which inherits non-dumpability until exec) may open it; the
+    child's own attempt failed silently, so generations ran at the runner's value (0, or -1000 as root)."""
+    try:
+        return os.open("/proc/self/oom_score_adj", os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def _oom_fork(oom_fd: int | None) -> int:
+    """Fork the generation with oom_score_adj 1000 (the OOM killer's first choice, always), the runner keeping its
+    own value: raised for the fork (unprivileged), restored right after (never below the value it had)."""
+    own = None
+    if oom_fd is not None:
+        try:
+            own = os.pread(oom_fd, 16, 0).strip()
+            os.pwrite(oom_fd, b"1000", 0)
+        except OSError:
+            own = None
+    pid = os.fork()
+    if pid != 0 and own is not None and oom_fd is not None:
+        try:
+            os.pwrite(oom_fd, own, 0)
+        except OSError:
+            pass  # the runner stays at 1000 beside its child: no worse than before this fix
+    if oom_fd is not None:
+        os.close(oom_fd)
+    return pid
+
+
 def _copy_workspace(src: str, dst: str) -> None:
     """The "copy" workspace (engines that cannot mount an overlay for us): a private copy in a tmpfs."""
     for name in os.listdir(src):
@@ -50,16 +81,13 @@ def _copy_workspace(src: str, dst: str) -> None:
             shutil.copy2(s, d, follow_symlinks=False)
 
 
-def _child(spec: dict, errw: int) -> None:
+def _child(spec: dict, errw: int, stdout_w: int | None = None) -> None:
     """In the forked child: limits, working folder, then exec. Failures before exec go to ``errw``."""
     import resource
     try:
-        os.setsid()
-        try:  # the OOM killer's first choice is always the generation, never the runner (raising is unprivileged)
-            with open("/proc/self/oom_score_adj", "w") as fh:
-                fh.write("1000")
-        except OSError:
-            pass
+        if stdout_w is not None:  # the benchmark's checker: stdout a pipe nobody reads while the command runs
+            os.dup2(stdout_w, 1)
+        os.setsid()  # (oom_score_adj 1000 was set by the runner around the fork: see _oom_fork)
         for name, value in spec.get("rlimits", {}).items():
             lim = getattr(resource, name)
             # CPU: a hard limit one second above the soft one, so the soft limit's SIGXCPU comes first
@@ -140,13 +168,30 @@ def _at_size(paths: list, size: int, max_entries: int = 20000) -> bool:
     return False
 
 
+def _pids_max():
+    """Forks the container's pids controller refused ("max" of pids.events, cgroup v2 or v1), None if unreadable."""
+    for path in ("/sys/fs/cgroup/pids.events", "/sys/fs/cgroup/pids/pids.events"):
+        try:
+            with open(path, encoding="ascii") as fh:
+                for line in fh:
+                    key, _, value = line.partition(" ")
+                    if key == "max":
+                        return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
 def _evidence(report: dict, spec: dict) -> None:
     """What the generation left behind: survivors, full mounts, a file at the size limit. Each part is bounded,
     and none can fail the report: a verdict without one piece of evidence beats a fault."""
     writable = spec.get("writable", [])
     fsize = spec.get("rlimits", {}).get("RLIMIT_FSIZE")
-    for key, probe in (("survivors", lambda: len(_alive())), ("full", lambda: _full(writable)),
-                       ("at_fsize", lambda: bool(fsize) and _at_size(writable, fsize))):
+    probes = [("survivors", lambda: len(_alive())), ("full", lambda: _full(writable)),
+              ("at_fsize", lambda: bool(fsize) and _at_size(writable, fsize))]
+    if spec.get("cgroup_evidence"):  # a container whose /sys/fs/cgroup is its own (docker): the kernel's count
+        probes.append(("pids_max", _pids_max))
+    for key, probe in probes:
         try:
             report[key] = probe()
         except Exception as exc:  # noqa: BLE001 - e.g. out of memory in an OOM-filled cgroup
@@ -155,13 +200,29 @@ def _evidence(report: dict, spec: dict) -> None:
         report["survivors"] = 0
 
 
+def _relay_undrained(fd: int) -> None:
+    """What the undrained stdout pipe holds (at most its 64 KB) to this process's stdout, for the log."""
+    os.set_blocking(fd, False)
+    try:
+        data = os.read(fd, 1 << 16)
+    except OSError:
+        data = b""
+    while data:
+        try:
+            data = data[os.write(1, data):]
+        except OSError:
+            return
+
+
 def main() -> int:
     spec_path, channel = sys.argv[1], sys.argv[2]
     nonce = os.environ.pop("MLBENCH_REPORT_NONCE", "")
     report_fd = 2 if channel == "stderr" else int(channel)
     report: dict = {"v": 1, "exit": None, "signal": None, "survivors": None, "fault": None, "full": [],
                     "cpu_s": None, "at_fsize": False}
+    inner: tuple[int, int] | None = None
     try:
+        oom_fd = _open_oom()
         _harden()
         with open(spec_path, encoding="utf-8") as fh:
             spec = json.load(fh)
@@ -170,13 +231,20 @@ def main() -> int:
         if spec.get("copy_from"):
             _copy_workspace(spec["copy_from"], spec["copy_to"])
         errr, errw = os.pipe2(os.O_CLOEXEC)
-        pid = os.fork()
+        if spec.get("undrained_stdout"):
+            # engines whose CLI relays the output (docker): the host drains it all, and the undrained stdout of
+            # the benchmark's checker is this pipe, which the runner holds and reads only once everything is dead
+            # (an answer that fills the host's pipe blocked the CLI, and with it the runner's report)
+            inner = os.pipe2(os.O_CLOEXEC)
+        pid = _oom_fork(oom_fd)
         if pid == 0:
             os.close(errr)
             if report_fd != 2:
                 os.close(report_fd)
-            _child(spec, errw)
+            _child(spec, errw, inner[1] if inner else None)
         os.close(errw)
+        if inner:
+            os.close(inner[1])
         status = None
         while status is None:
             try:
@@ -206,6 +274,8 @@ def main() -> int:
         os.kill(-1, signal.SIGKILL)  # as PID 1: every other process of the namespace
     except ProcessLookupError:
         pass
+    if inner:
+        _relay_undrained(inner[0])
     data = json.dumps(report).encode()
     os.write(report_fd, f"\nMLBENCH-REPORT {nonce} ".encode() + data + b"\n" if report_fd == 2 else data)
     return 0

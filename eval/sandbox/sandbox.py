@@ -259,7 +259,7 @@ class Sandbox:
         # a folder inside another bound folder is already visible
         return tuple(p for p in out if not any(p != q and p.startswith(q + "/") for q in out))
 
-    def _write_job(self, job: Job, limits: Limits, jobdir: Path, copy: bool) -> None:
+    def _write_job(self, job: Job, limits: Limits, jobdir: Path, copy: bool, undrained: bool = False) -> None:
         jobdir.mkdir(mode=0o700)
         workdir = os.path.normpath(os.path.join(f"{SANDBOX}/work", job.workdir))
         if not workdir.startswith(f"{SANDBOX}/work"):
@@ -275,6 +275,10 @@ class Sandbox:
             spec["rlimits"] |= {"RLIMIT_AS": limits.mem_mb * 2**20, "RLIMIT_NPROC": limits.pids}
         if copy:
             spec |= {"copy_from": f"{SANDBOX}/src", "copy_to": f"{SANDBOX}/work"}
+        if undrained:
+            spec["undrained_stdout"] = True
+        if self.engine.name == "docker":  # its /sys/fs/cgroup is the container's own: the runner reads pids.events
+            spec["cgroup_evidence"] = True
         (jobdir / "spec.json").write_text(json.dumps(spec))
         if job.as_shell:
             (jobdir / "cmd.sh").write_text(job.code + "\n")
@@ -304,7 +308,8 @@ class Sandbox:
         scratch, jobdir = self.root / xid, self.root / f"{xid}.job"
         staged = eng.staged(self.who)
         lower = self.lower(job.env) if staged else None
-        self._write_job(job, limits, jobdir, copy=not staged)
+        inside = not drain and eng.relays  # the undrained stdout reproduced by the runner (docker)
+        self._write_job(job, limits, jobdir, copy=not staged, undrained=inside)
         scratch.mkdir(mode=0o700)
         cg = None
         if self.cgroups and eng.cgroup:
@@ -324,21 +329,23 @@ class Sandbox:
         t0 = time.monotonic()
         try:
             proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT if drain else subprocess.PIPE, pass_fds=(report_w,),
-                                    start_new_session=True)
+                                    stderr=subprocess.STDOUT if drain or inside else subprocess.PIPE,
+                                    pass_fds=(report_w,), start_new_session=True)
         except OSError as exc:
             os.close(report_r)
             os.close(report_w)
             self._cleanup(scratch, jobdir, cg)
             return ExecResult(None, False, 0.0, 0, "", fault=f"SANDBOX: cannot start {argv[0]} ({exc})")
         os.close(report_w)
-        out_cap, err_cap, timed_out, duration = capture_and_wait(proc, limits, drain, t0)
-        self._kill(proc, cg, name)
+        out_cap, err_cap, timed_out, duration = capture_and_wait(proc, limits, drain or inside, t0)
+        engine_oom = self._kill(proc, cg, name)
         log = captured(proc, out_cap, err_cap)
         raw = read_report(report_r)
         if not staged:  # engines without a pipe: the report is the stderr line carrying our nonce
             raw, log = report_from_log(log, nonce)
         res = result_from_report(raw, timed_out, duration, log, proc.returncode, limits)
+        if engine_oom and not timed_out:  # the container's own record (docker): a verdict, even without a report
+            res.limit, res.fault = "memory", None
         if cg is not None:
             hit = cg.hit()
             res.usage = cg.usage()
@@ -354,15 +361,17 @@ class Sandbox:
         self._cleanup(scratch, jobdir, cg)
         return res
 
-    def _kill(self, proc: subprocess.Popen, cg: cgroups.ExecCgroup | None, name: str) -> None:
+    def _kill(self, proc: subprocess.Popen, cg: cgroups.ExecCgroup | None, name: str) -> bool:
+        """Kill what is left of an execution; True when its engine recorded an OOM kill."""
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # bwrap: its PID 1 dies with it, and the namespace with that
         except ProcessLookupError:
             pass
-        self.engine.stop(name, proc, cg)
+        oom = self.engine.stop(name, proc, cg)
         proc.wait()
         if cg is not None:
             cg.kill_all()
+        return bool(oom)
 
     def _cleanup(self, scratch: Path, jobdir: Path, cg: cgroups.ExecCgroup | None) -> None:
         if cg is not None:

@@ -61,6 +61,9 @@ def _limit_hit(rep: dict, code: object, sig: object, limits: Limits) -> str | No
         return "cpu"
     if rep.get("full"):
         return "disk"
+    pids = rep.get("pids_max")  # docker: its pids controller refused a fork (a count only the kernel keeps)
+    if isinstance(pids, int) and not isinstance(pids, bool) and pids > 0:
+        return "pids"
     return None
 
 

@@ -90,3 +90,43 @@ def test_hub_offline_says_how_to_pass_a_local_file(monkeypatch, tmp_path):
     assert "--data path/to/full.jsonl" in str(exc.value)
     with pytest.raises(MLBenchError, match="unknown split"):
         load_samples("super-dainiu/ml-bench", "nope")
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda r: r.update(github="https://github.com/x/.."), "names the repository '..'"),
+    (lambda r: r.update(github="https://github.com/x/../"), "names the repository '..'"),
+    (lambda r: r.update(github="https://github.com/x/."), "names the repository '.'"),
+    (lambda r: r.update(path="./../.."), "leaves the repository"),
+    (lambda r: r.update(path="examples/../../../etc"), "leaves the repository"),
+    (lambda r: r.update(path="/etc"), "leaves the repository"),
+])
+def test_rows_cannot_name_folders_outside_their_repository(tmp_path, full_rows, mutate, message):
+    """Issue 30 item 3: a repository name or path from a row is data; one error names the row (file:line)."""
+    rows = [dict(full_rows[0]), dict(full_rows[1])]
+    mutate(rows[1])
+    path = _write(tmp_path, rows)
+    with pytest.raises(MLBenchError) as exc:
+        load_samples(path)
+    assert message in str(exc.value) and f"{path}:2" in str(exc.value)
+
+
+def test_yaml_aliases_cannot_multiply_a_config(tmp_path):
+    """Issue 30 item 7: a 406-byte billion-laughs config took 36 s and 3.7 GB; it is refused in linear time, and
+    an alias that only repeats a value (as the PyTorch-GAN recipe's) is still read."""
+    import time
+
+    from mlbench_kit.config import read_yaml
+    laughs = ["a: &a [x, x, x, x, x, x, x, x, x, x]"]
+    for i, name in enumerate("bcdefghi"):
+        prev = "abcdefghi"[i]
+        laughs.append(f"{name}: &{name} [*{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, "
+                      f"*{prev}, *{prev}]")
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join(laughs) + "\n")
+    t0 = time.monotonic()
+    with pytest.raises(MLBenchError, match="expands to more than"):
+        read_yaml(path)
+    assert time.monotonic() - t0 < 5
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("x: &v >-\n  long value\ny: *v\nz: [*v, *v]\n")
+    assert read_yaml(ok)[0] == {"x": "long value", "y": "long value", "z": ["long value", "long value"]}

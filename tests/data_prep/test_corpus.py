@@ -55,3 +55,23 @@ def test_checkout_at_pinned_commit_from_a_real_git_remote(tmp_path):
                                                 "commit": pinned}]}))
     with pytest.raises(MLBenchError, match="offline\\? pass --readmes"):
         checkout_repos(spec, tmp_path / "repos")
+
+
+def test_readmes_stay_inside_their_repository(tmp_path):
+    """Issue 30 item 3: a README is read from inside its repository's folder only, links resolved."""
+    root = tmp_path / "readmes"
+    (root / "repo" / "docs").mkdir(parents=True)
+    (root / "repo" / "README.md").write_text("inside")
+    (tmp_path / "README.md").write_text("SECRET beside the repositories")
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "README.md").write_text("SECRET elsewhere")
+    (root / "repo" / "linked").symlink_to(tmp_path / "outside")
+    (root / "repo" / "docs" / "README.md").symlink_to(tmp_path / "README.md")
+    corpus = ReadmeCorpus(root)
+    assert corpus.readme_for("repo", "./").text == "inside"
+    for repo, path in [("repo", "../.."), ("repo", "/"), ("..", "."), ("repo", "x/../../..")]:
+        with pytest.raises(MLBenchError, match="do not name a folder inside one repository"):
+            corpus.readme_for(repo, path)
+    for path in ["linked", "docs"]:
+        with pytest.raises(MLBenchError, match="resolves outside repository 'repo'"):
+            corpus.readme_for("repo", path)

@@ -102,3 +102,50 @@ def test_sample_gold_passes_through_the_docker_backend(tmp_path: Path, docker_da
         assert left.stdout.strip() == ""
     finally:
         subprocess.run(["docker", "rmi", *tags], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def docker_base(docker_daemon, base_image, tmp_path_factory):
+    """The podman base image, loaded into Docker (as a cluster user would: a docker-archive)."""
+    if base_image is None:
+        pytest.skip("building the base image needs podman (root, podman, mmdebstrap)")
+    archive = tmp_path_factory.mktemp("base") / "base.docker.tar"
+    subprocess.run(["podman", "save", "--format", "docker-archive", "-o", str(archive), base_image], check=True,
+                   capture_output=True)
+    r = subprocess.run(["docker", "load", "-i", str(archive)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    archive.unlink()
+    yield base_image
+    subprocess.run(["docker", "rmi", base_image], capture_output=True)
+
+
+NONBLOCK = ("python -c \"import fcntl, os\nfcntl.fcntl(1, fcntl.F_SETFL, os.O_NONBLOCK)\nfor _ in range(64):\n"
+            "    try:\n        os.write(1, b'x' * 65536)\n    except BlockingIOError:\n        pass\"; exit 1")
+
+
+def test_docker_verdicts_match_bwrap(docker_base):
+    """Issue 30 item 4: on Docker the runner's report came back through the CLI's stdout/stderr stream, so an answer
+    whose stdout filled the undrained pipe blocked the CLI and the report with it (a failing O_NONBLOCK writer then
+    passed in compat at the time limit), and an OOM that took the runner was a fault that left Pass@k. Each case
+    is scored on bwrap and on Docker in compat's undrained mode; the verdicts must agree."""
+    from test_sandbox import CROSS, REPO
+
+    from mlbench_kit.eval.sandbox import Env, Job, Limits, Sandbox
+    if shutil.which("bwrap") is None:
+        pytest.skip("needs bwrap")
+    cases = {"nonblock-stdout": (NONBLOCK, {})} | CROSS
+    verdicts = {}
+    for backend in ("bwrap", "docker"):
+        env = Env("toybench", REPO, image=docker_base)
+        with Sandbox(backend) as sb:
+            for name, (code, lim) in cases.items():
+                shell = not name.endswith("python") and name != "keyring"
+                r = sb.run(Job(code, shell, env, "./"), Limits(**({"wall_s": 6.0} | lim)), drain=False)
+                verdicts[(backend, name)] = (r.fault, r.exit_code, r.timed_out, r.limit)
+    differ = {n: (verdicts[("bwrap", n)], verdicts[("docker", n)]) for n in cases
+              if verdicts[("bwrap", n)] != verdicts[("docker", n)]}
+    print("differ:", json.dumps(differ, default=str))
+    assert verdicts[("bwrap", "nonblock-stdout")][:3] == (None, 1, False)
+    assert not differ
+    left = subprocess.run(["docker", "ps", "-aq", "--filter", "name=mlbench-"], capture_output=True, text=True)
+    assert left.stdout.strip() == ""  # no container is left behind, running or stopped

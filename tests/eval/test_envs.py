@@ -245,3 +245,15 @@ def test_envs_yaml_from_a_relative_cache_resolves_from_anywhere(tmp_path, monkey
     env = EnvConfig(tmp_path / target).for_repo(recipe.repo)
     assert env.checkout == (tmp_path / d / "checkout").resolve()
     assert env.prefix == str((tmp_path / d / "venv").resolve())
+
+
+def test_a_repository_name_never_leaves_repos_dir(tmp_path):
+    """Issue 30 item 3: `..` from a row's URL joined onto --repos-dir was copied and chowned as a checkout."""
+    repos = tmp_path / "repos"
+    (repos / "real").mkdir(parents=True)
+    (repos / "escape").symlink_to(tmp_path)
+    envs = EnvConfig(repos_dir=repos)
+    assert envs.for_repo("real").checkout == repos / "real"
+    for name in ["..", ".", "escape", "real/..", ""]:
+        with pytest.raises(MLBenchError, match="does not name a folder directly inside"):
+            envs.for_repo(name)

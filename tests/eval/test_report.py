@@ -236,3 +236,33 @@ def test_report_plots_show_intervals_zero_bars_and_keep_the_legend_off_the_bars(
     series = {s.label: [s.metric("pass@1", ("per_repo", g)) for g in repos] for s in settings}
     problems += [f"repos: {x}" for x in _bar_problems(fig, fig.axes[0], series, horizontal=True)]
     assert not problems, "\n".join(problems)
+
+
+def test_report_marks_runs_with_faults_or_unscored_samples_incomplete(tmp_path: Path) -> None:
+    """Issue 30 item 4: a run whose faults left Pass@k (0.5 -> 1.0 on Docker) was printed with no mark. Every
+    format now shows what was not scored beside the Pass@k: md (a column and a line), csv (rows), png (labels)."""
+    import shutil
+
+    from mlbench_kit.cli import main
+    rows = [json.loads(x) for x in SAMPLE.open()][:2]
+    data, gen = tmp_path / "data.jsonl", tmp_path / "gen.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    gen.write_text("".join(json.dumps({"github_id": r["github_id"], "id": r["id"], "output": [r["output"]]}) + "\n"
+                           for r in rows))
+    assert main(["eval", "--data", str(data), "--generations", str(gen), "--envs", str(ENVS), "--out",
+                 str(tmp_path / "ok"), "--no-ci"]) == 0
+    shutil.copytree(tmp_path / "ok", tmp_path / "bad")
+    summary = json.loads((tmp_path / "bad" / "summary.json").read_text())
+    summary["faults"] = 2
+    summary["unscored"] = [{"github_id": 1, "id": 2, "scored_outputs": 0, "outputs": 1}]
+    (tmp_path / "bad" / "summary.json").write_text(json.dumps(summary))
+    out = tmp_path / "report"
+    assert main(["report", f"ok={tmp_path / 'ok'}", f"bad={tmp_path / 'bad'}", "--out", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    line = next(x for x in md.splitlines() if x.startswith("| bad |"))
+    assert line.endswith("| INCOMPLETE: 2 faults, 1 unscored sample |"), line
+    assert next(x for x in md.splitlines() if x.startswith("| ok |")).endswith("| – |")
+    assert "**INCOMPLETE**: bad: INCOMPLETE: 2 faults" in md
+    got = {(x["run"], x["metric"]): x["value"] for x in csv.DictReader((out / "report.csv").open())}
+    assert got[("bad", "faults")] == "2" and got[("bad", "unscored_samples")] == "1"
+    assert got[("ok", "faults")] == "0" and got[("ok", "unscored_samples")] == "0"

@@ -180,6 +180,17 @@ def test_runner_secrets_are_out_of_reach(box):
     assert r.exit_code == 0 and "READ" not in r.log and r.log.count("denied") == 3
 
 
+def test_the_generation_is_the_oom_killers_first_choice(box):
+    """Issue 30 item 6: the child of the non-dumpable runner could not open /proc/self/oom_score_adj, so the
+    generation ran at the runner's value (0, or -1000 as root) and the runner could be the OOM killer's victim."""
+    r = run(box, "echo gen $(cat /proc/self/oom_score_adj) runner $(cat /proc/1/oom_score_adj)")
+    words = r.log.split()
+    assert r.exit_code == 0 and words[0] == "gen" and words[2] == "runner", r.log
+    assert int(words[1]) == 1000 and int(words[3]) <= 0, r.log
+    r = run(box, "import os\nprint('py', open('/proc/self/oom_score_adj').read().strip(), os.getpid())", shell=False)
+    assert r.log.split()[:2] == ["py", "1000"], r.log
+
+
 # -- 2. the host never reads what the generation wrote ----------------------------------------------------------
 
 @pytest.mark.parametrize("attack", [
@@ -667,6 +678,30 @@ def test_hostile_text_never_crashes_or_stalls_the_harness(tmp_path):
     assert not set(report) & {"\r", "\x1b", "\x07", "\x00", "\u202e"} and "\\x1b[2J" in report
     summary = json.loads((out / "summary.json").read_bytes().decode("utf-8"))
     assert "\ufffd" in summary["per_sample"][0]["best"] and any("U+FFFD" in n for n in summary["notes"])
+
+
+def test_line_separators_and_binary_in_an_answer_never_break_the_run(tmp_path, capsys):
+    """Issue 30 item 5: results are written with ensure_ascii=False; reading them back with str.splitlines() split
+    a record at U+2028, U+2029, U+0085 (or \\x1c..\\x1e) that an answer printed, and every re-run failed the same
+    way. Random binary output did it by accident."""
+    gold, py = _rows(9001)[0]["output"], _rows(9016)[0]["output"]
+    seps = r"printf 'a\342\200\250b\342\200\251c\302\205d\034e\035f\036g\r\n'"
+    gens = {9001: [f"{seps}; exit 1", "head -c 30000 /dev/urandom; exit 1", f"{gold} && {seps}", gold, gold],
+            9016: ['print("x\\u2028y\\u2029z\\x85w"); raise SystemExit(1)', py, py, py, py]}
+    rc, out = _eval(tmp_path, gens)
+    assert rc == 0, capsys.readouterr().err
+    raw = (out / "results.jsonl").read_text(encoding="utf-8")
+    assert "\u2028" in raw and "\u2029" in raw and "\x85" in raw  # the records really hold them, unescaped
+    assert len(raw.split("\n")) == 11 and len(raw.splitlines()) > 11
+    res = {(r["id"], r["idx"]): r for r in map(json.loads, raw.split("\n")[:-1])}
+    assert [res[(9001, i)]["passed"] for i in range(5)] == [False, False, True, True, True]
+    assert not res[(9016, 0)]["passed"] and res[(9016, 1)]["passed"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["metrics"]["overall"]["samples"] == 2 and not summary.get("unscored")
+    capsys.readouterr()
+    assert _eval(tmp_path, gens)[0] == 0
+    assert "executed 0 (reused 0); 0/0 new" in capsys.readouterr().err  # the re-run read every record back
+    assert _eval(tmp_path, gens, "--rescore")[0] == 0
 
 
 def test_strict_check_is_linear_in_the_options():

@@ -1,0 +1,260 @@
+"""Extract an untrusted tarball without trusting ``tarfile``'s extraction filters.
+
+``tarfile``'s ``filter="data"`` checks links with ``os.path.realpath``, which on interpreters without the fix for
+CVE-2025-4517 (3.11.7 among them) stops resolving once a chain of links exceeds PATH_MAX while the kernel still
+follows it: a crafted archive then writes anywhere the extracting user can. Here every member is checked by this
+module before anything is written, and nothing is extracted through ``tarfile``'s own extraction code:
+
+* names are relative, hold no ``..``, are bounded (component and whole name), and are unique;
+* a member is a regular file, a folder, a symbolic link or a hard link (no devices, FIFOs, sparse files);
+* no member's path passes through a symbolic link of the archive (so no write can follow one);
+* a symbolic link's target, resolved through the archive's own links (the destination is empty), stays inside
+  the destination; a hard link names an earlier regular file of the archive;
+* the total size of the files and the number of members are capped (the headers declare the sizes, and a file's
+  data is read up to its declared size only), checked before the first byte is written;
+* files are created with ``O_NOFOLLOW | O_EXCL`` relative to folder descriptors opened with ``O_NOFOLLOW``, and the
+  links are made last, so a write never passes through a link even if a check above were wrong.
+
+Modes keep only the owner's executable bit (like the ``data`` filter: no setuid, no group/other write);
+owners are not restored.
+"""
+
+from __future__ import annotations
+
+import gzip
+import lzma
+import os
+import posixpath
+import tarfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlbench_kit.errors import MLBenchError
+
+# The 14 ML-Bench tarballs: at most 2,097 members (dgl) and 34.5 MB of files (muzic). The defaults are ~50x that.
+DEFAULT_MAX_BYTES = 2 << 30
+DEFAULT_MAX_MEMBERS = 100_000
+MAX_NAME = 4096       # bytes of a whole member name
+MAX_COMPONENT = 255   # bytes of one path component (NAME_MAX)
+MAX_LINK_HOPS = 40    # like the kernel's ELOOP limit
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Caps on what one tarball may hold."""
+    max_bytes: int = DEFAULT_MAX_BYTES
+    max_members: int = DEFAULT_MAX_MEMBERS
+
+
+class _Refused(Exception):
+    def __init__(self, member: str, why: str) -> None:
+        super().__init__(why)
+        self.member, self.why = member, why
+
+
+def safe_extract(tar: str | Path, dest: str | Path, limits: Limits | None = None, under: str | None = None) -> None:
+    """Extract ``tar`` into ``dest`` (created; must not exist or be empty) after checking every member.
+
+    ``under``: every member must lie in this top-level folder of the archive, and its links must stay inside it.
+    Raises one MLBenchError naming the tarball and the offending member; nothing is written then."""
+    tar, dest = Path(tar), Path(dest)
+    limits = limits or Limits()
+    try:
+        with tarfile.open(tar) as tf:
+            plan = _check(tf, limits, under)
+            dest.mkdir(parents=True, exist_ok=True)
+            if any(dest.iterdir()):
+                raise MLBenchError("extraction needs an empty destination", str(dest))
+            _extract(tf, plan, dest)
+    except _Refused as exc:
+        member = exc.member if len(exc.member) <= 300 else exc.member[:300] + "..."
+        raise MLBenchError(f"refused member {member!r}: {exc.why}", str(tar),
+                           "this tarball is unsafe or damaged: use the repository's own archive "
+                           "(or raise --tar-max-mb / --tar-max-members if it is only large)") from None
+    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, lzma.LZMAError) as exc:
+        raise MLBenchError(f"not a readable tarball ({exc.__class__.__name__}: {exc})", str(tar)) from None
+
+
+def _norm(m: tarfile.TarInfo) -> str:
+    name = m.name
+    if "\0" in name:
+        raise _Refused(name, "a NUL byte in the name")
+    if len(name.encode("utf-8", "surrogateescape")) > MAX_NAME:
+        raise _Refused(name, f"name longer than {MAX_NAME} bytes")
+    if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
+        raise _Refused(name, "an absolute name")
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise _Refused(name, "a '..' component")
+    if any(len(p.encode("utf-8", "surrogateescape")) > MAX_COMPONENT for p in parts):
+        raise _Refused(name, f"a path component longer than {MAX_COMPONENT} bytes")
+    return "/".join(parts)
+
+
+def _resolve(path: str, links: dict[str, str], member: str) -> str:
+    """``path`` (relative to the destination) with the archive's symbolic links followed, as the kernel would in a
+    destination holding only this archive; refuses a path that leaves the destination. ``links`` maps a link's
+    name to its target joined onto the link's folder (no member passes through a link, so that folder is real)."""
+    todo = [p for p in path.split("/") if p not in ("", ".")]
+    done: list[str] = []
+    hops = 0
+    while todo:
+        part = todo.pop(0)
+        if part == "..":
+            if not done:
+                raise _Refused(member, "a link that points outside the destination")
+            done.pop()
+            continue
+        cur = "/".join([*done, part])
+        if cur in links:
+            hops += 1
+            if hops > MAX_LINK_HOPS:
+                raise _Refused(member, "too many levels of links")
+            todo = [p for p in links[cur].split("/") if p not in ("", ".")] + todo
+            done = []
+            continue
+        done.append(part)
+    return "/".join(done)
+
+
+def _within(path: str, root: str) -> bool:
+    return not root or path == root or path.startswith(root + "/")
+
+
+def _check(tf: tarfile.TarFile, limits: Limits, under: str | None) -> list[tuple[tarfile.TarInfo, str]]:
+    plan: list[tuple[tarfile.TarInfo, str]] = []
+    kinds: dict[str, str] = {}  # normalized name -> "dir" | "file" | "sym"
+    parents: set[str] = set()   # every proper prefix of a member's name
+    links: dict[str, str] = {}  # symbolic link name -> target joined onto its folder
+    total = 0
+    root = (under or "").strip("/")
+    for m in tf:  # streamed: the caps hold before the next header is read
+        if len(plan) >= limits.max_members:
+            raise _Refused(m.name, f"more than {limits.max_members} members (the cap)")
+        name = _norm(m)
+        if not name:
+            if m.isdir():
+                continue
+            raise _Refused(m.name, "an empty name")
+        if not _within(name, root):
+            raise _Refused(m.name, f"outside the archive's folder {root!r}")
+        if m.issparse() or not (m.isreg() or m.isdir() or m.issym() or m.islnk()):
+            raise _Refused(m.name, "not a regular file, folder or link (a device, FIFO or sparse member)")
+        kind = "dir" if m.isdir() else "sym" if m.issym() else "file"
+        parts = name.split("/")
+        for i in range(1, len(parts)):
+            prefix = "/".join(parts[:i])
+            if kinds.get(prefix, "dir") == "sym":
+                raise _Refused(m.name, f"its path passes through the link {prefix!r}")
+            if kinds.get(prefix, "dir") != "dir":
+                raise _Refused(m.name, f"its path passes through the file {prefix!r}")
+        if name in kinds and not (kind == "dir" and kinds[name] == "dir"):
+            raise _Refused(m.name, "a second member of the same name")
+        if kind != "dir" and name in parents:
+            raise _Refused(m.name, "a file or link where an earlier member needs a folder")
+        if m.isreg():
+            total += m.size
+            if total > limits.max_bytes:
+                raise _Refused(m.name, f"the files exceed {limits.max_bytes} bytes (the cap)")
+        elif m.islnk():
+            target = _norm_link(m)
+            if kinds.get(target) != "file":
+                raise _Refused(m.name, f"a hard link to {m.linkname!r}, which is no earlier regular file")
+            if not _within(target, root):
+                raise _Refused(m.name, f"a hard link outside the archive's folder {root!r}")
+        elif m.issym():
+            if not m.linkname or m.linkname.startswith("/"):
+                raise _Refused(m.name, f"a link to an absolute path {m.linkname!r}")
+            if "\0" in m.linkname or len(m.linkname.encode("utf-8", "surrogateescape")) > MAX_NAME:
+                raise _Refused(m.name, "a link target that is too long")
+            links[name] = posixpath.join(posixpath.dirname(name), m.linkname)
+        kinds[name] = kind
+        parents.update("/".join(parts[:i]) for i in range(1, len(parts)))
+        plan.append((m, name))
+    # every link resolved through all of them (a later link may redirect an earlier one's target)
+    for name, target in links.items():
+        if not _within(_resolve(target, links, name), root):
+            raise _Refused(name, f"a link that points outside the archive's folder {root!r}")
+    return plan
+
+
+def _norm_link(m: tarfile.TarInfo) -> str:
+    if m.linkname.startswith("/"):
+        raise _Refused(m.name, f"a hard link to an absolute path {m.linkname!r}")
+    parts = [p for p in m.linkname.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise _Refused(m.name, "a hard link with a '..' component")
+    return "/".join(parts)
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _open_dir(root_fd: int, parts: list[str]) -> int:
+    """A descriptor of the folder ``parts`` under ``root_fd``, made as needed, never through a link."""
+    fd = os.dup(root_fd)
+    try:
+        for p in parts:
+            try:
+                os.mkdir(p, 0o755, dir_fd=fd)
+            except FileExistsError:
+                pass
+            nfd = os.open(p, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _extract(tf: tarfile.TarFile, plan: list[tuple[tarfile.TarInfo, str]], dest: Path) -> None:
+    root_fd = os.open(dest, _DIR_FLAGS)
+    try:
+        for m, name in plan:  # folders and files, in archive order (one pass over a compressed stream)
+            parts = name.split("/")
+            if m.isdir():
+                os.close(_open_dir(root_fd, parts))
+            elif m.isreg():
+                _write_file(tf, m, root_fd, parts)
+        for m, name in plan:  # then the links: no write above can pass through one
+            parts = name.split("/")
+            if m.islnk():
+                src = _norm_link(m).split("/")
+                sfd, dfd = _open_dir(root_fd, src[:-1]), _open_dir(root_fd, parts[:-1])
+                try:
+                    os.link(src[-1], parts[-1], src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=False)
+                finally:
+                    os.close(sfd)
+                    os.close(dfd)
+            elif m.issym():
+                dfd = _open_dir(root_fd, parts[:-1])
+                try:
+                    os.symlink(m.linkname, parts[-1], dir_fd=dfd)
+                finally:
+                    os.close(dfd)
+    finally:
+        os.close(root_fd)
+
+
+def _write_file(tf: tarfile.TarFile, m: tarfile.TarInfo, root_fd: int, parts: list[str]) -> None:
+    src = tf.extractfile(m)
+    assert src is not None  # a regular member has data
+    dfd = _open_dir(root_fd, parts[:-1])
+    try:
+        mode = 0o755 if m.mode & 0o100 else 0o644
+        fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
+                     dir_fd=dfd)
+    finally:
+        os.close(dfd)
+    with os.fdopen(fd, "wb") as out, src:
+        left = m.size
+        while left > 0:
+            chunk = src.read(min(left, 1 << 20))
+            if not chunk:
+                raise tarfile.ReadError(f"unexpected end of data in {m.name!r}")
+            out.write(chunk)
+            left -= len(chunk)
+        os.fchmod(out.fileno(), mode)
+        os.utime(out.fileno(), (m.mtime, m.mtime))
