@@ -22,7 +22,6 @@ import hashlib
 import json
 import shutil
 import sys
-import tarfile
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from mlbench_kit.dataset import Sample, load_samples
 from mlbench_kit.engine import Engine, GenParams, GenRequest
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.io import AppendLog, claim_run_folder, read_jsonl_tolerant, write_json_atomic
+from mlbench_kit.untar import safe_extract
 
 from .config import AgentConfig, load_agent_config
 from .episode import Episode, sha
@@ -85,8 +85,8 @@ def _identity(path: str | None) -> dict[str, Any] | None:
 
 
 def checkouts(args: argparse.Namespace, repos: set[str], out: Path) -> dict[str, Path]:
-    """One pristine checkout per repository: from --repos-dir, or unpacked once from --tarballs (the tar's data
-    filter: no absolute paths, no links out of the tree)."""
+    """One pristine checkout per repository: from --repos-dir, or unpacked once from --tarballs by the core's
+    checked extractor (:func:`mlbench_kit.untar.safe_extract`: nothing outside the folder, bounded)."""
     found = {}
     for name in sorted(repos):
         if args.repos_dir:
@@ -102,9 +102,9 @@ def checkouts(args: argparse.Namespace, repos: set[str], out: Path) -> dict[str,
                                        "pass --tarballs DIR holding <repo>.tar.gz")
                 unpack = out / "checkouts" / f".{name}.unpack"
                 shutil.rmtree(unpack, ignore_errors=True)
-                unpack.mkdir(parents=True)
-                with tarfile.open(tar) as tf:
-                    tf.extractall(unpack, filter="data")
+                # untrusted data: every member checked before anything is written (tarfile's filter is not
+                # relied on: Python 3.11.7 lacks the CVE-2025-4517 fix), bounded in bytes and members
+                safe_extract(tar, unpack, under=name)
                 if not (unpack / name).is_dir():
                     raise MLBenchError(f"{tar.name} has no top folder {name}/", str(tar))
                 (unpack / name).rename(d)  # whole or not at all: a killed unpack is redone

@@ -35,9 +35,9 @@ import yaml
 from mlbench_kit.envspec import Asset, Recipe
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.io import write_json_atomic
+from mlbench_kit.untar import Limits, safe_extract
 
 from .images import apptainer_def, build_env_image, containerfile, image_plan
-from .untar import Limits, safe_extract
 
 SANDBOX_UID = 65534
 

@@ -469,3 +469,26 @@ def test_no_symlink_is_followed_even_in_the_index(toy_repo: Path):
     text, _ = view.index("./examples/inner", 10_000)
     assert "secret" not in text.lower() and "examples/inner/" not in text
     assert os.path.islink(toy_repo / "escape.py")
+
+
+def test_a_hostile_tarball_is_refused_before_anything_is_written(tmp_path: Path):
+    """--tarballs are untrusted: a member that climbs out of the repository's folder is refused with the member
+    named, and nothing is written outside (nor the checkout published)."""
+    import argparse
+    import io
+    import tarfile
+
+    from mlbench_kit.agent.run import checkouts
+    from mlbench_kit.errors import MLBenchError
+    tars = tmp_path / "tars"
+    tars.mkdir()
+    with tarfile.open(tars / "toy.tar.gz", "w:gz") as tf:
+        for name, data in (("toy/README.md", b"# toy\n"), ("toy/../../escaped.txt", b"pwned\n")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    out = tmp_path / "out"
+    args = argparse.Namespace(repos_dir=None, tarballs=str(tars))
+    with pytest.raises(MLBenchError, match=r"toy/\.\./\.\./escaped\.txt"):
+        checkouts(args, {"toy"}, out)
+    assert not list(tmp_path.rglob("escaped.txt")) and not (out / "checkouts" / "toy").exists()

@@ -12,7 +12,7 @@ import pytest
 
 from mlbench_kit.cli import main
 from mlbench_kit.errors import MLBenchError
-from mlbench_kit.eval.envs.untar import DEFAULT_MAX_BYTES, Limits, safe_extract
+from mlbench_kit.untar import DEFAULT_MAX_BYTES, Limits, safe_extract
 
 
 def _tar(path: Path, members: list[tuple[str, str, object]]) -> Path:
