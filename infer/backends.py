@@ -93,21 +93,9 @@ class HfBackend:
 
     def __init__(self, model: str, cfg: InferConfig, adapters: dict[str, str] | None = None,
                  tokenizer: Any = None) -> None:
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        from mlbench_kit.hf import compute_dtype
-        # a transformers model, or the PeftModel wrapping it: Any, as the two libraries type them apart
-        self.model: Any = AutoModelForCausalLM.from_pretrained(model, dtype=compute_dtype())
+        from mlbench_kit.hf import load_causal_lm
+        self.model, self.device = load_causal_lm(model, adapters)
         self.adapters = list(adapters or {})
-        if adapters:
-            from peft import PeftModel
-            first, *rest = adapters.items()
-            self.model = PeftModel.from_pretrained(self.model, first[1], adapter_name=first[0])
-            for name, path in rest:
-                self.model.load_adapter(path, adapter_name=name)
-        self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.model.to(self.device).eval()
         self.cfg, self.tok = cfg, tokenizer
 
     def generate(self, items: list[PromptItem], adapter: str | None = None) -> list[list[Completion]]:

@@ -53,20 +53,9 @@ class HfEngine:
     """transformers ``generate``, one request at a time, seeded per request; PEFT adapters by name."""
 
     def __init__(self, model: str, tokenizer: Any, adapters: dict[str, str] | None = None) -> None:
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        from .hf import compute_dtype
-        self.model: Any = AutoModelForCausalLM.from_pretrained(model, dtype=compute_dtype())
+        from .hf import load_causal_lm
+        self.model, self.device = load_causal_lm(model, adapters)
         self.adapters = list(adapters or {})
-        if adapters:
-            from peft import PeftModel
-            first, *rest = adapters.items()
-            self.model = PeftModel.from_pretrained(self.model, first[1], adapter_name=first[0])
-            for name, path in rest:
-                self.model.load_adapter(path, adapter_name=name)
-        self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.model.to(self.device).eval()
         self.tok = tokenizer
 
     def generate(self, requests: list[GenRequest], params: GenParams) -> list[Generated]:

@@ -109,6 +109,26 @@ def compute_dtype() -> Any:
     return torch.bfloat16 if torch.cuda.is_available() else torch.float32
 
 
+def load_causal_lm(model: str, adapters: dict[str, str] | None = None) -> tuple[Any, str]:
+    """``(model, device)`` for transformers generation: the base model in :func:`compute_dtype`, with each PEFT
+    adapter of ``adapters`` (name -> folder) loaded under its name, on CUDA where there is one, in eval mode.
+    One loader for infer's and the agent's ``hf`` engines."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    # a transformers model, or the PeftModel wrapping it: Any, as the two libraries type them apart
+    lm: Any = AutoModelForCausalLM.from_pretrained(model, dtype=compute_dtype())
+    if adapters:
+        from peft import PeftModel
+        (first, path), *rest = adapters.items()
+        lm = PeftModel.from_pretrained(lm, path, adapter_name=first)
+        for name, folder in rest:
+            lm.load_adapter(folder, adapter_name=name)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    lm.to(device).eval()
+    return lm, device
+
+
 def adds_bos(template: str) -> bool:
     """Whether the tokenizer adds its specials (BOS) to a prompt: always, except for a prompt rendered by a chat
     template, which carries them as text already."""
