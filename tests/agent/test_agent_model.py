@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli
+from test_agent import _transcripts  # the transcripts less what a re-run may change (wall times)
 
 from mlbench_kit.agent.config import load_agent_config
 from mlbench_kit.agent.episode import EXITS
@@ -28,19 +29,6 @@ def rows_file(tmp_path_factory: pytest.TempPathFactory, full_rows: list[dict]) -
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return f
 
-
-RUN_ONLY = ("wall_s", "call_s", "call_size")  # how the turn ran, not what it was: a re-run may differ
-
-
-def _transcripts(out: Path) -> dict[str, list[dict]]:
-    found = {}
-    for f in sorted((out / "transcripts").rglob("*.jsonl")):
-        recs = [{k: v for k, v in json.loads(x).items() if k not in RUN_ONLY} for x in f.read_text().splitlines()]
-        for r in recs:
-            if "end" in r:
-                r["end"].pop("seconds")
-        found[str(f.relative_to(out))] = recs
-    return found
 
 
 def _envs(tmp: Path, checkout: Path) -> Path:
