@@ -82,7 +82,7 @@ if [ -n "${MLBENCH_TORCH_INDEX:-}" ]; then
   else TORCH_SRC=(--extra-index-url "$MLBENCH_TORCH_INDEX"); fi
   step "installing torch 2.13.0 (also looking in $MLBENCH_TORCH_INDEX)"
 else
-  step "installing torch 2.13.0 from your pip index (PyPI: the CUDA build; a CPU-only machine can set MLBENCH_TORCH_INDEX)"
+  step "installing torch 2.13.0 from pip's configured index (plain PyPI serves the CUDA build: MLBENCH_TORCH_INDEX picks a CPU one)"
 fi
 "${PIP[@]}" install -q -c constraints/cpu.txt "${TORCH_SRC[@]}" "torch==2.13.0" >>"$LOG" 2>&1 \
   || fail "torch 2.13.0" "check that pip reaches your index (pip config list; PIP_INDEX_URL); for the CPU build give \
