@@ -17,6 +17,7 @@ The LR scheduler (``scheduler.pt``) is saved the same way in both: the recipe st
 
 from __future__ import annotations
 
+import enum
 import json
 import pickle
 import re
@@ -211,13 +212,24 @@ def safe_load(path: Path, what: str, safe_globals: list[Any] | None = None) -> A
                            "afresh in another --output-dir") from None
 
 
+def _enum_member(cls: Any, name: Any) -> Any:
+    """What ``builtins.getattr`` may do while a DeepSpeed checkpoint loads: return a member of an Enum the
+    unpickler already allowed, nothing else. Some Pythons (Debian's 3.11.2; not 3.11.7) pickle an Enum member as
+    ``getattr(cls, name)``; the real getattr would reach any attribute of an allowed class, and through those, code."""
+    if isinstance(cls, type) and issubclass(cls, enum.Enum) and isinstance(name, str) and name in cls.__members__:
+        return cls.__members__[name]
+    raise pickle.UnpicklingError(f"getattr({getattr(cls, '__name__', type(cls).__name__)}, {name!r}) is not a "
+                                 "member of an allowed Enum")
+
+
 def _deepspeed_globals() -> list[Any]:
     """The classes a DeepSpeed ZeRO checkpoint holds beside tensors and plain types (found with
-    torch.serialization.get_unsafe_globals_in_checkpoint on ZeRO-2 and ZeRO-3 checkpoints of this recipe)."""
+    torch.serialization.get_unsafe_globals_in_checkpoint on ZeRO-2 and ZeRO-3 checkpoints of this recipe), and
+    :func:`_enum_member` standing in for ``builtins.getattr``."""
     from deepspeed.runtime.fp16.loss_scaler import LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address
-    return [LossScaler, ZeroStageEnum, fragment_address]
+    return [LossScaler, ZeroStageEnum, fragment_address, (_enum_member, "builtins.getattr")]
 
 
 @contextmanager

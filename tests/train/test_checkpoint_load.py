@@ -148,3 +148,28 @@ def test_deepspeeds_own_loads_are_forced_to_weights_only(tmp_path):
     assert str(evil) in ei.value.render() and not marker.exists()
     assert got["zero_stage"] == ZeroStageEnum.gradients and torch.equal(got["w"], torch.ones(2))
     assert torch.load(fine, weights_only=False)["zero_stage"] == ZeroStageEnum.gradients  # restored after the block
+
+
+class _ByGetattr:
+    """Pickles as ``getattr(owner, name)``, as Debian's Python 3.11.2 pickles an Enum member (3.11.7: by value)."""
+
+    def __init__(self, owner: object, name: str) -> None:
+        self.owner, self.name = owner, name
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return getattr, (self.owner, self.name)
+
+
+def test_deepspeeds_enums_pickled_by_getattr_load_and_nothing_else_does(tmp_path):
+    """A ZeRO checkpoint written by a Python that pickles Enum members as getattr(cls, name) resumes (it failed as
+    an unprivileged user on Debian's python3); getattr for anything but an allowed Enum's member is refused."""
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+
+    from mlbench_kit.train.checkpoint import _deepspeed_globals, weights_only_loads
+    member, other = tmp_path / "member.pt", tmp_path / "other.pt"
+    torch.save({"zero_stage": _ByGetattr(ZeroStageEnum, "gradients")}, member)
+    torch.save({"x": _ByGetattr(ZeroStageEnum, "__class__")}, other)
+    with weights_only_loads(_deepspeed_globals(), tmp_path):
+        assert torch.load(member, weights_only=False)["zero_stage"] is ZeroStageEnum.gradients
+        with pytest.raises(MLBenchError, match="other.pt"):
+            torch.load(other, weights_only=False)
