@@ -128,16 +128,17 @@ def test_docker_verdicts_match_bwrap(docker_base):
     whose stdout filled the undrained pipe blocked the CLI and the report with it (a failing O_NONBLOCK writer then
     passed in compat at the time limit), and an OOM that took the runner was a fault that left Pass@k. Each case
     is scored on bwrap and on Docker in compat's undrained mode; the verdicts must agree."""
-    from test_sandbox import CROSS, cross_verdicts
+    from test_sandbox import CROSS, cross_verdicts, verdict_of
     if shutil.which("bwrap") is None:
         pytest.skip("needs bwrap")
     cases = {"nonblock-stdout": (NONBLOCK, {})} | CROSS
     verdicts = cross_verdicts(("bwrap", "docker"), docker_base, cases)
-    # fault, exit code, timeout and limit: the verdict (docker's count of survivors is not compared)
+    # the verdict (``verdict_of``; docker's count of survivors is not compared)
     differ = {n: (verdicts[("bwrap", n)], verdicts[("docker", n)]) for n in cases
-              if verdicts[("bwrap", n)][:4] != verdicts[("docker", n)][:4]}
+              if verdict_of(verdicts[("bwrap", n)]) != verdict_of(verdicts[("docker", n)])}
     print("differ:", json.dumps(differ, default=str))
     assert verdicts[("bwrap", "nonblock-stdout")][:3] == (None, 1, False)
+    assert verdicts[("docker", "oom-unmapped")][3] == "memory"
     assert not differ
     left = subprocess.run(["docker", "ps", "-aq", "--filter", "name=mlbench-"], capture_output=True, text=True)
     assert left.stdout.strip() == ""  # no container is left behind, running or stopped
