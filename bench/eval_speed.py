@@ -33,7 +33,8 @@ from mlbench_kit.dataset import load_samples
 from mlbench_kit.eval.checks import check_output, runs_as_shell
 from mlbench_kit.eval.envs import EnvConfig
 from mlbench_kit.eval.run import prefix_exports, reference_timeout
-from mlbench_kit.eval.sandbox import (
+from mlbench_kit.io import read_jsonl_tolerant
+from mlbench_kit.sandbox import (
     WARM_MODULES,
     Env,
     Job,
@@ -42,7 +43,6 @@ from mlbench_kit.eval.sandbox import (
     thread_vars,
     warm_code,
 )
-from mlbench_kit.io import read_jsonl_tolerant
 
 REPOS = ["External-Attention-pytorch", "PyTorch-GAN", "Time-Series-Library"]
 

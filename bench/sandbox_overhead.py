@@ -13,7 +13,7 @@ import statistics
 import time
 from pathlib import Path
 
-from mlbench_kit.eval.sandbox import Env, Job, Limits, Sandbox
+from mlbench_kit.sandbox import Env, Job, Limits, Sandbox
 
 REPO = Path(__file__).resolve().parents[1] / "examples" / "sample" / "repos" / "toybench"
 

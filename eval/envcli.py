@@ -158,8 +158,9 @@ def _list(args: Namespace) -> int:
 
 
 def _check(args: Namespace) -> int:
+    from mlbench_kit.sandbox import Sandbox, check_backend, warm_summary
+
     from .envs import EnvConfig
-    from .sandbox import Sandbox, check_backend, warm_summary
     cache = _cache(args)
     check_backend(args.backend, False)
     envs_file = cache / "envs.yaml"

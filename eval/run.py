@@ -33,13 +33,7 @@ from mlbench_kit.io import (
 )
 from mlbench_kit.progress import Progress
 from mlbench_kit.records import EvalResult
-
-from .checks import check_output, runs_as_shell, syntax_error, type_ok
-from .envs import EnvConfig
-from .generations import load_generations
-from .metrics import score_results
-from .run_report import fmt_rate, render_run_report
-from .sandbox import (
+from mlbench_kit.sandbox import (
     Env,
     ExecResult,
     Job,
@@ -48,7 +42,13 @@ from .sandbox import (
     check_backend,
     warm_summary,
 )
-from .sandbox.cgroups import usable_cores
+from mlbench_kit.sandbox.cgroups import usable_cores
+
+from .checks import check_output, runs_as_shell, syntax_error, type_ok
+from .envs import EnvConfig
+from .generations import load_generations
+from .metrics import score_results
+from .run_report import fmt_rate, render_run_report
 from .static_cli import check_command
 
 # 18x the longest gold answer (3,511 characters): a longer output is a failure, neither parsed nor run, so no

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from .config import Check, load
 from .errors import MLBenchError
 
-# The sandbox backends (eval/sandbox's engines register exactly these)
+# The sandbox backends (mlbench_kit/sandbox's engines register exactly these)
 BACKENDS = ("bwrap", "podman", "docker", "apptainer", "local")
 MODES = ("compat", "strict")
 # the one-line example of a missing-options error (the flags `mlbench eval` cannot run without)

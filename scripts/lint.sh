@@ -20,6 +20,9 @@ if [ "$what" = all ] || [ "$what" = mypy ]; then
   tree=build/typecheck
   rm -rf "$tree/mlbench_kit" && mkdir -p "$tree/mlbench_kit"
   for f in mlbench_kit/*.py; do ln -s "../../../$f" "$tree/$f"; done
+  for d in mlbench_kit/*/; do  # the core's own subpackages (the sandbox)
+    d=${d%/}; if [ -f "$d/__init__.py" ]; then ln -s "../../../$d" "$tree/$d"; fi
+  done
   # the same mapping as [tool.setuptools] package-dir in pyproject.toml
   for stage in data_prep eval train infer slurm agent; do ln -s "../../../$stage" "$tree/mlbench_kit/$stage"; done
   MYPYPATH=$tree "$BIN/mypy" -p mlbench_kit 2>&1 | sed -e "s#^$tree/mlbench_kit/\(data_prep\|eval\|train\|infer\|slurm\|agent\)/#\1/#" \

@@ -17,8 +17,7 @@ from pathlib import Path
 from mlbench_kit.dataset import plain_name
 from mlbench_kit.envspec import EnvsFile, RepoEnv, load_envs_file
 from mlbench_kit.errors import MLBenchError
-
-from ..sandbox import Env
+from mlbench_kit.sandbox import Env
 
 
 def envs_file_missing(path: Path) -> MLBenchError:

@@ -8,12 +8,14 @@ ROOT = Path(__file__).resolve().parents[2]
 STAGES = {"data_prep": "data_prep", "train": "train", "infer": "infer", "eval": "eval", "slurm": "slurm",
           "agent": "agent"}
 # eval/'s wings and the wings each may import; "scoring" is everything at the top of eval/ (run.py, envcli.py, ...)
-WINGS = {"sandbox": set(), "envs": {"sandbox"}, "report": set(), "scoring": {"sandbox", "envs"}}
+WINGS = {"envs": set(), "report": set(), "scoring": {"envs"}}
 
 
 def _package(path: Path, root: Path) -> str:
-    """The installed package a stage file belongs to: ``eval/envs/build.py`` -> ``mlbench_kit.eval.envs``."""
-    return ".".join(["mlbench_kit", *path.parent.relative_to(root).parts])
+    """The installed package a file belongs to: ``eval/envs/build.py`` -> ``mlbench_kit.eval.envs``;
+    ``mlbench_kit/sandbox/x.py`` -> ``mlbench_kit.sandbox``."""
+    parts = path.parent.relative_to(root).parts
+    return ".".join(parts if parts[:1] == ("mlbench_kit",) else ["mlbench_kit", *parts])
 
 
 def _imports(path: Path, root: Path) -> list[tuple[int, str, tuple[str, ...]]]:
@@ -54,7 +56,7 @@ def stage_violations(root: Path = ROOT) -> list[str]:
 
 
 def _wing(module: str) -> str | None:
-    """The eval wing of a module (None outside eval/): ``mlbench_kit.eval.sandbox.cgroups`` -> ``sandbox``."""
+    """The eval wing of a module (None outside eval/): ``mlbench_kit.sandbox.cgroups`` -> ``sandbox``."""
     parts = module.split(".")
     if parts[:2] != ["mlbench_kit", "eval"]:
         return None
@@ -93,24 +95,23 @@ def test_the_check_sees_a_violation(tmp_path):
 def test_the_check_sees_relative_imports(tmp_path):
     for folder in STAGES:
         (tmp_path / folder).mkdir()
-    (tmp_path / "eval" / "sandbox").mkdir()
+    (tmp_path / "eval" / "envs").mkdir()
     (tmp_path / "eval" / "run.py").write_text("from ..infer import x\nfrom .. import train\nfrom . import checks\n")
-    (tmp_path / "eval" / "sandbox" / "box.py").write_text("from ...slurm.sweep import y\nfrom . import cgroups\n")
-    assert stage_violations(tmp_path) == ["eval/run.py:1 imports mlbench_kit.infer",
-                                          "eval/run.py:2 imports mlbench_kit.train",
-                                          "eval/sandbox/box.py:1 imports mlbench_kit.slurm.sweep"]
+    (tmp_path / "eval" / "envs" / "box.py").write_text("from ...slurm.sweep import y\nfrom . import cgroups\n")
+    assert stage_violations(tmp_path) == ["eval/envs/box.py:1 imports mlbench_kit.slurm.sweep",
+                                          "eval/run.py:1 imports mlbench_kit.infer",
+                                          "eval/run.py:2 imports mlbench_kit.train"]
 
 
 def test_the_check_sees_a_wing_violation(tmp_path):
-    for wing in ("sandbox", "envs", "report"):
+    for wing in ("envs", "report"):
         (tmp_path / "eval" / wing).mkdir(parents=True)
     files = {
-        "eval/sandbox/sandbox.py": "from ..run import score\nfrom .. import envs\nfrom . import cgroups\n"
-                                   "from mlbench_kit.records import EvalResult\n",
-        "eval/envs/build.py": "from ..sandbox import Env\nfrom .. import run\n"
+        "eval/envs/build.py": "from mlbench_kit.sandbox import Env\nfrom .. import run\n"
                               "from mlbench_kit.eval.report import cli\n",
         "eval/report/render.py": "from ..metrics import ERROR_CLASSES\nfrom .data import Setting\n",
-        "eval/run.py": "from .envs import EnvConfig\nfrom .sandbox import Sandbox\nfrom .report.data import load\n",
+        "eval/run.py": "from .envs import EnvConfig\nfrom mlbench_kit.sandbox import Sandbox\n"
+                       "from .report.data import load\n",
         "eval/envcli.py": "from . import run\nfrom .envs.validate import validate\n",
     }
     for name, text in files.items():
@@ -120,6 +121,27 @@ def test_the_check_sees_a_wing_violation(tmp_path):
         "eval/envs/build.py:3 (envs) imports mlbench_kit.eval.report.cli (report)",
         "eval/report/render.py:1 (report) imports mlbench_kit.eval.metrics.ERROR_CLASSES (scoring)",
         "eval/run.py:3 (scoring) imports mlbench_kit.eval.report.data.load (report)",
-        "eval/sandbox/sandbox.py:1 (sandbox) imports mlbench_kit.eval.run.score (scoring)",
-        "eval/sandbox/sandbox.py:2 (sandbox) imports mlbench_kit.eval.envs (envs)",
     ]
+
+
+def sandbox_violations(root: Path = ROOT) -> list[str]:
+    """Every import of a stage's module, or of another core module than the errors, from the core's sandbox:
+    scoring and the agent both run untrusted code in it, so it must stand alone."""
+    bad = []
+    for f in sorted((root / "mlbench_kit" / "sandbox").rglob("*.py")):
+        for line, mod, _names in _imports(f, root):
+            parts = mod.split(".")
+            if parts[0] == "mlbench_kit" and mod not in ("mlbench_kit.errors",) \
+                    and not mod.startswith("mlbench_kit.sandbox"):
+                bad.append(f"{f.relative_to(root)}:{line} imports {mod}")
+    return bad
+
+
+def test_the_sandbox_stands_alone(tmp_path):
+    assert sandbox_violations() == []
+    (tmp_path / "mlbench_kit" / "sandbox").mkdir(parents=True)
+    (tmp_path / "mlbench_kit" / "sandbox" / "box.py").write_text(
+        "from mlbench_kit.errors import MLBenchError\nfrom . import cgroups\nfrom mlbench_kit.eval.run import x\n"
+        "from ..io import write_atomic\n")
+    assert sandbox_violations(tmp_path) == ["mlbench_kit/sandbox/box.py:3 imports mlbench_kit.eval.run",
+                                            "mlbench_kit/sandbox/box.py:4 imports mlbench_kit.io"]

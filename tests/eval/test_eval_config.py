@@ -63,7 +63,7 @@ def test_required_options_and_one_source_of_outputs() -> None:
 
 
 def test_the_config_s_backends_are_the_sandbox_s() -> None:
-    from mlbench_kit.eval.sandbox import BACKENDS as SANDBOX
+    from mlbench_kit.sandbox import BACKENDS as SANDBOX
     assert set(BACKENDS) == set(SANDBOX)
     hint = dataclasses.fields(EvalConfig)
     assert next(f for f in hint if f.name == "backend").default == "bwrap"

@@ -12,7 +12,7 @@ from conftest import REPO_ROOT
 
 from mlbench_kit.cli import main
 from mlbench_kit.eval import run as eval_run
-from mlbench_kit.eval.sandbox import Sandbox
+from mlbench_kit.sandbox import Sandbox
 
 SAMPLE = REPO_ROOT / "examples" / "sample" / "samples.jsonl"
 ENVS = REPO_ROOT / "configs" / "eval" / "sample.yaml"

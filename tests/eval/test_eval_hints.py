@@ -11,7 +11,7 @@ from conftest import REPO_ROOT
 
 from mlbench_kit.cli import main
 from mlbench_kit.errors import MLBenchError
-from mlbench_kit.eval.sandbox import Env, Sandbox
+from mlbench_kit.sandbox import Env, Sandbox
 
 SAMPLE = REPO_ROOT / "examples" / "sample"
 REPO = SAMPLE / "repos" / "toybench"

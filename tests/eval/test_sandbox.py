@@ -23,7 +23,8 @@ from conftest import REPO_ROOT
 from mlbench_kit.cli import main as cli_main
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.eval.checks import check_output
-from mlbench_kit.eval.sandbox import (
+from mlbench_kit.eval.static_cli import check_command
+from mlbench_kit.sandbox import (
     ENGINES,
     Env,
     Job,
@@ -35,9 +36,8 @@ from mlbench_kit.eval.sandbox import (
     seccomp,
     warm_summary,
 )
-from mlbench_kit.eval.sandbox.cmdline import CONTAINER_RUNNER_PYTHON, Identity, Mounts, container_argv
-from mlbench_kit.eval.sandbox.engines import Launch
-from mlbench_kit.eval.static_cli import check_command
+from mlbench_kit.sandbox.cmdline import CONTAINER_RUNNER_PYTHON, Identity, Mounts, container_argv
+from mlbench_kit.sandbox.engines import Launch
 
 REPO = REPO_ROOT / "examples" / "sample" / "repos" / "toybench"
 IS_ROOT = os.geteuid() == 0
@@ -442,7 +442,7 @@ def test_one_engine_per_backend(tmp_path):
 
 
 def test_one_seccomp_policy_for_every_engine(tmp_path):
-    """podman's JSON profile and bwrap's BPF program are both derived from eval/sandbox/seccomp.py's rules."""
+    """podman's JSON profile and bwrap's BPF program are both derived from mlbench_kit/sandbox/seccomp.py's rules."""
     prof = seccomp.podman_profile()
     assert prof["defaultAction"] == "SCMP_ACT_ALLOW"
     denied = {n for r in prof["syscalls"] if not r.get("args") for n in r["names"]}

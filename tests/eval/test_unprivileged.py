@@ -193,7 +193,7 @@ def user():
 def test_user_cannot_reach_roots_files_but_can_run_mlbench(user):
     """The account is really unprivileged (its own uid, no capability), runs this checkout's code through the
     project's venv, and cannot write into that venv."""
-    script = ("id -u; grep CapEff /proc/self/status; python -c 'import mlbench_kit.eval.sandbox as s; "
+    script = ("id -u; grep CapEff /proc/self/status; python -c 'import mlbench_kit.sandbox as s; "
               f"print(s.__file__)'; touch {shlex.quote(sys.prefix)}/mlbench-unpriv-probe")
     r = user.run(["bash", "-c", script])
     lines = r.stdout.splitlines()
@@ -341,7 +341,7 @@ def test_hostile_answers_are_contained_as_an_unprivileged_user(user):
 LIMITS_DRIVER = r"""
 import json, sys
 from pathlib import Path
-from mlbench_kit.eval.sandbox import Env, Job, Limits, Sandbox
+from mlbench_kit.sandbox import Env, Job, Limits, Sandbox
 hog = "python -c 'import time; x = bytearray(180 * 2**20); x[::4096] = b\"1\" * len(x[::4096]); time.sleep(2)'"
 cases = {
     "tmp": ("for i in 1 2 3; do head -c 20000000 /dev/zero > /tmp/f$i || exit 9; done", {"tmp_mb": 32}),

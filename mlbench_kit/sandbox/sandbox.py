@@ -145,7 +145,7 @@ class Sandbox:
         self.staged_s = 0.0
         self._runner_python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else os.path.realpath(
             sys.executable)
-        # one policy (eval/sandbox/seccomp.py): JSON for containers, BPF for bwrap
+        # one policy (mlbench_kit/sandbox/seccomp.py): JSON for containers, BPF for bwrap
         self._seccomp = self.engine.seccomp(self.root)
         if self._seccomp is not None:
             self._seccomp.chmod(0o644)
