@@ -116,7 +116,10 @@ def restate(path: Path, shared: Path, warmup: int = 2) -> list[dict]:
     the real lengths, the sequence length and the number of rows), so the seconds are tokens / tokens_per_s."""
     lengths = task3_lengths(shared)
     out = []
-    for r in json.loads(path.read_text()):
+    doc = json.loads(path.read_text())
+    for r in doc["results"] if isinstance(doc, dict) else doc:  # results since 2026-11-25 carry their versions
+        if "error" in r:
+            continue
         shape = SHAPES[r["model"]]
         all_lengths, rows = select_rows(lengths, r["seq_len"], r["steps"] + warmup, r.get("packed", True))
         timed = [[all_lengths[i] for i in row] for row in rows[warmup:]]
@@ -139,7 +142,31 @@ LEVERS = {  # one change each against the recipe's defaults (the baseline), as T
     "no-ckpt": {"gradient_checkpointing": False},
     "fused-loss": {"fused_linear_loss": True},
     "compile": {"compile": True},
+    "liger": {"liger_kernels": True},  # Liger-Kernel's Triton RMSNorm, SwiGLU and RoPE (CUDA)
 }
+
+
+def lever_change(lever: str) -> dict:
+    """A lever's TrainConfig change; ``a+b`` combines levers (``fused-loss+ckpt-every-2``)."""
+    change: dict = {}
+    for part in lever.split("+"):
+        if part not in LEVERS:
+            raise SystemExit(f"unknown lever {part!r} in {lever!r}: choose from {', '.join(LEVERS)} (join with +)")
+        change |= LEVERS[part]
+    return change
+
+
+def versions() -> dict:
+    """The stack that ran: the bench's numbers belong to these versions."""
+    from importlib import metadata
+    out = {"python": sys.version.split()[0], "torch_cuda": torch.version.cuda}
+    for name in ("torch", "transformers", "peft", "accelerate", "triton", "bitsandbytes", "liger-kernel",
+                 "flash-attn"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
 
 
 def _peak_rss_gib() -> float | None:
@@ -166,7 +193,7 @@ def run_one(name: str, shape: dict, mode: str, folder: Path, lengths: list[int],
         resolve_attention,
         resolve_precision,
     )
-    change = dict(LEVERS[lever])
+    change = lever_change(lever)
     fields = {"gradient_checkpointing": True, "loss_chunk_tokens": loss_chunk, "attn_implementation": attention}
     cfg = TrainConfig(model=str(folder), quantization="nf4" if mode == "qlora" else None, **(fields | change))
     precision = resolve_precision("auto")
@@ -242,9 +269,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=list(SHAPES), choices=[*SHAPES, *SMALL])
     ap.add_argument("--modes", nargs="+", default=["lora", "qlora"], choices=["lora", "qlora"])
-    ap.add_argument("--levers", nargs="+", default=["baseline"], choices=list(LEVERS),
-                    help="runs, each one change against the recipe's defaults, timed in this order (a name may "
-                         "repeat: a second baseline at the end shows the machine's drift)")
+    ap.add_argument("--levers", nargs="+", default=["baseline"], metavar="LEVER[+LEVER]",
+                    help=f"runs, each one change against the recipe's defaults, timed in this order (a name may "
+                         f"repeat: a second baseline at the end shows the machine's drift); a+b combines levers. "
+                         f"Levers: {', '.join(LEVERS)}")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--toy", action="store_true", help="a toy shape (CPU, CI)")
@@ -259,7 +287,10 @@ def main() -> None:
     if a.restate:
         print(json.dumps(restate(a.restate, Path(a.shared)), indent=2))
         return
+    for lever in a.levers:
+        lever_change(lever)  # an unknown name stops here, before a 7B model is built
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    print(json.dumps({"versions": versions()}), flush=True)
     lengths = task3_lengths(Path(a.shared))
     shapes = {"toy": TOY} if a.toy else {m: (SHAPES | SMALL)[m] for m in a.models}
     results = []
@@ -272,15 +303,20 @@ def main() -> None:
                     # a fresh process each: peak memory (the GPU's, or the CPU's resident set, which the
                     # allocator never gives back) and compiled code are the run's own
                     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-                        r = pool.submit(run_one, name, shape, mode, folder, lengths, a.steps, a.warmup, device,
-                                        a.loss_chunk, not a.unpacked, a.attention, lever, a.seq_len).result()
+                        try:
+                            r = pool.submit(run_one, name, shape, mode, folder, lengths, a.steps, a.warmup,
+                                            device, a.loss_chunk, not a.unpacked, a.attention, lever,
+                                            a.seq_len).result()
+                        except Exception as exc:  # noqa: BLE001 - an OOM or a lever that fails is a result
+                            r = {"model": name, "mode": mode, "lever": lever, "change": lever_change(lever),
+                                 "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
                     results.append(r)
                     print(json.dumps(r), flush=True)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
     print(table(results), file=sys.stderr)
     if a.out:
-        Path(a.out).write_text(json.dumps(results, indent=2))
+        Path(a.out).write_text(json.dumps({"versions": versions(), "results": results}, indent=2))
 
 
 def table(results: list[dict]) -> str:
@@ -288,11 +324,14 @@ def table(results: list[dict]) -> str:
     baseline of its model and mode in the same run."""
     base: dict[tuple[str, str], dict] = {}
     for r in results:
-        if r["lever"] == "baseline":
+        if r["lever"] == "baseline" and "error" not in r:
             base.setdefault((r["model"], r["mode"]), r)
     lines = ["| model | mode | lever | tokens/s | × baseline | peak GiB | × baseline | MFU | HFU "
              "| attention (packed rows) | recomputed layers | loss | device |", "|" + "---|" * 13]
     for r in results:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['mode']} | {r['lever']} | failed: {r['error'][:120]} |" + " |" * 9)
+            continue
         b = base.get((r["model"], r["mode"]))
         mem_key = "peak_mem_gib" if r["peak_mem_gib"] is not None else "peak_rss_gib"
         mem = r[mem_key]

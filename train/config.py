@@ -115,6 +115,9 @@ class TrainConfig:
     # lm_head inside those chunks (train/loss.py: LinearLoss, a torch-native fused linear cross-entropy): no
     # [T, vocab] logits at all, nor accelerate's fp32 copy of them
     fused_linear_loss: bool = False
+    # Liger-Kernel's Triton RMSNorm, SwiGLU and RoPE in place of transformers' (CUDA only; the liger-kernel
+    # package, in the gpu extra): fewer kernel launches and saved activations per layer (train/model.py: add_lora)
+    liger_kernels: bool = False
     seed: int = 42
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
@@ -152,7 +155,7 @@ class TrainConfig:
 
 
 # how a step runs, not what it computes (tests hold each to the default's losses and gradients)
-SPEED_KEYS = frozenset({"gradient_checkpointing_every_n_layers", "compile", "fused_linear_loss"})
+SPEED_KEYS = frozenset({"gradient_checkpointing_every_n_layers", "compile", "fused_linear_loss", "liger_kernels"})
 
 
 # Short command-line flags for the keys people change most; anything else goes through --set a.b=value.

@@ -43,11 +43,16 @@ def choose_attention(requested: str, capability: tuple[int, int] | None, install
     ``capability``: the CUDA device's compute capability, None without a GPU; ``installed``: the flash kernels
     transformers can load (``flash_attention_2``, ``flash_attention_3``). auto picks FA3 on Hopper when it is
     installed, else FA2 on Ampere or newer when installed (packed rows then run varlen, with no [L, L] mask),
-    else sdpa. An explicit flash request that this machine cannot run is an error, not a silent fallback."""
-    fa2 = capability is not None and capability >= FA2_MIN_CAPABILITY and "flash_attention_2" in installed
+    else flex_attention on Ampere or newer (packed rows as a BlockMask: 1.31x SDPA's dense mask alone, 1.86x with
+    ``compile``, for CodeLlama-7b LoRA at 8k on an H100, bench/results/2026-11-25-gpu-levers-h100.md), else sdpa
+    (CPU, where flex has no backward). An explicit request that this machine cannot run is an error, not a
+    silent fallback."""
+    ampere = capability is not None and capability >= FA2_MIN_CAPABILITY
+    fa2 = ampere and "flash_attention_2" in installed
     fa3 = capability is not None and capability[0] == FA3_CAPABILITY_MAJOR and "flash_attention_3" in installed
     if requested == "auto":
-        return "flash_attention_3" if fa3 else "flash_attention_2" if fa2 else "sdpa"
+        return ("flash_attention_3" if fa3 else "flash_attention_2" if fa2 else "flex_attention" if ampere
+                else "sdpa")
     where = f"compute capability {capability[0]}.{capability[1]}" if capability else "no CUDA GPU"
     if requested == "flash_attention_2" and not fa2:
         why = "flash-attn is not installed" if "flash_attention_2" not in installed else f"this machine has {where}"
@@ -112,6 +117,8 @@ def add_lora(model: Any, cfg: TrainConfig) -> Any:
     if missing:
         raise MLBenchError(f"LoRA target modules {missing} are not in this model", "lora.target_modules",
                            f"modules it has include: {sorted(m for m in present if m.endswith('proj'))[:12]}")
+    if cfg.liger_kernels:
+        apply_liger(model)
     no_reentrant = {"use_reentrant": False}
     if cfg.quantization:
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=cfg.gradient_checkpointing,
@@ -124,6 +131,30 @@ def add_lora(model: Any, cfg: TrainConfig) -> Any:
     peft_cfg = LoraConfig(r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout, target_modules=list(lc.target_modules),
                           task_type="CAUSAL_LM")
     return get_peft_model(model, peft_cfg)
+
+
+LIGER_PIN = "liger-kernel==0.8.5"  # the version measured (bench/results/2026-11-25-gpu-levers-h100.md)
+
+
+def apply_liger(model: Any) -> None:
+    """Liger-Kernel's Triton RMSNorm, SwiGLU MLP and RoPE on a loaded base model, before LoRA wraps it (its
+    instance patch rebinds the modules' forwards, so the LoRA layers inside the MLP still run). Its loss kernels
+    stay off: the recipe's own chunked or fused linear loss computes the loss. Triton's kernels need CUDA."""
+    if next(model.parameters()).device.type != "cuda" and not torch.cuda.is_available():
+        raise MLBenchError("liger_kernels: true needs a CUDA GPU (Liger's kernels are Triton kernels)",
+                           "liger_kernels", "set liger_kernels: false on CPU")
+    try:
+        from liger_kernel.transformers import _apply_liger_kernel_to_instance
+        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+    except ImportError as exc:
+        raise MLBenchError(f"liger_kernels: true, but liger-kernel is not importable ({exc})", "liger_kernels",
+                           f"pip install '{LIGER_PIN}' (or set liger_kernels: false)") from None
+    kind = getattr(model.config, "model_type", None)
+    if kind not in MODEL_TYPE_TO_APPLY_LIGER_FN:
+        raise MLBenchError(f"Liger-Kernel has no kernels for model type {kind!r}", "liger_kernels",
+                           "set liger_kernels: false for this model")
+    _apply_liger_kernel_to_instance(model=model, rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+                                    fused_linear_cross_entropy=False)
 
 
 def decoder_layers(model: Any) -> list[Any]:

@@ -111,10 +111,17 @@ def test_bench_toy_run_reports_mfu_inputs_and_the_kernel_that_ran(tmp_path, shar
     out = tmp_path / "r.json"
     r = subprocess.run([sys.executable, "bench/gpu_train.py", "--toy", "--modes", "lora", "--steps", "1",
                         "--warmup", "1", "--attention", "sdpa", "--shared", str(shared), "--out", str(out),
-                        "--levers", "baseline", "no-ckpt", "ckpt-every-2", "fused-loss"],
+                        "--levers", "baseline", "no-ckpt", "ckpt-every-2", "fused-loss", "fused-loss+ckpt-every-2",
+                        "liger"],
                        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    res, nockpt, every2, fused = json.loads(out.read_text())
+    doc = json.loads(out.read_text())
+    assert doc["versions"]["torch"] == torch.__version__.split("+")[0] or doc["versions"]["torch"] == torch.__version__
+    res, nockpt, every2, fused, both, liger = doc["results"]
+    # levers combine; a lever that cannot run here is a row saying why, and the other rows still ran
+    assert both["change"] == {"fused_linear_loss": True, "gradient_checkpointing_every_n_layers": 2}
+    assert both["checkpointed_layers"] == 1 and both["loss_impl"] == "fused_linear"
+    assert "needs a CUDA GPU" in liger["error"] and "| toy | lora | liger | failed: " in r.stderr
     assert res["attention"] == "sdpa" and res["attention_packed"] in ("dense_mask", "unpacked")
     assert res["mfu"] is None and "no dense bf16 peak known for 'cpu'" in res["mfu_note"]
     assert res["model_tflops_per_s"] > 0 and res["hardware_tflops_per_s"] > res["model_tflops_per_s"]

@@ -384,13 +384,15 @@ FA2, FA3 = "flash_attention_2", "flash_attention_3"
 
 @pytest.mark.parametrize("capability, installed, expected", [
     (None, {FA2, FA3}, "sdpa"),  # no GPU
-    ((7, 5), {FA2}, "sdpa"),  # Turing: FA2 would fail at the first forward
+    ((7, 5), {FA2}, "sdpa"),  # Turing: FA2 would fail at the first forward, flex is not measured there
     ((8, 0), {FA2}, FA2),  # A100
     ((8, 9), {FA2, FA3}, FA2),  # L40S: FA3 is Hopper-only
     ((9, 0), {FA2}, FA2),  # H100 without FA3
     ((9, 0), {FA2, FA3}, FA3),
     ((9, 0), {FA3}, FA3),
-    ((9, 0), set(), "sdpa"),
+    ((9, 0), set(), "flex_attention"),  # no flash kernels: flex's BlockMask (1.31x SDPA's dense mask, H100)
+    ((8, 0), set(), "flex_attention"),
+    ((7, 5), set(), "sdpa"),
     ((10, 0), {FA2, FA3}, FA2),  # Blackwell: FA3's Hopper kernels do not run there
 ])
 def test_auto_attention_follows_the_gpu_generation(capability, installed, expected):
