@@ -7,7 +7,7 @@ import io
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mlbench_kit.escape import csv_cell, mathtext_literal
+from mlbench_kit.escape import csv_cell, mathtext_literal, visible
 from mlbench_kit.io import write_atomic
 from mlbench_kit.markdown import fmt_rate, md_code, md_text
 from mlbench_kit.records import ERROR_CLASSES
@@ -154,6 +154,11 @@ def _gold(s: Setting) -> dict[str, Any]:
     return s.summaries[0]["gold_ceiling"].get("ALL", {"rows": 0, "param_ok": 0, "type_ok": 0, "both": 0})
 
 
+def _label(text: str) -> str:
+    """A run's or a repository's name as a plot label: as typed (no mathtext), control characters as escapes."""
+    return mathtext_literal(visible(text, keep=""))
+
+
 _ZERO_LW = 2.5  # points: the marker a zero bar gets, so that it reads as measured 0, not missing
 
 
@@ -199,7 +204,7 @@ def pass_figure(settings: list[Setting], ks: list[int]) -> Any:
     """report.png's figure: Pass@k per setting with its intervals; parameter hits and type accuracy."""
     import matplotlib.pyplot as plt
 
-    labels = [mathtext_literal(s.label) + ("\n(INCOMPLETE)" if s.incomplete else "") for s in settings]
+    labels = [_label(s.label) + ("\n(INCOMPLETE)" if s.incomplete else "") for s in settings]
     colors = [f"C{i}" for i in range(10)]  # the default cycle, named
     fig, axes = plt.subplots(1, 2, figsize=(max(8.0, 2.0 * len(settings) + 3), 4.4), layout="constrained")
     pk = f"Pass@{ks[0]}" if len(ks) == 1 else "Pass@k"
@@ -236,9 +241,9 @@ def repo_figure(settings: list[Setting], ks: list[int]) -> Any:
     for i, s in enumerate(settings):
         got = [s.metric(metric, ("per_repo", g)) for g in repos]
         _bars(ax, [r + i * h for r in range(len(repos))], [v for v, _ in got], [r for _, r in got], h,
-              mathtext_literal(s.label) + (" (INCOMPLETE)" if s.incomplete else ""), colors[i % len(colors)],
+              _label(s.label) + (" (INCOMPLETE)" if s.incomplete else ""), colors[i % len(colors)],
               horizontal=True)
-    ax.set_yticks([r + 0.4 - h / 2 for r in range(len(repos))], [mathtext_literal(r) for r in repos], fontsize=8)
+    ax.set_yticks([r + 0.4 - h / 2 for r in range(len(repos))], [_label(r) for r in repos], fontsize=8)
     ax.invert_yaxis()  # repositories top to bottom in name order, settings in the order given
     ax.set_xlim(0, 1.15)
     ax.set_xticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])

@@ -323,3 +323,5 @@ def test_report_shows_untrusted_text_as_typed_in_every_format(tmp_path: Path, mo
         shown, math = t._preprocess_math(t.get_text())
         assert not math, t.get_text()
     assert any(t._preprocess_math(t.get_text())[0] == "$\\frac{$" for t in texts)
+    assert any("\\x1b[2J\\rA" in t.get_text() for t in texts)
+    assert not [t.get_text() for t in texts if any(ord(c) < 32 and c != "\n" for c in t.get_text())]
