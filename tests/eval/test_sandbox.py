@@ -447,6 +447,59 @@ def test_local_backend_passes_its_probe_and_scores(tmp_path):
     assert summary["backend"] == "local" and summary["metrics"]["overall"]["pass@1"] == 1.0
 
 
+@pytest.mark.integration  # podman, as the other podman cases
+def test_podman_helpers_stay_out_of_the_execution_and_no_container_outlives_it(base_image, monkeypatch):
+    """Issue 30 item 7: as root, conmon (and the `podman cleanup` it runs) sat in the execution's cgroup, charged to
+    the answer and OOM-killed with it; a timed-out compat run was killed with its conmon and left its container."""
+    if base_image is None:
+        pytest.skip("podman needs root and its base image")
+    from mlbench_kit.sandbox import cgroups
+    from mlbench_kit.sandbox.engines import ENGINES
+    made, names, helpers = [], [], {}
+    create, stop = cgroups.ExecCgroup.create, ENGINES["podman"].stop
+
+    def record(*a, **kw):  # the real cgroup and the real stop, observed
+        made.append(create(*a, **kw))
+        return made[-1]
+
+    def record_stop(name, proc, cg):
+        names.append(name)
+        return stop(name, proc, cg)
+
+    monkeypatch.setattr(cgroups.ExecCgroup, "create", record)
+    monkeypatch.setattr(ENGINES["podman"], "stop", record_stop)
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.05):
+            for p in psutil.process_iter(["name", "cmdline"]):
+                try:
+                    cmd = " ".join(p.info["cmdline"] or [])
+                    if (p.info["name"] == "conmon" or " cleanup " in cmd) and "mlbench-" in cmd:
+                        helpers[p.pid] = Path(f"/proc/{p.pid}/cgroup").read_text()
+                except (psutil.Error, OSError):
+                    continue
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    env = Env("toybench", REPO, image=base_image)
+    with Sandbox("podman") as sb:
+        if not sb.cgroups:
+            pytest.skip("no per-execution cgroups here")
+        ok = sb.run(Job("sleep 1.5; echo done", True, env, "./"), Limits())
+        late = sb.run(Job("sleep 60", True, env, "./"), Limits(wall_s=3), drain=False)  # compat: a timeout
+    done.set()
+    t.join()
+    assert ok.exit_code == 0 and "done" in ok.log and late.timed_out
+    assert helpers, "conmon was never seen"
+    ours = {d.name for cg in made for d in cg.dirs.values()}  # each execution's cgroup: a random 12-hex name
+    inside = {pid: text for pid, text in helpers.items() if any(f"/{n}" in text for n in ours)}
+    assert not inside, f"podman's helpers in the execution's cgroup: {inside}"
+    left = subprocess.run(["podman", "ps", "-a", "--format", "{{.Names}} {{.Status}}"], capture_output=True,
+                          text=True).stdout
+    assert not [ln for ln in left.splitlines() if ln.split()[0] in names], left
+
+
 def test_one_engine_per_backend(tmp_path):
     """Each --backend is one engine from the registry; what each decides (isolation, image, cgroup, staging) and the
     command it starts, docker's and apptainer's included, which no test here executes."""
