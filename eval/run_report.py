@@ -52,7 +52,7 @@ def render_run_report(summary: dict[str, Any]) -> str:
             "None: no scored sample is a gold-valid row."]
         excluded = sorted(gv["excluded"].items())
         lines += ["", "Excluded rows, by cause:" if excluded else "Excluded rows: none.", ""]
-        lines += [f"- {cause}: {len(keys)} rows (first: {keys[:6]})" for cause, keys in excluded]
+        lines += [f"- {md_text(str(cause))}: {len(keys)} rows (first: {keys[:6]})" for cause, keys in excluded]
     g = summary["gold_ceiling"]
     lines += ["", "## Gold ceiling (ground truth under the benchmark's parameter and type checks)", "",
               "| repository | rows | param ok | type ok | both |", "|---|---|---|---|---|"]

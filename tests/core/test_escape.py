@@ -41,3 +41,13 @@ def test_mathtext_literal_is_drawn_as_typed() -> None:
         fig = Figure()
         fig.text(0, 0, mathtext_literal(typed))
         FigureCanvasAgg(fig).draw()  # a mathtext parse error would raise here
+
+
+def test_prep_stats_show_a_repository_name_as_typed() -> None:
+    """A row's repository name is any plain path component: `<img onerror=…>` or an ESC went raw into stats.md."""
+    from mlbench_kit.data_prep.stats import prompt_stats, prompt_stats_markdown
+    name = "<img src=x onerror=alert(1)>\x1b[2J|x"
+    rec = {"repo": name, "total_tokens": 10, "context_tokens": 5, "context_chars": 20, "truncated": False}
+    md = prompt_stats_markdown(prompt_stats({("test", 1): [rec]}), True)
+    assert "<img" not in md and "\x1b" not in md
+    assert "| test | 1 | &lt;img src=x onerror=alert(1)&gt;\\x1b[2J\\|x | 1 |" in md
