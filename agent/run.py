@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mlbench_kit.chat_template import render_chat
 from mlbench_kit.dataset import Sample, load_samples
 from mlbench_kit.engine import Engine, GenParams, GenRequest
 from mlbench_kit.errors import MLBenchError
@@ -134,8 +135,7 @@ def make_encoder(tokenizer: Any, template: str) -> tuple[Any, str]:
 
     def encode(text: str) -> list[int]:
         if chat:
-            text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                                 add_generation_prompt=True)
+            text = render_chat(tokenizer, [{"role": "user", "content": text}])
             return prompt_ids(tokenizer, text, "chat")
         return prompt_ids(tokenizer, text, "plain")
     return encode, "chat" if chat else "plain"

@@ -6,6 +6,8 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
+from mlbench_kit.markdown import md_text
+
 
 def prompt_stats(records_by: dict[tuple[str, int], list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """One row per (split, task, repository) plus an ``ALL`` row per (split, task)."""
@@ -43,5 +45,5 @@ def prompt_stats_markdown(rows: list[dict[str, Any]], tokenized: bool, budget: s
     lines.append("| " + " | ".join(cols) + " |")
     lines.append("|" + "---|" * len(cols))
     for r in rows:
-        lines.append("| " + " | ".join("" if r[c] is None else str(r[c]) for c in cols) + " |")
+        lines.append("| " + " | ".join("" if r[c] is None else md_text(str(r[c])) for c in cols) + " |")
     return "\n".join(lines) + "\n"

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from mlbench_kit.chat_template import render_chat
 from mlbench_kit.errors import MLBenchError
 
 TEMPLATES = ("paper", "llama-inst", "chat")
@@ -67,6 +68,6 @@ def render(template: str, instruction: str, context: str, output: str, sample_ty
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise MLBenchError("template 'chat' needs a tokenizer with a chat template", "--template chat",
                                "pass --tokenizer with a chat model's tokenizer, or use --template paper/llama-inst")
-        prompt = tokenizer.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True)
+        prompt = render_chat(tokenizer, messages[:1])
         return Rendered(prompt, assistant.strip(), messages)
     raise MLBenchError(f"unknown template {template!r}", "--template", f"use one of {TEMPLATES}")

@@ -149,8 +149,15 @@ def param_hits_strict(output: str, arguments: dict[str, str]) -> dict[str, bool]
     """
     tokens = _shell_tokens(output) if runs_as_shell(output) else None
     opts = option_values(tokens) if tokens is not None else {}
-    owned = [(_norm(o) if o else None, t) for o, t in _owned(tokens)] if tokens is not None else [(None, output)]
-    text = " ".join(tokens) if tokens is not None else output
+    owned: list[tuple[str | None, str]] = ([(_norm(o) if o else None, t) for o, t in _owned(tokens)]
+                                           if tokens is not None else [(None, output)])
+    text = (" ".join(tokens) if tokens is not None else output).lower()
+    # read once, looked up per argument: the output's cost stays linear in its length, whatever the row's arguments
+    by_owner: dict[str, list[str]] = {}
+    for owner, t in owned:
+        if owner:
+            by_owner.setdefault(owner, []).append(t.lower())
+    numbers = _numbers(owned)
     hits = {}
     for k, v in arguments.items():
         v = str(v).strip()
@@ -171,13 +178,33 @@ def param_hits_strict(output: str, arguments: dict[str, str]) -> dict[str, bool]
                 hits[k] = any(_same_value(x, v) for x in own) or _same_value(" ".join(own), v)
             else:
                 hits[k] = any(_whole(x, v.strip("'\"")) for x in [*own, " ".join(own)]) or any(
-                    v.lower() in t.lower() for owner, t in owned if owner and owner != key and related(key, owner))
+                    v.lower() in t for owner, ts in by_owner.items() if owner != key and related(key, owner)
+                    for t in ts)
         elif num is not None:
-            hits[k] = any(number_in(t, num) for owner, t in owned
-                          if owner is None or related(key, owner) or _num(t) is None)
+            free, owners = numbers.get(num, (False, set()))
+            hits[k] = free or any(related(key, owner) for owner in owners)
         else:
-            hits[k] = v.lower() in text.lower()
+            hits[k] = v.lower() in text
     return hits
+
+
+def _numbers(owned: list[tuple[str | None, str]]) -> dict[float, tuple[bool, set[str]]]:
+    """Each number literal's value in the output (as :func:`number_in` reads them): whether it occurs where any
+    key may claim it (outside an option's value, or inside a value that is not itself a number), and else the
+    options whose bare value it is (a key claims those only if it can name the option)."""
+    out: dict[float, tuple[bool, set[str]]] = {}
+    for owner, t in owned:
+        free = owner is None or _num(t) is None
+        for m in _NUMBER.findall(t):
+            for x in {_num(m), _num(m.lstrip("+-"))}:
+                if x is None:
+                    continue
+                was_free, owners = out.setdefault(x, (False, set()))
+                if free:
+                    out[x] = (True, owners)
+                elif not was_free and owner is not None:
+                    owners.add(owner)
+    return out
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from mlbench_kit.envspec import load_recipes
 from mlbench_kit.errors import MLBenchError
+from mlbench_kit.escape import visible
 from mlbench_kit.io import read_jsonl_tolerant, write_atomic, write_json_atomic
 from mlbench_kit.untar import DEFAULT_MAX_BYTES, DEFAULT_MAX_MEMBERS, Limits
 
@@ -152,7 +153,7 @@ def _list(args: Namespace) -> int:
         meta = json.loads(meta_f.read_text()) if meta_f.is_file() else {}
         miss = len(meta.get("missing_assets", [])) if meta else "-"
         why = status[r.repo]
-        note = "" if why is None else why[:70]
+        note = "" if why is None else visible(why[:70], keep="")
         print(f"{r.repo:28} {r.hash:12} {r.python:7} {'yes' if meta else 'no':6} {miss!s:15} {note}")
     return 0
 
@@ -181,7 +182,7 @@ def _check(args: Namespace) -> int:
                       f"{warm_summary(sb.warm(env))}")
             except MLBenchError as exc:
                 bad += 1
-                print(f"{name:28} FAIL  {exc.what.splitlines()[0]}")
+                print(f"{name:28} FAIL  {visible(exc.what.splitlines()[0])}")
     return 1 if bad else 0
 
 

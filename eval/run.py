@@ -22,6 +22,7 @@ from typing import Any
 from mlbench_kit.config import flag_overrides
 from mlbench_kit.dataset import Sample, load_samples
 from mlbench_kit.errors import MLBenchError
+from mlbench_kit.escape import visible
 from mlbench_kit.eval_config import BACKENDS, MODES, EvalConfig, load_eval_config
 from mlbench_kit.io import (
     AppendLog,
@@ -321,8 +322,8 @@ def _execute(cfg: EvalConfig, threads: int, samples: dict, gens: Any, out: Path)
                 warmed = dict(zip(used, pool.map(sandbox.warm, [env for env, _ in used.values()]), strict=True))
             for repo, (env, probe) in used.items():
                 warm = warmed[repo]
-                print(f"eval: environment {repo}: python {probe['version']} ({probe['python']}) ok in the "
-                      f"{cfg.backend} sandbox; limits: {sandbox.limits_mode}; {warm_summary(warm)}",
+                print(visible(f"eval: environment {repo}: python {probe['version']} ({probe['python']}) ok in the "
+                              f"{cfg.backend} sandbox; limits: {sandbox.limits_mode}; {warm_summary(warm)}"),
                       file=sys.stderr)
                 if any(not w.compiled and not w.error for w in warm):
                     fix = (f"rebuild it: mlbench env build {repo}" if env.recipe else
@@ -496,7 +497,7 @@ def _fault_exit(out: Path, n_faults: int) -> int:
     first = read_jsonl_tolerant(out / "faults.jsonl")[0]
     stopped = f" (stopped after {MAX_FAULTS})" if n_faults >= MAX_FAULTS else ""
     print(f"error: {n_faults} generations were not scored{stopped}: the environment or the sandbox failed, not the "
-          f"model (first: github_id={first['github_id']} id={first['id']}: {first['fault']})\n"
+          f"model (first: github_id={first['github_id']} id={first['id']}: {visible(str(first['fault']))})\n"
           f"  fix: see {out / 'faults.jsonl'}; after fixing, re-run the same command (only those run again)",
           file=sys.stderr)
     return 3

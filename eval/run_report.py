@@ -28,7 +28,7 @@ def render_run_report(summary: dict[str, Any]) -> str:
     if unscored:
         lines += [f"**INCOMPLETE**: Pass@k below is over {m['overall']['samples']} samples; {len(unscored)} samples "
                   "with outputs that have no verdict (environment or sandbox faults) are reported apart, never "
-                  "scored over their remaining outputs: " + ", ".join(f"{u['github_id']}/{u['id']}"
+                  "scored over their remaining outputs: " + ", ".join(md_text(f"{u['github_id']}/{u['id']}")
                                                                        for u in unscored[:10]) + ".", ""]
     lines += [f"Generations: {md_code(str(summary['generations']))}; {summary['n']} outputs per sample; "
              f"{summary['executions']} executions run, {summary['cached_executions']} reused"
@@ -46,18 +46,18 @@ def render_run_report(summary: dict[str, Any]) -> str:
     gv = summary.get("gold_valid")
     if gv:
         lines += ["", f"## Gold-valid rows ({gv['rows']} rows whose own answer passes in its environment)", "",
-                  f"From `{gv['source']}`. The table above is the paper's number, over all rows; this one is what a "
-                  "model can actually be credited for.", ""]
+                  f"From {md_code(str(gv['source']))}. The table above is the paper's number, over all rows; this "
+                  "one is what a model can actually be credited for.", ""]
         lines += [head, sep, _row("**gold-valid**", gv["metrics"], ks)] if gv["metrics"] else [
             "None: no scored sample is a gold-valid row."]
         excluded = sorted(gv["excluded"].items())
         lines += ["", "Excluded rows, by cause:" if excluded else "Excluded rows: none.", ""]
-        lines += [f"- {cause}: {len(keys)} rows (first: {keys[:6]})" for cause, keys in excluded]
+        lines += [f"- {md_text(str(cause))}: {len(keys)} rows (first: {keys[:6]})" for cause, keys in excluded]
     g = summary["gold_ceiling"]
     lines += ["", "## Gold ceiling (ground truth under the benchmark's parameter and type checks)", "",
               "| repository | rows | param ok | type ok | both |", "|---|---|---|---|---|"]
     for repo, c in g.items():
-        lines.append(f"| {repo} | {c['rows']} | {c['param_ok']} | {c['type_ok']} | {c['both']} |")
+        lines.append(f"| {md_text(repo)} | {c['rows']} | {c['param_ok']} | {c['type_ok']} | {c['both']} |")
     if summary.get("per_sample"):
         lines += ["", "## Per-sample outcomes", "",
                   "Outputs passed (1 per output, in order), and the best output: the arguments it got right (+) and "
@@ -65,8 +65,8 @@ def render_run_report(summary: dict[str, Any]) -> str:
         for s in summary["per_sample"]:
             marks = "".join("1" if p else "0" for p in s["passed"])
             args = md_text(" ".join(("+" if ok else "-") + k for k, ok in s["hits"].items()))
-            lines.append(f"| {s['id']} | {marks} | {md_text(s['instruction'], 110)} | {md_code(s['best'], 110)} "
-                         f"| {args} |")
+            lines.append(f"| {md_text(str(s['id']))} | {marks} | {md_text(s['instruction'], 110)} "
+                         f"| {md_code(s['best'], 110)} | {args} |")
     notes = summary["notes"]
     lines += ["", "## Notes", ""] + [f"- {md_text(n)}" for n in notes]
     return "\n".join(lines) + "\n"

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from mlbench_kit.chat_template import render_chat
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.hf import prompt_ids
 from mlbench_kit.records import read_prep_records
@@ -78,7 +79,7 @@ def check_chat_template(item: PromptItem, tokenizer: Any) -> None:
         raise MLBenchError("the prompts were rendered with a chat template but this model's tokenizer has none",
                            item.where, "re-run `mlbench prep --template paper` (or llama-inst) for this model, "
                                        "or pass a tokenizer with a chat template")
-    again = tokenizer.apply_chat_template(item.messages, tokenize=False, add_generation_prompt=True)
+    again = render_chat(tokenizer, item.messages)
     if again != item.text:
         raise MLBenchError("the prompt differs from this model's chat template rendering", item.where,
                            "re-run `mlbench prep --template chat --tokenizer <this model>`")

@@ -43,21 +43,37 @@ class Sample:
         return (self.github_id, self.id)
 
 
+# the most a row may ask for: the paper's rows have at most 29 arguments in 642 characters; every argument costs a
+# pass over each output in strict mode's check, so a row's cost per output is bounded here
+MAX_ARGUMENTS = 256
+MAX_ARGUMENTS_CHARS = 65536
+
+
 def parse_arguments(value: Any, where: str) -> dict[str, str]:
-    """Parse the ``arguments`` column: a Python-literal dict string (never ``eval``), or a dict."""
+    """Parse the ``arguments`` column: a Python-literal dict string (never ``eval``), or a dict; at most
+    ``MAX_ARGUMENTS`` of them, in at most ``MAX_ARGUMENTS_CHARS`` characters."""
+    fix = f"a row names the parameters its instruction asks for: at most {MAX_ARGUMENTS}, in {MAX_ARGUMENTS_CHARS} " \
+          "characters; fix or drop the row"
+    if isinstance(value, str) and len(value) > MAX_ARGUMENTS_CHARS:
+        raise MLBenchError(f"`arguments` holds {len(value)} characters", where, fix)
     if isinstance(value, dict):
         parsed = value
     elif isinstance(value, str):
         try:
             parsed = ast.literal_eval(value) if value.strip() else {}
-        except (ValueError, SyntaxError) as exc:
+        except (ValueError, SyntaxError, RecursionError, MemoryError) as exc:
             raise MLBenchError(f"`arguments` is not a Python-literal dict: {value[:80]!r} ({exc.__class__.__name__})",
                                where, "write it like \"{'dataset': 'cora', 'lr': '0.01'}\"") from None
     else:
         raise MLBenchError(f"`arguments` must be a string or dict, got {type(value).__name__}", where)
     if not isinstance(parsed, dict):
         raise MLBenchError(f"`arguments` must be a dict, got {type(parsed).__name__}: {value!r:.80}", where)
-    return {str(k): str(v) for k, v in parsed.items()}
+    if len(parsed) > MAX_ARGUMENTS:
+        raise MLBenchError(f"`arguments` names {len(parsed)} parameters", where, fix)
+    out = {str(k): str(v) for k, v in parsed.items()}
+    if sum(len(k) + len(v) for k, v in out.items()) > MAX_ARGUMENTS_CHARS:
+        raise MLBenchError(f"`arguments` holds more than {MAX_ARGUMENTS_CHARS} characters", where, fix)
+    return out
 
 
 def repo_name(github: str, github_id: int) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .escape import visible
+
 
 class MLBenchError(Exception):
     """A user-facing error. The CLI prints it as one block and exits with status 2."""
@@ -11,5 +13,7 @@ class MLBenchError(Exception):
         super().__init__(self.render())
 
     def render(self) -> str:
+        """The message as a terminal shows it: what an input held (a row's text, a file's value) cannot move the
+        cursor, recolour or rewrite the line, since its control characters are shown as escapes."""
         head = f"{self.where}: {self.what}" if self.where else self.what
-        return head + (f"\n  fix: {self.fix}" if self.fix else "")
+        return visible(head + (f"\n  fix: {self.fix}" if self.fix else ""))

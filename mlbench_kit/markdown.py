@@ -5,26 +5,26 @@ from __future__ import annotations
 
 import re
 
-# C0/C1 controls, DEL, line/paragraph separators and bidirectional overrides: a terminal or a viewer would act on
-# them (CR rewrites a line, ESC starts a sequence, U+202E reverses text)
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+from .escape import html, visible
+
+
+def _cell(text: str, limit: int | None) -> str:
+    text = text.strip().replace("\r\n", "\n").replace("\n", " ; ")
+    text = visible(text, keep="").replace("|", "\\|")
+    return text[:limit] if limit else text
 
 
 def md_text(text: str, limit: int | None = None) -> str:
     """``text`` as one markdown table cell: newlines as `` ; ``, ``|`` escaped, every control character shown as
-    an escape (``\\x1b``), cut to ``limit`` characters."""
-    text = text.strip().replace("\r\n", "\n").replace("\n", " ; ")
-    text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256 else f"\\u{ord(m.group()):04x}",
-                        text)
-    text = text.replace("|", "\\|")
-    return text[:limit] if limit else text
+    an escape (``\\x1b``), raw HTML shown as text (``&lt;``), cut to ``limit`` characters."""
+    return html(_cell(text, limit))
 
 
 def md_code(text: str, limit: int | None = None) -> str:
     """``text`` as an inline code span inside a table cell (fenced by more backticks than it holds); padded with a
     space inside the fence only where CommonMark needs one (the text starts or ends with a backtick), so that the
     source reads `like this`, not ` like this `. Empty text is ``–``."""
-    text = md_text(text, limit)
+    text = _cell(text, limit)  # a code span shows HTML as typed already
     if not text.strip():
         return "–"
     ticks = "`" * (max((len(r) for r in re.findall("`+", text)), default=0) + 1)

@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
+from .escape import visible
+
 _ENV_OFF = {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
 
 
@@ -150,7 +152,7 @@ def logs_to_file(path: Path | None, stage: str) -> Iterator[Console]:
         sys.stderr.flush()
         tail = path.read_text(errors="replace").splitlines()[-15:]
         print(f"{stage}: failed; the last lines of its log {path}:", file=term)
-        print("\n".join("  " + x for x in tail), file=term, flush=True)
+        print("\n".join("  " + visible(x, keep="\t") for x in tail), file=term, flush=True)
         raise
     finally:
         for k, v in env.items():

@@ -5,6 +5,7 @@ CVE-2025-4517 (3.11.7 among them) stops resolving once a chain of links exceeds 
 follows it: a crafted archive then writes anywhere the extracting user can. Here every member is checked by this
 module before anything is written, and nothing is extracted through ``tarfile``'s own extraction code:
 
+* pax and GNU long-name headers are bounded (size, and how many in a row) before ``tarfile`` reads them;
 * names are relative, hold no ``..``, are bounded (component and whole name), and are unique;
 * a member is a regular file, a folder, a symbolic link or a hard link (no devices, FIFOs, sparse files);
 * no member's path passes through a symbolic link of the archive (so no write can follow one);
@@ -38,6 +39,8 @@ DEFAULT_MAX_MEMBERS = 100_000
 MAX_NAME = 4096       # bytes of a whole member name
 MAX_COMPONENT = 255   # bytes of one path component (NAME_MAX)
 MAX_LINK_HOPS = 40    # like the kernel's ELOOP limit
+MAX_META = 64 << 10   # bytes of one pax or GNU long-name header (real ones hold well under 1 KiB)
+MAX_META_RUN = 16     # such headers in a row before one member (each is read, and held, while the next is parsed)
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,7 @@ def safe_extract(tar: str | Path, dest: str | Path, limits: Limits | None = None
     tar, dest = Path(tar), Path(dest)
     limits = limits or Limits()
     try:
-        with tarfile.open(tar) as tf:
+        with tarfile.open(tar, tarinfo=_BoundedInfo) as tf:
             plan = _check(tf, limits, under)
             dest.mkdir(parents=True, exist_ok=True)
             if any(dest.iterdir()):
@@ -72,8 +75,27 @@ def safe_extract(tar: str | Path, dest: str | Path, limits: Limits | None = None
         raise MLBenchError(f"refused member {member!r}: {exc.why}", str(tar),
                            "this tarball is unsafe or damaged: use the repository's own archive "
                            "(or raise --tar-max-mb / --tar-max-members if it is only large)") from None
-    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, lzma.LZMAError) as exc:
+    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, lzma.LZMAError, RecursionError) as exc:
         raise MLBenchError(f"not a readable tarball ({exc.__class__.__name__}: {exc})", str(tar)) from None
+
+
+_META_TYPES = {tarfile.GNUTYPE_LONGNAME: "GNU long-name", tarfile.GNUTYPE_LONGLINK: "GNU long-link",
+               tarfile.XHDTYPE: "pax", tarfile.XGLTYPE: "pax global", tarfile.SOLARIS_XHDTYPE: "pax"}
+
+
+class _BoundedInfo(tarfile.TarInfo):
+    """A member header whose pax or GNU long-name headers are bounded before they are read: ``tarfile`` reads such
+    a header's whole declared size into memory (a 10 MB gzip declares gigabytes) before any check here can run."""
+
+    def _proc_member(self, tf: tarfile.TarFile) -> tarfile.TarInfo:
+        kind = _META_TYPES.get(self.type)
+        run = getattr(tf, "_mlbench_meta_run", 0) + 1 if kind else 0
+        tf._mlbench_meta_run = run  # type: ignore[attr-defined]
+        if kind and self.size > MAX_META:
+            raise _Refused(self.name, f"a {kind} header of {self.size} bytes (at most {MAX_META})")
+        if run > MAX_META_RUN:
+            raise _Refused(self.name, f"more than {MAX_META_RUN} pax or long-name headers before one member")
+        return super()._proc_member(tf)  # type: ignore[misc]
 
 
 def _norm(m: tarfile.TarInfo) -> str:

@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from mlbench_kit.errors import MLBenchError
+from mlbench_kit.escape import visible
 from mlbench_kit.io import AppendLog, read_jsonl_tolerant, write_atomic
 
 from .render import ArrayJob, check_jobs, done_marker, jobs, render
@@ -195,7 +196,7 @@ def status(args: argparse.Namespace) -> int:
         tail = ""
         if r["log"]:
             lines = [ln for ln in Path(r["log"]).read_text(errors="replace").splitlines() if ln.strip()]
-            tail = f"\n      last log line: {lines[-1][:200]}" if lines else ""
+            tail = f"\n      last log line: {visible(lines[-1][:200], keep='')}" if lines else ""
         print(f"  {r['state']}: {r['job']} {r['key']} ({r['slurm_id']}, {r['reason']}); log: {r['log']}{tail}")
     if bad:
         print("fix the cause, then re-submit: finished work is skipped")

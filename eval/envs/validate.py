@@ -16,6 +16,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from mlbench_kit.markdown import md_text
+
 _RULES = [
     # the command names a script that is not in the repository at that path: the answer (or its row's path) is wrong
     ("answer", r"can't open file '[^'\n]*\.(py|sh)'|bash: [^:\n]*\.sh: No such file or directory"),
@@ -121,7 +123,7 @@ def validation_markdown(report: dict[str, Any], built: dict[str, str | None]) ->
     for repo, t in report["per_repo"].items():
         env = "built" if built.get(repo, "no environment") is None else "not built"
         causes = ", ".join(f"{c} {n}" for c, n in sorted(t[f"{modes[0]}_causes"].items(), key=lambda x: -x[1]))
-        lines.append(f"| {repo} | {env} | {t['rows']} | " + " | ".join(str(t[f'{m}_pass']) for m in modes)
+        lines.append(f"| {md_text(repo)} | {env} | {t['rows']} | " + " | ".join(str(t[f'{m}_pass']) for m in modes)
                      + f" | {causes or '–'} |")
     tot = {m: sum(t[f"{m}_pass"] for t in report["per_repo"].values()) for m in modes}
     n = sum(t["rows"] for t in report["per_repo"].values())
@@ -134,9 +136,9 @@ def validation_markdown(report: dict[str, Any], built: dict[str, str | None]) ->
         excerpt = r[modes[0]]["excerpt"] or r[modes[-1]]["excerpt"]
         if r.get("defect") and not excerpt.startswith("known gold defect"):  # passed only by compat's timeout rule
             excerpt = f"known gold defect: {r['defect']}"
-        excerpt = excerpt.replace("|", "\\|").replace("\n", " ")[:160]
-        lines.append(f"| {r['github_id']} | {r['id']} | {r['repo']} | "
-                     + " | ".join("pass" if r[m]["passed"] else r[m]["cause"] for m in modes) + f" | {excerpt} |")
+        lines.append(f"| {md_text(str(r['github_id']))} | {md_text(str(r['id']))} | {md_text(r['repo'])} | "
+                     + " | ".join("pass" if r[m]["passed"] else str(r[m]["cause"]) for m in modes)
+                     + f" | {md_text(excerpt, 160)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -7,6 +7,7 @@ import io
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mlbench_kit.escape import csv_cell, mathtext_literal, visible
 from mlbench_kit.io import write_atomic
 from mlbench_kit.markdown import fmt_rate, md_code, md_text
 from mlbench_kit.records import ERROR_CLASSES
@@ -25,7 +26,11 @@ def write_csv(settings: list[Setting], refs: list[Reference], ks: list[int], pat
     """One row per (run, task, group, metric): overall, per repository, per type, and the quoted rows."""
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(["run", "task", "seeds", "group_kind", "group", "metric", "value", "low", "high", "source"])
+
+    def put(cells: list[Any]) -> None:  # a run's or a repository's name is never a spreadsheet formula
+        w.writerow([csv_cell(c) for c in cells])
+
+    put(["run", "task", "seeds", "group_kind", "group", "metric", "value", "low", "high", "source"])
     metrics = [f"pass@{k}" for k in ks] + list(EXTRA)
     for s in settings:
         groups: list[tuple[str, tuple[str, str] | None]] = [("overall", None)]
@@ -35,16 +40,16 @@ def write_csv(settings: list[Setting], refs: list[Reference], ks: list[int], pat
             for m in metrics:
                 v, rng = s.metric(m, g)
                 if v is not None:
-                    w.writerow([s.run, s.task, len(s.summaries), kind, g[1] if g else "all", m, round(v, 4),
-                                *(rng if rng else ("", "")), "measured"])
+                    put([s.run, s.task, len(s.summaries), kind, g[1] if g else "all", m, round(v, 4),
+                         *(rng if rng else ("", "")), "measured"])
         # what the Pass@k above leaves out (faults, unscored samples): always written, 0 included
         for m, n in zip(("faults", "unscored_samples"), s.not_scored, strict=True):
-            w.writerow([s.run, s.task, len(s.summaries), "overall", "all", m, n, "", "", "measured"])
+            put([s.run, s.task, len(s.summaries), "overall", "all", m, n, "", "", "measured"])
     for r in refs:
         quoted = [("overall", "all", r.values)] + [("type", t, v) for t, v in r.per_type.items()]
         for kind, group, values in quoted:
             for m, v in values.items():
-                w.writerow([r.name, r.task, "", kind, group, m, round(v, 6), "", "", f"quoted: {r.source}"])
+                put([r.name, r.task, "", kind, group, m, round(v, 6), "", "", f"quoted: {r.source}"])
     write_atomic(path, buf.getvalue())
 
 
@@ -75,7 +80,7 @@ def write_markdown(settings: list[Setting], refs: list[Reference], ks: list[int]
                   "not verdicts; fix the environment and re-run `mlbench eval` to score them."]
     if refs:
         lines += ["", "Quoted rows are copied from their source, not recomputed here: "
-                  + "; ".join(sorted({r.source for r in refs})) + "."]
+                  + "; ".join(md_text(x) for x in sorted({r.source for r in refs})) + "."]
     lines += _paper_layout(settings, refs, ks)
     lines += ["", "## What the outputs get right", "",
               "param hit: share of the instruction's arguments found in an output; all params: outputs with every "
@@ -149,6 +154,11 @@ def _gold(s: Setting) -> dict[str, Any]:
     return s.summaries[0]["gold_ceiling"].get("ALL", {"rows": 0, "param_ok": 0, "type_ok": 0, "both": 0})
 
 
+def _label(text: str) -> str:
+    """A run's or a repository's name as a plot label: as typed (no mathtext), control characters as escapes."""
+    return mathtext_literal(visible(text, keep=""))
+
+
 _ZERO_LW = 2.5  # points: the marker a zero bar gets, so that it reads as measured 0, not missing
 
 
@@ -194,7 +204,7 @@ def pass_figure(settings: list[Setting], ks: list[int]) -> Any:
     """report.png's figure: Pass@k per setting with its intervals; parameter hits and type accuracy."""
     import matplotlib.pyplot as plt
 
-    labels = [s.label + ("\n(INCOMPLETE)" if s.incomplete else "") for s in settings]
+    labels = [_label(s.label) + ("\n(INCOMPLETE)" if s.incomplete else "") for s in settings]
     colors = [f"C{i}" for i in range(10)]  # the default cycle, named
     fig, axes = plt.subplots(1, 2, figsize=(max(8.0, 2.0 * len(settings) + 3), 4.4), layout="constrained")
     pk = f"Pass@{ks[0]}" if len(ks) == 1 else "Pass@k"
@@ -231,8 +241,9 @@ def repo_figure(settings: list[Setting], ks: list[int]) -> Any:
     for i, s in enumerate(settings):
         got = [s.metric(metric, ("per_repo", g)) for g in repos]
         _bars(ax, [r + i * h for r in range(len(repos))], [v for v, _ in got], [r for _, r in got], h,
-              s.label + (" (INCOMPLETE)" if s.incomplete else ""), colors[i % len(colors)], horizontal=True)
-    ax.set_yticks([r + 0.4 - h / 2 for r in range(len(repos))], repos, fontsize=8)
+              _label(s.label) + (" (INCOMPLETE)" if s.incomplete else ""), colors[i % len(colors)],
+              horizontal=True)
+    ax.set_yticks([r + 0.4 - h / 2 for r in range(len(repos))], [_label(r) for r in repos], fontsize=8)
     ax.invert_yaxis()  # repositories top to bottom in name order, settings in the order given
     ax.set_xlim(0, 1.15)
     ax.set_xticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])

@@ -158,6 +158,10 @@ def container_argv(engine: str, image: str, name: str, m: Mounts, mem_mb: int, p
     if cgroup_parent:
         # our per-execution cgroup holds the limits, so the kernel counts the OOM kill or refused fork there
         argv += ["--cgroup-parent", cgroup_parent]
+        if engine == "podman":
+            # conmon (and the `podman cleanup` it starts) stay in the CLI's cgroup, never charged to the answer's
+            # limits (they were put in <parent>/conmon, and OOM-killed there with the answer)
+            argv += ["--cgroups", "no-conmon"]
     else:
         argv += ["--memory", f"{mem_mb}m", "--memory-swap", f"{mem_mb}m", "--pids-limit", str(pids)]
         argv += ["--cpus", str(cpus)] if cpus else []

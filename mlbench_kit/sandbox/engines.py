@@ -171,8 +171,10 @@ class Podman(Docker):
         return _staged(x, argv, join_cgroup=False, drop=False, seccomp_bpf=None) if x.staged else argv
 
     def stop(self, name: str, proc: subprocess.Popen, cg: cgroups.ExecCgroup | None) -> bool:
-        if proc.poll() is None or cg is None:
-            # passthrough: the container outlives its CLI; without our cgroup to kill, the engine must remove it
+        # a CLI that ended by itself removed its container (--rm); one we killed (a time limit) did not, and conmon
+        # removes it only later: remove it now, so no container is left running or listed; without our cgroup to
+        # kill, the engine must remove it always
+        if proc.wait() < 0 or cg is None:
             subprocess.run([self.name, "rm", "-f", "-t", "0", name], capture_output=True)
         return False  # an OOM is read from the execution's cgroup (rootful) or the runner's report
 

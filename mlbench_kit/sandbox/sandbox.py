@@ -324,8 +324,14 @@ class Sandbox:
         nonce = secrets.token_hex(16)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", NONCE_ENV: nonce,
                f"APPTAINERENV_{NONCE_ENV}": nonce}
-        argv = eng.command(Launch(job, limits, m, name, self.who, cg, self._seccomp, self._runner_python, report_w,
-                                  staged))
+        try:
+            argv = eng.command(Launch(job, limits, m, name, self.who, cg, self._seccomp, self._runner_python,
+                                      report_w, staged))
+        except BaseException:  # refused (no `image:`): nothing of this execution may outlive it, its cgroup included
+            os.close(report_r)
+            os.close(report_w)
+            self._cleanup(scratch, jobdir, cg)
+            raise
         t0 = time.monotonic()
         try:
             proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -396,8 +402,9 @@ class Sandbox:
             raise MLBenchError(f"environment {env.name!r}: {len(missing)} sample folder(s) missing from the checkout "
                                f"{env.checkout}: {missing[:5]}", env.where or str(env.checkout), fix)
         expect = len(os.listdir(env.checkout))
+        # "." is the checkout's root: /sandbox/work in the sandbox, the private copy under --backend local
         code = ("python -c 'import os, sys; print(\"MLBENCH-PROBE\", sys.executable, sys.version.split()[0], "
-                "len(os.listdir(\"/sandbox/work\")))'")
+                "len(os.listdir(\".\")))'")
         res = self.run(Job(code, True, env, "."), Limits(wall_s=120, pids=64, disk_mb=64, tmp_mb=64))
         probe = next((ln.split() for ln in res.log.splitlines() if ln.startswith("MLBENCH-PROBE ")), None)
         problem = None

@@ -36,6 +36,11 @@ def _write(tmp_path, rows, raw_lines=()):
     (lambda r: r.update(path="./../.."), "leaves the repository"),
     (lambda r: r.update(path="examples/../../../etc"), "leaves the repository"),
     (lambda r: r.update(path="/etc"), "leaves the repository"),
+    # every argument is a pass over each output in strict mode: a row's count and size are bounded (issue 30)
+    (lambda r: r.update(arguments=repr({f"a{i}": str(i) for i in range(257)})), "names 257 parameters"),
+    (lambda r: r.update(arguments="{'a': '" + "x" * 70000 + "'}"), "holds 70009 characters"),
+    (lambda r: r.update(arguments={"a": "x" * 70000}), "holds more than 65536 characters"),
+    (lambda r: r.update(arguments="[" * 60000), "not a Python-literal dict"),
 ])
 def test_bad_rows_name_file_and_line(tmp_path, full_rows, mutate, message):
     rows = [dict(full_rows[0]), dict(full_rows[1])]

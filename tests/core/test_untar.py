@@ -185,3 +185,43 @@ def test_the_real_repository_tarballs_extract_under_the_default_caps(tmp_path, s
             want = {m.name for m in tf.getmembers() if m.isfile()}
         got = {str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file()}
         assert got == want, repo
+
+
+def _meta_header(kind: bytes, size: int, name: str = "././@LongLink") -> bytes:
+    """A raw 512-byte tar header of ``kind`` declaring ``size`` bytes of data (what tarfile then reads whole)."""
+    ti = tarfile.TarInfo(name)
+    ti.type, ti.size = kind, size
+    return ti.tobuf(tarfile.GNU_FORMAT if kind in (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
+                    else tarfile.USTAR_FORMAT)
+
+
+@pytest.mark.parametrize("kind", [tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE,
+                                  tarfile.XGLTYPE])
+def test_pax_and_long_name_headers_are_bounded_before_they_are_read(tmp_path, kind):
+    """Issue 30: tarfile reads a pax or GNU long-name header's whole declared size into memory before any member
+    check: a 100 KB gzip declaring 100 MB cost 100 MB here (and gigabytes for a few MB more)."""
+    import tracemalloc
+    size = 100 << 20
+    tar = tmp_path / "meta.tar.gz"
+    with gzip.open(tar, "wb", compresslevel=1) as gz:
+        gz.write(_meta_header(kind, size))
+        zeros = b"\0" * (1 << 20)
+        for _ in range(size >> 20):
+            gz.write(zeros)
+        gz.write(b"\0" * 1024)
+    tracemalloc.start()
+    try:
+        msg = _refused(tar, tmp_path / "out", "")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, f"{peak} bytes held while refusing it"
+    assert f"header of {size} bytes (at most {64 << 10})" in msg
+
+
+def test_a_run_of_pax_headers_is_bounded(tmp_path):
+    record = b"%d path=x\n" % (len(b"path=x\n") + 3)
+    block = record + b"\0" * (512 - len(record))
+    tar = tmp_path / "run.tar"
+    tar.write_bytes((_meta_header(tarfile.XHDTYPE, len(record), "pax") + block) * 5000 + b"\0" * 1024)
+    assert "more than 16 pax or long-name headers before one member" in _refused(tar, tmp_path / "out", "pax")

@@ -92,3 +92,29 @@ def test_pass_at_k():
     assert unbiased_pass_at_k([False, True, False, False, False], 1) == pytest.approx(0.2)
     assert unbiased_pass_at_k([True, True, False, False, False], 2) == pytest.approx(1 - 3 / 10)
     assert unbiased_pass_at_k([True], 5) is None
+
+
+def test_strict_reads_each_output_once_whatever_the_number_of_arguments(monkeypatch):
+    """Issue 30 item 7: 1,000 numeric arguments cost 25 s of host CPU per answer; each argument scanned every word
+    of the output for number literals (arguments x words). The output is now read once, each argument looked up."""
+    from mlbench_kit.eval import checks
+
+    scans = []
+
+    class Counting:  # the same pattern, its scans counted
+        def findall(self, text):
+            scans.append(len(text))
+            return NUMBER.findall(text)
+
+    NUMBER = checks._NUMBER
+    monkeypatch.setattr(checks, "_NUMBER", Counting())
+    def name(i: int) -> str:
+        return "opt" + "".join(chr(97 + int(d)) for d in str(i))
+
+    output = "python train.py " + " ".join(f"--{name(i)} {i}" for i in range(1000)) + " --lr 0.01 && echo epochs 3"
+    args = {f"argument{i}": str(i + 0.5) for i in range(256)} | {"epochs": "3", "learning rate": "1e-2",
+                                                                 name(7): "7", "x": "999.0", "size": "999"}
+    hits = param_hits_strict(output, args)
+    # `--opt999 999` is the bare value of an option neither `x` nor `size` can name
+    assert [k for k, ok in hits.items() if ok] == ["epochs", "learning rate", "opth"]
+    assert sum(scans) <= 2 * len(output), f"{len(scans)} scans of {sum(scans)} characters"

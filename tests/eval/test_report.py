@@ -266,3 +266,62 @@ def test_report_marks_runs_with_faults_or_unscored_samples_incomplete(tmp_path: 
     got = {(x["run"], x["metric"]): x["value"] for x in csv.DictReader((out / "report.csv").open())}
     assert got[("bad", "faults")] == "2" and got[("bad", "unscored_samples")] == "1"
     assert got[("ok", "faults")] == "0" and got[("ok", "unscored_samples")] == "0"
+
+
+HOSTILE = "<img src=x onerror=alert(1)>\x1b[2J\rA$\\frac{$x"
+
+
+def test_report_shows_untrusted_text_as_typed_in_every_format(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 30 item 7: a row's instruction and a run's or a repository's name are untrusted text. report.csv held a
+    formula (`=HYPERLINK(…)`), report.md raw HTML and control characters, and a `$…$` in a name made `mlbench report`
+    fail while drawing the plots (matplotlib parsed it as mathtext)."""
+    import shutil
+
+    from matplotlib.figure import Figure
+
+    from mlbench_kit.cli import main
+    rows = [json.loads(x) for x in SAMPLE.open()][:2]
+    rows[0]["instruction"] = HOSTILE
+    data, gen = tmp_path / "data.jsonl", tmp_path / "gen.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    gen.write_text("".join(json.dumps({"github_id": r["github_id"], "id": r["id"], "output": [r["output"] + " <b>"]})
+                           + "\n" for r in rows))
+    assert main(["eval", "--data", str(data), "--generations", str(gen), "--envs", str(ENVS), "--out",
+                 str(tmp_path / "ok"), "--no-ci"]) == 0
+    md = (tmp_path / "ok" / "report.md").read_text()
+    assert "<img" not in md and "&lt;img src=x onerror=alert(1)&gt;\\x1b[2J\\rA$" in md
+    assert "\x1b" not in md and "\r" not in md and "`python train.py" in md and " <b>`" in md  # a code span as typed
+    # a repository's name from a summary (a hand-edited or foreign run folder) and run names chosen on the command line
+    shutil.copytree(tmp_path / "ok", tmp_path / "b")
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    per_repo = summary["metrics"]["per_repo"]
+    per_repo["=cmd|'/C calc'!A0 <b>$\\x$"] = per_repo.pop(next(iter(per_repo)))
+    (tmp_path / "b" / "summary.json").write_text(json.dumps(summary))
+    out = tmp_path / "report"
+    names = ["=HYPERLINK(\"http://evil\")", "@SUM(1)", "+1", "-1", "$\\frac{$"]
+    drawn: list[Figure] = []
+    orig = Figure.savefig
+
+    def keep(fig: Figure, *a: Any, **kw: Any) -> None:
+        orig(fig, *a, **kw)  # drawn: a label matplotlib cannot parse fails here
+        drawn.append(fig)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    assert main(["report", "--out", str(out), "--", *(f"{n}={tmp_path / 'ok'}" for n in names),
+                 f"b{HOSTILE}={tmp_path / 'b'}"]) == 0
+    cells = [c for row in csv.reader((out / "report.csv").open()) for c in row]
+    assert not [c for c in cells if c[:1] in ("=", "+", "-", "@", "\t", "\r")], "a cell a spreadsheet would run"
+    assert {"'" + n for n in names[:4]} <= set(cells) and "'=cmd|'/C calc'!A0 <b>$\\x$" in cells
+    assert "0.0" in cells and "1" in cells  # numbers stay numbers
+    report = (out / "report.md").read_text()
+    assert "<img" not in report and "<b>" not in report and "\x1b" not in report and "\r" not in report
+    assert "&lt;b&gt;" in report
+    # every label is shown as typed: no text of the figures is mathtext
+    texts = [t for fig in drawn for t in fig.findobj(lambda o: hasattr(o, "_preprocess_math"))]
+    assert any("frac" in t.get_text() for t in texts)
+    for t in texts:
+        shown, math = t._preprocess_math(t.get_text())
+        assert not math, t.get_text()
+    assert any(t._preprocess_math(t.get_text())[0] == "$\\frac{$" for t in texts)
+    assert any("\\x1b[2J\\rA" in t.get_text() for t in texts)
+    assert not [t.get_text() for t in texts if any(ord(c) < 32 and c != "\n" for c in t.get_text())]

@@ -405,6 +405,101 @@ def test_backends_refuse_clearly():
         sb.run(Job("ls", True, Env("toybench", REPO), "./"), Limits())
 
 
+@pytest.mark.parametrize("backend", ["podman", "docker", "apptainer"])
+def test_a_run_refused_for_want_of_an_image_leaves_nothing_behind(tmp_path, monkeypatch, backend):
+    """Issue 30 item 7: a missing `image:` was refused after the execution's cgroup, folders and report pipe were
+    made, and none was removed: one cgroup leaked per execution."""
+    from mlbench_kit.sandbox import cgroups
+    made: list = []
+    create = cgroups.ExecCgroup.create
+
+    def record(*a, **kw):  # the real cgroup, remembered so that the test can look for it afterwards
+        made.append(create(*a, **kw))
+        return made[-1]
+
+    monkeypatch.setattr(cgroups.ExecCgroup, "create", record)
+    fds = len(os.listdir("/proc/self/fd"))
+    with Sandbox(backend, tmp_path / "scratch") as sb:
+        expect_cgroup = bool(sb.cgroups) and sb.engine.cgroup
+        for _ in range(3):
+            with pytest.raises(MLBenchError, match="needs an image"):
+                sb.run(Job("ls", True, Env("toybench", REPO), "./"), Limits())
+        left = [p.name for p in (tmp_path / "scratch").iterdir()]  # the run's own: its policy, staged checkouts
+        assert not [n for n in left if not n.startswith("seccomp") and n != "pristine"], left
+    assert len(os.listdir("/proc/self/fd")) == fds  # the report pipe's two ends closed
+    assert len(made) == (3 if expect_cgroup else 0)
+    assert not [d for cg in made for d in cg.dirs.values() if d.exists()], "a cgroup outlived its refused run"
+
+
+def test_local_backend_passes_its_probe_and_scores(tmp_path):
+    """Issue 30 item 7: `--backend local --unsafe-local` could not run at all: its probe listed /sandbox/work, which
+    only exists inside a sandbox."""
+    sample = REPO_ROOT / "examples" / "sample"
+    rows = [json.loads(x) for x in (sample / "samples.jsonl").open()][:3]
+    data, gen = tmp_path / "data.jsonl", tmp_path / "gen.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    gen.write_text("".join(json.dumps({"github_id": r["github_id"], "id": r["id"], "output": [r["output"]]}) + "\n"
+                           for r in rows))
+    assert cli_main(["eval", "--data", str(data), "--generations", str(gen), "--envs",
+                     str(REPO_ROOT / "configs" / "eval" / "sample.yaml"), "--out", str(tmp_path / "out"), "--no-ci",
+                     "--backend", "local", "--unsafe-local"]) == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["backend"] == "local" and summary["metrics"]["overall"]["pass@1"] == 1.0
+
+
+@pytest.mark.integration  # podman, as the other podman cases
+def test_podman_helpers_stay_out_of_the_execution_and_no_container_outlives_it(base_image, monkeypatch):
+    """Issue 30 item 7: as root, conmon (and the `podman cleanup` it runs) sat in the execution's cgroup, charged to
+    the answer and OOM-killed with it; a timed-out compat run was killed with its conmon and left its container."""
+    if base_image is None:
+        pytest.skip("podman needs root and its base image")
+    from mlbench_kit.sandbox import cgroups
+    from mlbench_kit.sandbox.engines import ENGINES
+    made, names, helpers = [], [], {}
+    create, stop = cgroups.ExecCgroup.create, ENGINES["podman"].stop
+
+    def record(*a, **kw):  # the real cgroup and the real stop, observed
+        made.append(create(*a, **kw))
+        return made[-1]
+
+    def record_stop(name, proc, cg):
+        names.append(name)
+        return stop(name, proc, cg)
+
+    monkeypatch.setattr(cgroups.ExecCgroup, "create", record)
+    monkeypatch.setattr(ENGINES["podman"], "stop", record_stop)
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.05):
+            for p in psutil.process_iter(["name", "cmdline"]):
+                try:
+                    cmd = " ".join(p.info["cmdline"] or [])
+                    if (p.info["name"] == "conmon" or " cleanup " in cmd) and "mlbench-" in cmd:
+                        helpers[p.pid] = Path(f"/proc/{p.pid}/cgroup").read_text()
+                except (psutil.Error, OSError):
+                    continue
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    env = Env("toybench", REPO, image=base_image)
+    with Sandbox("podman") as sb:
+        if not sb.cgroups:
+            pytest.skip("no per-execution cgroups here")
+        ok = sb.run(Job("sleep 1.5; echo done", True, env, "./"), Limits())
+        late = sb.run(Job("sleep 60", True, env, "./"), Limits(wall_s=3), drain=False)  # compat: a timeout
+    done.set()
+    t.join()
+    assert ok.exit_code == 0 and "done" in ok.log and late.timed_out
+    assert helpers, "conmon was never seen"
+    ours = {d.name for cg in made for d in cg.dirs.values()}  # each execution's cgroup: a random 12-hex name
+    inside = {pid: text for pid, text in helpers.items() if any(f"/{n}" in text for n in ours)}
+    assert not inside, f"podman's helpers in the execution's cgroup: {inside}"
+    left = subprocess.run(["podman", "ps", "-a", "--format", "{{.Names}} {{.Status}}"], capture_output=True,
+                          text=True).stdout
+    assert not [ln for ln in left.splitlines() if ln.split()[0] in names], left
+
+
 def test_one_engine_per_backend(tmp_path):
     """Each --backend is one engine from the registry; what each decides (isolation, image, cgroup, staging) and the
     command it starts, docker's and apptainer's included, which no test here executes."""

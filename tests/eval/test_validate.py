@@ -66,3 +66,15 @@ def test_a_known_defect_that_compat_passed_by_timing_out_is_still_not_gold_valid
     assert gold_valid(tmp_path / "validation.json") == {(9, 261): "answer"}
     assert "| 9 | 261 | External-Attention-pytorch | pass | known gold defect: GFNet" in \
         validation_markdown(report, {"External-Attention-pytorch": None})
+
+
+def test_validation_md_shows_control_characters_and_html_as_text() -> None:
+    """Issue 30 item 7: a gold answer's log is untrusted; its excerpt went raw into validation.md (ESC, CR, HTML)."""
+    from mlbench_kit.eval.envs.validate import validation_markdown
+    log = "\x1b[31mFileNotFoundError: No such file or directory <script>alert(1)</script>\rdone\x07 | x"
+    row = {"github_id": 9, "id": 1, "repo": "toybench", "type": "Python Code"}
+    report = validate({"compat": [RAN | {"github_id": 9, "id": 1, "log": log}]}, [row], {"toybench": None})
+    md = validation_markdown(report, {"toybench": None})
+    assert "\x1b" not in md and "\r" not in md and "\x07" not in md and "<script>" not in md
+    assert "| 9 | 1 | toybench | data | \\x1b[31mFileNotFoundError: No such file or directory " \
+           "&lt;script&gt;alert(1)&lt;/script&gt;\\rdone\\x07 \\| x |" in md
