@@ -200,6 +200,10 @@ class Episode:
             rec["exit"] = self.exit
         return rec
 
+    def replay(self, rec: dict[str, Any]) -> None:
+        """Feed a transcript's turn record again (resume)."""
+        self.feed(rec["raw"], rec["tokens_out"], rec["wall_s"], rec.get("truncated", False))
+
     def _next_readme(self) -> None:
         self.readme_at += 1
         if self.readme_at >= len(self.ranked):
