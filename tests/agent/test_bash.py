@@ -301,3 +301,73 @@ def test_the_episode_prompt_is_openhands_task(box):
     assert text.startswith(f"Please complete the Machine Learning task in the following repository: {REPO}\n\n"
                            f"{ROWS[0].instruction}\n\nYou should create a script named `run.sh`")
     assert "exactly ONE bash code block" in text and "/sandbox/work/" in text
+
+
+@pytest.mark.integration
+def test_the_tiny_model_plays_the_bash_policy_through_the_command(tmp_path: Path, tiny_model_dir: Path):
+    """`mlbench agent --policy bash` with a real (tiny, random) model on the sample: episodes run to a recorded exit,
+    the generations are scored by `mlbench eval`, and the run's summary carries the openhands rule's rate."""
+    from conftest import run_cli
+
+    from mlbench_kit.agent.episode import EXITS
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(line + "\n" for line in (SAMPLE / "samples.jsonl").read_text().splitlines()
+                            if any(f'"id": {s.id},' in line for s in ROWS[:2])))
+    cfg = tmp_path / "bash.yaml"
+    cfg.write_text((REPO_ROOT / "configs" / "agent" / "tiny-cpu.yaml").read_text().replace("policy: ml-agent",
+                                                                                           "policy: bash"))
+    out = tmp_path / "agent"
+    r = run_cli("mlbench", "agent", "--model", tiny_model_dir, "--data", rows, "--repos-dir", SAMPLE / "repos",
+                "--envs", ENVS, "--config", cfg, "--max-model-len", "2048", "--out", out)
+    assert r.returncode == 0, r.stderr[-3000:]
+    episodes = [e for line in (out / "generations.jsonl").read_text().splitlines()
+                for e in json.loads(line)["agent"]["episodes"]]
+    assert len(episodes) == 4 and all(e["exit"] in EXITS and e["exit"] != "fault" for e in episodes)
+    assert all(e["turns"] <= 4 and e["tokens_out"] <= 160 for e in episodes)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["policy"] == "bash" and summary["openhands"]["scored"] == 4
+    r = run_cli("mlbench", "eval", "--data", rows, "--generations", out / "generations.jsonl", "--envs", ENVS,
+                "--out", tmp_path / "eval", "--no-ci", "--k", "1", "2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads((tmp_path / "eval" / "summary.json").read_text())["metrics"]["overall"]["samples"] == 2
+
+
+def test_agent_runs_stand_beside_task_runs_in_the_report(box, tmp_path: Path):
+    """An eval of the agent's generations is the checkpoint's agent setting: `mlbench report` shows it beside the
+    same model's task row, with its episodes and the openhands rule's rate labelled as that rule, and the paper's
+    agent rows quoted beside it (only where an agent run is reported)."""
+    import csv
+
+    from mlbench_kit.cli import main
+    _run(box, tmp_path / "agent", gold_writer)
+    rows_file = tmp_path / "rows.jsonl"
+    rows_file.write_text("".join(line + "\n" for line in (SAMPLE / "samples.jsonl").read_text().splitlines()
+                                 if any(f'"id": {s.id},' in line for s in ROWS)))
+    task3 = tmp_path / "task3.jsonl"  # the same model on task 3: a wrong answer, then the right one, per row
+    task3.write_text("".join(json.dumps({"github_id": s.github_id, "id": s.id, "task": 3, "output": ["ls", s.output]})
+                             + "\n" for s in ROWS))
+    common = ["--data", str(rows_file), "--envs", str(ENVS), "--no-ci"]
+    assert main(["eval", *common, "--generations", str(tmp_path / "agent" / "generations.jsonl"),
+                 "--out", str(tmp_path / "eval-agent")]) == 0
+    assert main(["eval", *common, "--generations", str(task3), "--out", str(tmp_path / "eval-t3")]) == 0
+    paper = REPO_ROOT / "configs" / "report" / "paper-rows.yaml"
+    out = tmp_path / "report"
+    assert main(["report", f"m={tmp_path / 'eval-t3'}", f"m={tmp_path / 'eval-agent'}", "--reference", str(paper),
+                 "--out", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    setting_rows = [ln for ln in md.split("## Pass@k by setting")[1].split("\n\n")[1].splitlines()
+                    if ln.startswith("| m |")]
+    assert [ln.split(" | ")[1] for ln in setting_rows] == ["3", "agent: bash"]
+    assert "| ML-Agent, GPT-4 (paper, quarter set) *(quoted)* | agent: ml-agent |  |  | 0.235 | 0.353 |" in md
+    agents = md.split("## Agent runs")[1]
+    assert "| m · agent bash | 6 | 6 | submitted 6 | 2.00 |" in agents and "openhands rule" in agents
+    assert "| DGL | 0.800 |" in agents  # Table 2's ML-Agent column, quoted
+    rows = list(csv.DictReader((out / "report.csv").open()))
+    got = {(r["task"], r["group_kind"], r["metric"]): r for r in rows if r["run"] == "m"}
+    assert float(got[("agent: bash", "overall", "pass@1")]["value"]) == 1.0
+    assert float(got[("3", "overall", "pass@1")]["value"]) == 0.0
+    oh = got[("agent: bash", "agent", "openhands_success_rate")]
+    assert float(oh["value"]) == 1.0 and oh["source"].startswith("measured under the openhands rule")
+    # a report of task runs alone quotes no agent row
+    assert main(["report", f"m={tmp_path / 'eval-t3'}", "--reference", str(paper), "--out", str(tmp_path / "r2")]) == 0
+    assert "agent:" not in (tmp_path / "r2" / "report.md").read_text()
