@@ -70,9 +70,11 @@ class AgentConfig:
     # ml-agent: the paper's agent (reads files, executes nothing); bash: ML-Agent-Bench offline (acts in a sandbox)
     policy: Literal["ml-agent", "bash"] = "ml-agent"
     # steps the episode runs: "3-4" is what the benchmark's evaluation ran (its eval.py -> run_choose_repo.py):
-    # the row's own repository, README ranking, then the code loop. Steps 1-2 (keywords, repository ranking) are a
-    # later slice.
-    steps: Literal["3-4"] = "3-4"
+    # the row's own repository, README ranking, then the code loop.
+    # "1-4": keywords (Table 20) and repository ranking (Table 21) over the local repositories first (no web
+    # search: each candidate is its URL and its main README's first paragraph), then step 3 on the ranked
+    # repositories in turn (a No moves to the next one)
+    steps: Literal["3-4", "1-4"] = "3-4"
     backend: Literal["vllm", "hf"] = "vllm"
     episodes: int = 5  # k: answers per row (the paper's Pass@1/2/5 on ML-Agent: 5 episodes)
     template: Literal["auto", "chat", "plain"] = "auto"  # auto: the model's chat template when it has one
@@ -90,6 +92,9 @@ class AgentConfig:
     gpu_memory_utilization: float = 0.9
 
     def check(self, at: Check) -> None:
+        if self.steps == "1-4" and self.policy != "ml-agent":
+            raise MLBenchError("steps: 1-4 (keywords, repository ranking) belong to the ml-agent policy", at("steps"),
+                               "use policy: ml-agent, or steps: 3-4")
         if self.episodes < 1:
             raise MLBenchError("episodes must be at least 1", at("episodes"))
         lim = self.limits

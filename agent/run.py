@@ -191,8 +191,14 @@ def run(args: argparse.Namespace) -> int:
         settings["envs"] = str(Path(args.envs).resolve()) if args.envs else None
     else:
         settings["config"].pop("bash")
+    pool_urls: dict[str, str] | None = None
+    if cfg.steps == "1-4":  # step 2's candidates: every repository of the data (the 14 of the test set)
+        pool_urls = {}
+        for s in load_samples(args.data, args.split):
+            pool_urls.setdefault(s.repo, s.github or s.repo)
+        settings["candidates"] = sorted(pool_urls)
     claim_run_folder(out / "agent.json", settings)
-    repos = checkouts(args, {s.repo for s in rows}, out)
+    repos = checkouts(args, {s.repo for s in rows} | set(pool_urls or ()), out)
     engines: list[Engine] = []
 
     def engine() -> Engine:
@@ -204,7 +210,8 @@ def run(args: argparse.Namespace) -> int:
         if cfg.policy == "bash":
             box = sandbox_for(cfg, args, rows, repos)
         stats = run_episodes(cfg, rows, repos, engine, encode, max_model_len, out,
-                             ident={"model": args.model, "adapter": args.adapter, "backend": cfg.backend}, box=box)
+                             ident={"model": args.model, "adapter": args.adapter, "backend": cfg.backend}, box=box,
+                             pool_urls=pool_urls)
     finally:
         for e in engines:
             e.close()
@@ -267,13 +274,19 @@ def _replay(ep: Episode | BashEpisode, path: Path) -> bool:
 
 def run_episodes(cfg: AgentConfig, rows: list[Sample], repos: dict[str, Path], engine: Any, encode: Any,
                  max_model_len: int, out: Path, ident: dict[str, Any],
-                 box: tuple[Sandbox, EnvConfig] | None = None) -> dict[str, Any]:
+                 box: tuple[Sandbox, EnvConfig] | None = None,
+                 pool_urls: dict[str, str] | None = None) -> dict[str, Any]:
     """Every row's k episodes in lockstep rounds (``engine`` is a callable giving the engine, made on first use,
-    so a finished run starts none). ``box``: the bash policy's sandbox and environments. Returns counts for the
-    summary line."""
+    so a finished run starts none). ``box``: the bash policy's sandbox and environments; ``pool_urls``: steps
+    1-4's candidate repositories (name -> URL; default: every repository of ``repos`` by name). Returns counts for
+    the summary line."""
     gens_path = out / "generations.jsonl"
     done = {(int(r["github_id"]), int(r["id"])) for r in read_jsonl_tolerant(gens_path)}
     views = {name: RepoView(path, name, cfg.read.max_file_bytes) for name, path in repos.items()}
+    pool = None
+    if cfg.steps == "1-4":
+        urls = pool_urls or {name: name for name in repos}
+        pool = {name: (views[name], urls[name], views[name].description()) for name in sorted(urls)}
     live: list[tuple[Any, Path, bool]] = []  # episode, transcript path, whether its end line is written
     by_row: dict[tuple[int, int], list[Any]] = {}
     for s in rows:
@@ -285,7 +298,7 @@ def run_episodes(cfg: AgentConfig, rows: list[Sample], repos: dict[str, Path], e
                 assert box is not None, "the bash policy needs a sandbox"
                 ep = BashEpisode(s, box[1].for_repo(s.repo), box[0], cfg, k, encode, max_model_len)
             else:
-                ep = Episode(s, views[s.repo], cfg, k, encode, max_model_len)
+                ep = Episode(s, views[s.repo], cfg, k, encode, max_model_len, pool=pool)
             path = out / "transcripts" / f"{s.github_id}-{s.id}" / f"ep{k}.jsonl"
             ended = _replay(ep, path) if path.exists() else False
             by_row.setdefault(s.key, []).append(ep)
