@@ -47,14 +47,34 @@ class AgentRead:
 
 
 @dataclass
+class AgentBash:
+    """The ``bash`` policy (ML-Agent-Bench offline): each action is one sandboxed execution in the row's
+    environment, network off, with the episode's files kept in a disk-capped layer between actions."""
+
+    sandbox: Literal["bwrap", "podman"] = "bwrap"  # engines the stage script starts (they keep the layer)
+    action_wall_s: float = 60.0  # one action's wall time
+    action_mem_mb: int = 4096
+    action_pids: int = 256
+    disk_mb: int = 1024  # the episode's writable layer (files persist between actions) plus home
+    observation_chars: int = 4000  # an action's output as the model sees it: head and tail, cut in the middle
+    # the OpenHands rule at the episode's end (its ML-Bench harness): `timeout 120 bash run.sh` in the task folder
+    # of the episode's final files; exit 0 or 124, or KeyboardInterrupt printed = success
+    openhands_check: bool = True
+    openhands_timeout_s: int = 120
+
+
+@dataclass
 class AgentConfig:
     """Everything `mlbench agent` needs besides its inputs (model, rows, repositories, output folder)."""
 
-    policy: Literal["ml-agent"] = "ml-agent"
+    # ml-agent: the paper's agent (reads files, executes nothing); bash: ML-Agent-Bench offline (acts in a sandbox)
+    policy: Literal["ml-agent", "bash"] = "ml-agent"
     # steps the episode runs: "3-4" is what the benchmark's evaluation ran (its eval.py -> run_choose_repo.py):
-    # the row's own repository, README ranking, then the code loop. Steps 1-2 (keywords, repository ranking) are a
-    # later slice.
-    steps: Literal["3-4"] = "3-4"
+    # the row's own repository, README ranking, then the code loop.
+    # "1-4": keywords (Table 20) and repository ranking (Table 21) over the local repositories first (no web
+    # search: each candidate is its URL and its main README's first paragraph), then step 3 on the ranked
+    # repositories in turn (a No moves to the next one)
+    steps: Literal["3-4", "1-4"] = "3-4"
     backend: Literal["vllm", "hf"] = "vllm"
     episodes: int = 5  # k: answers per row (the paper's Pass@1/2/5 on ML-Agent: 5 episodes)
     template: Literal["auto", "chat", "plain"] = "auto"  # auto: the model's chat template when it has one
@@ -64,6 +84,7 @@ class AgentConfig:
     sampling: AgentSampling = field(default_factory=AgentSampling)
     limits: AgentLimits = field(default_factory=AgentLimits)
     read: AgentRead = field(default_factory=AgentRead)
+    bash: AgentBash = field(default_factory=AgentBash)
     max_model_len: int | None = None  # default: the model's positions
     # a prompt over the context has its repository texts (README, index, file) cut further to fit; the task
     # never (off: such a prompt ends the episode as context_exceeded)
@@ -71,6 +92,9 @@ class AgentConfig:
     gpu_memory_utilization: float = 0.9
 
     def check(self, at: Check) -> None:
+        if self.steps == "1-4" and self.policy != "ml-agent":
+            raise MLBenchError("steps: 1-4 (keywords, repository ranking) belong to the ml-agent policy", at("steps"),
+                               "use policy: ml-agent, or steps: 3-4")
         if self.episodes < 1:
             raise MLBenchError("episodes must be at least 1", at("episodes"))
         lim = self.limits
@@ -84,6 +108,11 @@ class AgentConfig:
         for key in ("max_index_chars", "max_readme_chars", "max_file_chars", "max_file_bytes"):
             if getattr(self.read, key) < 100:
                 raise MLBenchError(f"read.{key} must be at least 100", at(f"read.{key}"))
+        b = self.bash
+        for key, low in (("action_wall_s", 1), ("action_mem_mb", 64), ("action_pids", 8), ("disk_mb", 16),
+                         ("observation_chars", 200), ("openhands_timeout_s", 1)):
+            if getattr(b, key) < low:
+                raise MLBenchError(f"bash.{key} must be at least {low}", at(f"bash.{key}"))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -92,6 +121,8 @@ class AgentConfig:
         """The settings that change what an episode does (not where it runs): a run folder keeps one."""
         d = self.to_dict()
         d.pop("gpu_memory_utilization")
+        if self.policy != "bash":  # run folders of ml-agent made before the bash policy existed still resume
+            d.pop("bash")
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -69,9 +69,14 @@ class Episode:
     exit: str | None = None
     answer: str | None = None
     detail: str = ""
+    # steps "1-4": the candidate repositories, name -> (view, URL, description), the row's among them
+    pool: dict[str, tuple[RepoView, str, str]] | None = None
 
     def __post_init__(self) -> None:
-        self.step = "plan"
+        self.step = "keywords" if self.cfg.steps == "1-4" else "plan"
+        self.keywords: list[str] = []
+        self.repo_order: list[str] = []  # step 2's ranking: step 3 tries these in turn
+        self.repo_at = -1
         self.ranked: list[str] = []
         self.readme_at = -1
         self.py_text = ""  # the file FILE asked for, whole (cut when shown), or the harness's refusal
@@ -98,10 +103,20 @@ class Episode:
         each cuttable part it holds (what fitting to the context can take from)."""
         s = self.sample
         sizes: dict[str, int] = {}
-        if self.step == "plan":
+        inputs: dict[str, Any]
+        if self.step == "keywords":
+            prompt, inputs = P.KEYWORDS.format(sentence=s.instruction), {"keywords": True}
+        elif self.step == "rank":
+            assert self.pool is not None
+            urls = ",\n".join(f"'{url}': {desc}" if desc else f"'{url}'" for _, url, desc in self.pool.values())
+            prompt = P.RANK.format(keywords=", ".join(self.keywords), urls=urls)
+            inputs = {"candidates": len(self.pool)}
+        elif self.step == "plan":
             readmes = self.repo.readmes()
             text, inputs, sizes["readme"] = self._readme(readmes[0], caps["readme"])
             prompt = P.PLAN.format(repo_name=self.repo.name, readme=text, instruction=s.instruction)
+            if self.pool is not None:
+                inputs["repo"] = self.repo.name
             if self.cfg.list_readmes:
                 prompt += P.PLAN_LIST.format(readmes=", ".join(self.repo.display(x) for x in readmes))
         elif self.step == "code_or_file":
@@ -132,9 +147,13 @@ class Episode:
             return None
         if self._prepared is not None:
             return self._prepared
-        if self.step == "plan" and not self.repo.readmes():
-            self._end("no_answer", "the repository has no README.md")
-            return None
+        while self.step == "plan" and not self.repo.readmes():
+            if self.pool is None:
+                self._end("no_answer", "the repository has no README.md")
+                return None
+            self._next_repo("has no README.md")
+            if self.exit is not None:
+                return None
         r = self.cfg.read
         caps = {"readme": r.max_readme_chars, "index": r.max_index_chars, "file": r.max_file_chars}
         room = self.cfg.limits.max_episode_tokens - self.tokens_out
@@ -200,6 +219,10 @@ class Episode:
             rec["exit"] = self.exit
         return rec
 
+    def replay(self, rec: dict[str, Any]) -> None:
+        """Feed a transcript's turn record again (resume)."""
+        self.feed(rec["raw"], rec["tokens_out"], rec["wall_s"], rec.get("truncated", False))
+
     def _next_readme(self) -> None:
         self.readme_at += 1
         if self.readme_at >= len(self.ranked):
@@ -210,9 +233,20 @@ class Episode:
     def _act(self, action: dict[str, Any]) -> str | None:
         """Apply a parsed action; returns the observation it produces (text the next prompt shows), if any."""
         kind = action["kind"]
+        if kind == "keywords":
+            self.keywords = action["keywords"]
+            self.step = "rank"
+            return None
+        if kind == "rank":
+            self.repo_order = self._ranked_repos(action)
+            self._next_repo("")
+            return None
         if kind == "plan":
             if action["flag"] == "No":
-                self._end("rejected", "step 3 answered No")
+                if self.pool is not None:
+                    self._next_repo("answered No")
+                else:
+                    self._end("rejected", "step 3 answered No")
                 return None
             known = set(self.repo.readmes())
             ranked = []
@@ -252,6 +286,36 @@ class Episode:
             return None
         raise AssertionError(kind)
 
+    def _ranked_repos(self, action: dict[str, Any]) -> list[str]:
+        """Step 2's answer as candidate names: a URL, its last part or the name (any case); unknown ones dropped;
+        none left: every candidate in the order shown (recorded in the action as ``fallback``)."""
+        assert self.pool is not None
+        known: dict[str, str] = {}
+        for cand, (_, url, _) in self.pool.items():
+            for alias in (cand, url, url.rstrip("/").rsplit("/", 1)[-1]):
+                known[alias.strip().lower()] = cand
+        out: list[str] = []
+        for given in action["repos"]:
+            g = given.strip().strip("'\"").rstrip("/").lower()
+            name = known.get(g) or known.get(g.rsplit("/", 1)[-1])
+            if name is not None and name not in out:
+                out.append(name)
+        if not out:
+            out = list(self.pool)
+            action["fallback"] = "no ranked repository is a candidate: all of them, in the order shown"
+        action["resolved"] = out
+        return out
+
+    def _next_repo(self, why: str) -> None:
+        """Step 3 on the next ranked repository; none left: ``rejected``."""
+        assert self.pool is not None
+        self.repo_at += 1
+        if self.repo_at >= len(self.repo_order):
+            self._end("rejected", "step 3 answered No (or found no README) for every ranked repository")
+            return
+        self.repo = self.pool[self.repo_order[self.repo_at]][0]
+        self.ranked, self.readme_at, self.step = [], -1, "plan"
+
     def _end(self, status: str, detail: str) -> None:
         assert status in EXITS
         self.exit, self.detail = status, detail
@@ -261,6 +325,9 @@ class Episode:
         self._end("fault", detail)
 
     def summary(self) -> dict[str, Any]:
-        return {"episode": self.episode, "exit": self.exit, "detail": self.detail, "answer": self.answer,
-                "turns": len(self.turns), "tokens_in": self.tokens_in, "tokens_out": self.tokens_out,
-                "seconds": round(self.seconds, 4)}
+        out = {"episode": self.episode, "exit": self.exit, "detail": self.detail, "answer": self.answer,
+               "turns": len(self.turns), "tokens_in": self.tokens_in, "tokens_out": self.tokens_out,
+               "seconds": round(self.seconds, 4)}
+        if self.pool is not None:  # steps 1-4: the repository the answer was written for (its row's or another)
+            out["repository"] = self.repo.name if self.repo_at >= 0 else None
+        return out

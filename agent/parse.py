@@ -69,18 +69,25 @@ def _list(value: Any, key: str) -> list[str]:
 def parse_reply(text: str, step: str) -> dict[str, Any]:
     """The action a reply to ``step`` asks for, as a dict with ``kind``:
 
+    - keywords (step 1): ``{"kind": "keywords", "keywords": [...]}``
+    - rank (step 2): ``{"kind": "rank", "repos": [...]}``
     - plan: ``{"kind": "plan", "flag": "Yes"|"No", "readmes": [...]}``
     - code_or_file: ``{"kind": "code", "code": ...}`` | ``{"kind": "file", "path": ...}`` | ``{"kind": "reject"}``
     - read_args: ``{"kind": "args", "args": ...}``
     - write_code: ``{"kind": "code", "code": ...}`` | ``{"kind": "reject"}``
     """
-    keys = {"plan": "task_flag", "code_or_file": "flag", "read_args": "args_code", "write_code": "flag"}
+    keys = {"plan": "task_flag", "code_or_file": "flag", "read_args": "args_code", "write_code": "flag",
+            "keywords": "keywords", "rank": "ranked_repos"}
     if step not in keys:
         raise ValueError(f"unknown step {step!r}")
     objs = [o for o in _objects(text) if keys[step] in o]
     if not objs:
         raise FormatError(f"no JSON object with `{keys[step]}` in the reply")
     obj = objs[0]
+    if step == "keywords":
+        return {"kind": "keywords", "keywords": _list(obj["keywords"], "keywords")}
+    if step == "rank":
+        return {"kind": "rank", "repos": _list(obj["ranked_repos"], "ranked_repos")}
     if step == "plan":
         flag = _flag(obj["task_flag"], ("Yes", "No"), "task_flag")
         readmes = _list(obj.get("ranked_readmefiles", []), "ranked_readmefiles") if flag == "Yes" else []

@@ -4,13 +4,19 @@ does not print), and the one addition open models need: the step's JSON answer a
 models have no function calling (the released agent passed the same fields as an OpenAI function schema).
 
 Tables 20 and 21 (keywords, repository ranking: steps 1-2) are not used by the benchmark's evaluation, which ran
-steps 3-4 on the row's own repository; they are kept here for the later slice that runs steps 1-2."""
+steps 3-4 on the row's own repository; ``steps: "1-4"`` runs them over the local repositories (no web search)."""
 
 from __future__ import annotations
 
 # Table 20 (step 1)
 KEYWORDS = ("Please help me extract the keywords in this sentence about the model used and the task I want to do.\n"
             "Sentence :{sentence}")
+
+# Table 21 (step 2). The paper's URLS are the candidates' URLs; here each with its description (the repository's
+# main README's first paragraph: the local checkouts carry no GitHub descriptions), one per line.
+RANK = ("Sort the names and descriptions of the GitHub repositories below based on their relevance to the keywords "
+        "{{{keywords}}}.\n\n"
+        "URLS: {{\n{urls}\n}} Make sure your answer is in standard json format, start!")
 
 # Table 22 (step 3). The paper prints the fields on one line; the released agent put each on its own line.
 PLAN = ("I will provide you with the name of a GitHub repository and the main readme file. Please determine if you "
@@ -47,6 +53,8 @@ WRITE_CODE = ("I will provide you with a github readme file and code arguments p
 
 # The answer format, in text (the function schemas' fields; their descriptions shortened)
 FORMAT = {
+    "keywords": '{"keywords": ["the keywords about the model used and the task"]}',
+    "rank": '{"ranked_repos": ["the repository URLs, most relevant first"]}',
     "plan": '{"task_flag": "Yes" or "No", "ranked_readmefiles": ["the readme files, most helpful first"]}',
     "code_or_file": '{"flag": "CODE" or "FILE" or "No", "file_path": "the py file to read when flag is FILE", '
                     '"code": "the code or script when flag is CODE"}',

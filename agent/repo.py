@@ -77,6 +77,25 @@ class RepoView:
         return sorted((f for f in self.files() if PurePosixPath(f).name.lower() == "readme.md"),
                       key=lambda f: (len(f), f))
 
+    def description(self, limit: int = 300) -> str:
+        """What stands in for the repository's GitHub description (step 2's candidates): the first paragraph of its
+        main README that is prose (not a heading, an image, a badge or HTML), whitespace collapsed, at most ``limit``
+        characters; "" when there is none."""
+        readmes = self.readmes()
+        if not readmes:
+            return ""
+        try:
+            text = self.read(readmes[0])
+        except Refused:
+            return ""
+        for para in text.split("\n\n"):
+            prose = [ln for ln in para.splitlines()
+                     if not ln.lstrip().startswith(("#", "<", "[![", "![", "---", "```", "|", "="))]
+            p = " ".join(" ".join(prose).split())
+            if p:
+                return p if len(p) <= limit else p[:limit] + " ..."
+        return ""
+
     def display(self, rel: str) -> str:
         """How a file is named to the model: ``<repo_name>/<path>`` (the paper's ``repo_name/README.md``)."""
         return f"{self.name}/{rel}"

@@ -29,10 +29,13 @@ from typing import Any
 from mlbench_kit.chat_template import render_chat
 from mlbench_kit.dataset import Sample, load_samples
 from mlbench_kit.engine import Engine, GenParams, GenRequest
+from mlbench_kit.envspec import EnvConfig
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.io import AppendLog, claim_run_folder, read_jsonl_tolerant, write_json_atomic
+from mlbench_kit.sandbox import Sandbox, check_backend
 from mlbench_kit.untar import safe_extract
 
+from .bash import BashEpisode
 from .config import AgentConfig, load_agent_config
 from .episode import Episode, sha
 from .repo import RepoView
@@ -49,10 +52,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--repos-dir", help="folder holding one pristine checkout per repository (<repo>/)")
     src.add_argument("--tarballs", help="folder of <repo>.tar.gz checkouts, unpacked into OUT/checkouts/")
+    p.add_argument("--envs", help="policy bash: the environments file (envs.yaml of `mlbench env build`) whose "
+                   "environments the actions run in (default: each repository's checkout with the base interpreter)")
     p.add_argument("--repos", nargs="+", help="only these repositories' rows")
     p.add_argument("--limit", type=int, help="only the first N rows (after --repos)")
     p.add_argument("--config", help="configs/agent/*.yaml (default: configs/agent/ml-agent.yaml's values)")
     p.add_argument("--out", required=True, help="run folder")
+    p.add_argument("--policy", choices=["ml-agent", "bash"], help="ml-agent (the paper's agent) or bash "
+                   "(ML-Agent-Bench offline: actions run in the sandbox)")
     p.add_argument("--backend", choices=["vllm", "hf"])
     p.add_argument("--episodes", type=int, help="k: episodes (answers) per row")
     p.add_argument("--seed", type=int, help="sampling seed")
@@ -61,8 +68,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, help="context: prompt + new tokens (default: the model's positions)")
 
 
-_FLAGS = {"backend": "backend", "episodes": "episodes", "seed": "sampling.seed", "max_turns": "limits.max_turns",
-          "max_new_tokens": "sampling.max_new_tokens", "max_model_len": "max_model_len"}
+_FLAGS = {"policy": "policy", "backend": "backend", "episodes": "episodes", "seed": "sampling.seed",
+          "max_turns": "limits.max_turns", "max_new_tokens": "sampling.max_new_tokens",
+          "max_model_len": "max_model_len"}
 
 
 def resolve_config(args: argparse.Namespace) -> AgentConfig:
@@ -133,11 +141,15 @@ def make_encoder(tokenizer: Any, template: str) -> tuple[Any, str]:
     if template == "chat" and not getattr(tokenizer, "chat_template", None):
         raise MLBenchError("template: chat, but this model's tokenizer has no chat template", "template")
 
-    def encode(text: str) -> list[int]:
+    def encode(text: str | list[dict[str, str]]) -> list[int]:
+        """One prompt text (a user turn), or a conversation (the bash policy's user/assistant messages)."""
+        messages = [{"role": "user", "content": text}] if isinstance(text, str) else text
         if chat:
-            text = render_chat(tokenizer, [{"role": "user", "content": text}])
-            return prompt_ids(tokenizer, text, "chat")
-        return prompt_ids(tokenizer, text, "plain")
+            return prompt_ids(tokenizer, render_chat(tokenizer, messages), "chat")
+        if isinstance(text, str):
+            return prompt_ids(tokenizer, text, "plain")
+        rendered = "".join(f"{m['role'].upper()}:\n{m['content']}\n\n" for m in messages) + "ASSISTANT:\n"
+        return prompt_ids(tokenizer, rendered, "plain")
     return encode, "chat" if chat else "plain"
 
 
@@ -175,20 +187,36 @@ def run(args: argparse.Namespace) -> int:
                 "adapter": _identity(args.adapter), "template": template, "max_model_len": max_model_len,
                 "data": str(args.data), "split": args.split, "rows": [list(s.key) for s in rows]}
     settings["config"].pop("gpu_memory_utilization")
+    if cfg.policy == "bash":
+        settings["envs"] = str(Path(args.envs).resolve()) if args.envs else None
+    else:
+        settings["config"].pop("bash")
+    pool_urls: dict[str, str] | None = None
+    if cfg.steps == "1-4":  # step 2's candidates: every repository of the data (the 14 of the test set)
+        pool_urls = {}
+        for s in load_samples(args.data, args.split):
+            pool_urls.setdefault(s.repo, s.github or s.repo)
+        settings["candidates"] = sorted(pool_urls)
     claim_run_folder(out / "agent.json", settings)
-    repos = checkouts(args, {s.repo for s in rows}, out)
+    repos = checkouts(args, {s.repo for s in rows} | set(pool_urls or ()), out)
     engines: list[Engine] = []
 
     def engine() -> Engine:
         if not engines:
             engines.append(make_engine(args, cfg, tokenizer, max_model_len))
         return engines[0]
+    box = None
     try:
+        if cfg.policy == "bash":
+            box = sandbox_for(cfg, args, rows, repos)
         stats = run_episodes(cfg, rows, repos, engine, encode, max_model_len, out,
-                             ident={"model": args.model, "adapter": args.adapter, "backend": cfg.backend})
+                             ident={"model": args.model, "adapter": args.adapter, "backend": cfg.backend}, box=box,
+                             pool_urls=pool_urls)
     finally:
         for e in engines:
             e.close()
+        if box is not None:
+            box[0].close()
     summary = json.loads((out / "summary.json").read_text())
     print(f"agent: {summary['rows']} rows x {cfg.episodes} episodes ({stats['rows']} this time, {stats['rounds']} "
           f"lockstep rounds); exits {summary['exits']}; mean turns {summary['mean_turns']}, new tokens "
@@ -197,10 +225,39 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _replay(ep: Episode, path: Path) -> bool:
-    """Replay a transcript into a fresh episode (every prompt's hash checked); True when it had ended."""
+def sandbox_for(cfg: AgentConfig, args: argparse.Namespace, rows: list[Sample],
+                repos: dict[str, Path]) -> tuple[Sandbox, EnvConfig]:
+    """The bash policy's sandbox and the rows' environments (``--envs``, resolved as eval resolves them), each
+    environment probed once inside the sandbox before any episode starts."""
+    if cfg.bash.sandbox not in ("bwrap", "podman"):
+        raise MLBenchError(f"bash.sandbox {cfg.bash.sandbox!r} cannot keep files between actions", "bash.sandbox",
+                           "use bwrap (or podman as root)")
+    check_backend(cfg.bash.sandbox, unsafe_local=False)
+    repos_dir = args.repos_dir or (next(iter(repos.values())).parent if repos else None)
+    envs = EnvConfig(args.envs, repos_dir)
+    box = Sandbox(cfg.bash.sandbox)
+    try:
+        if not box.layers_ok:
+            raise MLBenchError(f"the {cfg.bash.sandbox} sandbox cannot keep files between actions here",
+                               "bash.sandbox", "use bwrap (podman keeps them only as root)")
+        for name in sorted(repos):
+            box.preflight(envs.for_repo(name), sorted({s.path for s in rows if s.repo == name}))
+    except BaseException:
+        box.close()
+        raise
+    return box, envs
+
+
+def _replay(ep: Episode | BashEpisode, path: Path) -> bool:
+    """Replay a transcript into a fresh episode (every prompt's hash checked); True when it had ended. A bash
+    episode that had ended is taken as recorded; one that had not runs its recorded actions again (its files)."""
+    recs = read_jsonl_tolerant(path)
+    end = next((r["end"] for r in recs if "end" in r), None)
+    if end is not None and isinstance(ep, BashEpisode):
+        ep.restore([r for r in recs if "end" not in r], end)
+        return True
     ended = False
-    for rec in read_jsonl_tolerant(path):
+    for rec in recs:
         if "end" in rec:
             ended = True
             break
@@ -209,27 +266,39 @@ def _replay(ep: Episode, path: Path) -> bool:
             raise MLBenchError(f"turn {rec.get('turn')} of this transcript does not replay: its prompt or seed "
                                "differs from what this run builds (the repository or the code changed)", str(path),
                                "use a new --out")
-        ep.feed(rec["raw"], rec["tokens_out"], rec["wall_s"], rec.get("truncated", False))
-    if ended and ep.exit is None:  # a fault or a limit outside the turns (recorded in the end line)
-        end = next(r["end"] for r in read_jsonl_tolerant(path) if "end" in r)
+        ep.replay(rec)
+    if ended and ep.exit is None and end is not None:  # a fault or a limit outside the turns (in the end line)
         ep.exit, ep.detail = end["exit"], end.get("detail", "")
     return ended
 
 
 def run_episodes(cfg: AgentConfig, rows: list[Sample], repos: dict[str, Path], engine: Any, encode: Any,
-                 max_model_len: int, out: Path, ident: dict[str, Any]) -> dict[str, Any]:
+                 max_model_len: int, out: Path, ident: dict[str, Any],
+                 box: tuple[Sandbox, EnvConfig] | None = None,
+                 pool_urls: dict[str, str] | None = None) -> dict[str, Any]:
     """Every row's k episodes in lockstep rounds (``engine`` is a callable giving the engine, made on first use,
-    so a finished run starts none). Returns counts for the summary line."""
+    so a finished run starts none). ``box``: the bash policy's sandbox and environments; ``pool_urls``: steps
+    1-4's candidate repositories (name -> URL; default: every repository of ``repos`` by name). Returns counts for
+    the summary line."""
     gens_path = out / "generations.jsonl"
     done = {(int(r["github_id"]), int(r["id"])) for r in read_jsonl_tolerant(gens_path)}
     views = {name: RepoView(path, name, cfg.read.max_file_bytes) for name, path in repos.items()}
-    live: list[tuple[Episode, Path, bool]] = []  # episode, transcript path, whether its end line is written
-    by_row: dict[tuple[int, int], list[Episode]] = {}
+    pool = None
+    if cfg.steps == "1-4":
+        urls = pool_urls or {name: name for name in repos}
+        pool = {name: (views[name], urls[name], views[name].description()) for name in sorted(urls)}
+    live: list[tuple[Any, Path, bool]] = []  # episode, transcript path, whether its end line is written
+    by_row: dict[tuple[int, int], list[Any]] = {}
     for s in rows:
         if s.key in done:
             continue
         for k in range(cfg.episodes):
-            ep = Episode(s, views[s.repo], cfg, k, encode, max_model_len)
+            ep: Episode | BashEpisode
+            if cfg.policy == "bash":
+                assert box is not None, "the bash policy needs a sandbox"
+                ep = BashEpisode(s, box[1].for_repo(s.repo), box[0], cfg, k, encode, max_model_len)
+            else:
+                ep = Episode(s, views[s.repo], cfg, k, encode, max_model_len, pool=pool)
             path = out / "transcripts" / f"{s.github_id}-{s.id}" / f"ep{k}.jsonl"
             ended = _replay(ep, path) if path.exists() else False
             by_row.setdefault(s.key, []).append(ep)
@@ -266,6 +335,9 @@ def run_episodes(cfg: AgentConfig, rows: list[Sample], repos: dict[str, Path], e
         gens.close()
         for log in logs.values():
             log.close()
+        for ep, _, _ in live:
+            if isinstance(ep, BashEpisode):
+                ep.discard()
     exits: dict[str, int] = {}
     for eps in by_row.values():
         for ep in eps:
@@ -282,7 +354,17 @@ def summarize(gens_path: Path, cfg: AgentConfig) -> dict[str, Any]:
     exits: dict[str, int] = {}
     for e in eps:
         exits[e["exit"]] = exits.get(e["exit"], 0) + 1
-    return {"policy": cfg.policy, "steps": cfg.steps, "config_sha": cfg.sha(), "episodes": len(eps),
+    extra: dict[str, Any] = {}
+    if cfg.policy == "bash" and cfg.bash.openhands_check:
+        # OpenHands' rule: one attempt per episode; a fault is no verdict (left out, and counted apart)
+        faults = sum(e["exit"] == "fault" or bool((e.get("openhands") or {}).get("fault")) for e in eps)
+        passed = sum(bool((e.get("openhands") or {}).get("passed")) for e in eps)
+        scored = len(eps) - faults
+        extra["openhands"] = {"rule": "openhands: timeout 120 bash run.sh in the task folder of the episode's own "
+                                      "files; exit 0 or 124, or KeyboardInterrupt printed",
+                              "passed": passed, "scored": scored, "faults": faults,
+                              "success_rate": round(passed / scored, 4) if scored else None}
+    return {**extra, "policy": cfg.policy, "steps": cfg.steps, "config_sha": cfg.sha(), "episodes": len(eps),
             "rows": len(read_jsonl_tolerant(gens_path)), "exits": dict(sorted(exits.items())),
             "answered": sum(e["answer"] is not None for e in eps),
             "mean_turns": round(sum(e["turns"] for e in eps) / n, 3),
@@ -297,7 +379,7 @@ def _log(logs: dict[Path, AppendLog], path: Path) -> AppendLog:
     return logs[path]
 
 
-def _finish(live: list[tuple[Episode, Path, bool]], by_row: dict[tuple[int, int], list[Episode]],
+def _finish(live: list[tuple[Any, Path, bool]], by_row: dict[tuple[int, int], list[Any]],
             written: set[tuple[int, int]], logs: dict[Path, AppendLog], gens: AppendLog, ident: dict[str, Any],
             cfg: AgentConfig) -> None:
     """Write the end line of every episode that has ended, and the generations line of every row whose k
@@ -312,7 +394,7 @@ def _finish(live: list[tuple[Episode, Path, bool]], by_row: dict[tuple[int, int]
             written.add(key)
 
 
-def generation_line(key: tuple[int, int], eps: list[Episode], ident: dict[str, Any],
+def generation_line(key: tuple[int, int], eps: list[Any], ident: dict[str, Any],
                     cfg: AgentConfig) -> dict[str, Any]:
     return {"github_id": key[0], "id": key[1], "output": [ep.answer or "" for ep in eps],
             "raw": [ep.turns[-1]["raw"] if ep.turns else "" for ep in eps],

@@ -16,13 +16,13 @@ import sys
 from argparse import Namespace
 from pathlib import Path
 
-from mlbench_kit.envspec import load_recipes
+from mlbench_kit.envspec import default_cache, load_recipes
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.escape import visible
 from mlbench_kit.io import read_jsonl_tolerant, write_atomic, write_json_atomic
 from mlbench_kit.untar import DEFAULT_MAX_BYTES, DEFAULT_MAX_MEMBERS, Limits
 
-from .envs.build import Builder, default_cache, env_dir, stale_builds, write_envs_yaml
+from .envs.build import Builder, env_dir, stale_builds, write_envs_yaml
 
 RECIPES = Path(__file__).resolve().parents[1] / "configs" / "eval" / "envs"
 

@@ -42,11 +42,6 @@ from .images import apptainer_def, build_env_image, containerfile, image_plan
 SANDBOX_UID = 65534
 
 
-def default_cache() -> Path:
-    """``$MLBENCH_CACHE`` or ``~/.cache/mlbench``."""
-    return Path(os.environ.get("MLBENCH_CACHE") or Path.home() / ".cache" / "mlbench")
-
-
 def env_dir(cache: Path, recipe: Recipe) -> Path:
     """Where ``recipe``'s build lives."""
     return cache / "envs" / f"{recipe.repo}-{recipe.hash}"

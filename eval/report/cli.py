@@ -1,7 +1,10 @@
-"""`mlbench report NAME=DIR...`: eval runs side by side — per setting (task 1–3), per repository, per type.
+"""`mlbench report NAME=DIR...`: eval runs side by side — per setting (task 1–3, or an agent policy), per
+repository, per type.
 
 Each DIR is an ``mlbench eval`` folder (its summary.json). Folders given the same NAME are one checkpoint: its
-tasks become the settings, and several folders of the same task (seeds) are averaged, the seed range shown.
+tasks become the settings, and several folders of the same task (seeds) are averaged, the seed range shown. An eval
+of `mlbench agent`'s generations is an agent setting of its checkpoint (found by the agent run beside the
+generations file), shown beside the task rows with its episodes (exits, turns, tokens, the openhands rule).
 Published rows (``--reference``) are added to the tables, marked as quoted: those of the tasks measured here
 (all of them with ``--all-reference``), with their per-type split where the paper gives one.
 """
@@ -32,9 +35,12 @@ def run(args: argparse.Namespace) -> int:
     """Write report.csv, the plots and report.md; returns the exit status."""
     settings = load_settings(args.runs, args.skip_missing)
     refs = load_reference(args.reference) if args.reference else []
-    tasks = {s.task for s in settings}
-    if not args.all_reference and None not in tasks:
-        refs = [r for r in refs if r.task is None or r.task in tasks]
+    tasks = {s.task for s in settings if s.agent is None}
+    if not args.all_reference:
+        # task rows of the tasks measured here (all of them when a run's task is unknown); agent rows beside
+        # agent runs only
+        agents = any(s.agent for s in settings)
+        refs = [r for r in refs if (agents if r.agent else (None in tasks or r.task is None or r.task in tasks))]
     out = Path(args.out)
     ks = sorted({k for s in settings for summ in s.summaries for k in summ["ks"]})
     write_csv(settings, refs, ks, out / "report.csv")

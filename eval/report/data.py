@@ -21,12 +21,21 @@ class Setting:
 
     run: str
     task: int | None
+    agent: str | None = None  # the policy of an agent run (`mlbench agent`): "ml-agent" or "bash"
     summaries: list[dict[str, Any]] = field(default_factory=list)
     dirs: list[str] = field(default_factory=list)
+    agents: list[dict[str, Any]] = field(default_factory=list)  # the agent runs' own summary.json, one per seed
 
     @property
     def label(self) -> str:
+        if self.agent is not None:
+            return f"{self.run} · agent {self.agent}"
         return self.run if self.task is None else f"{self.run} · task {self.task}"
+
+    @property
+    def setting(self) -> str:
+        """The settings table's task column: the task, ``agent: <policy>``, or a dash."""
+        return f"agent: {self.agent}" if self.agent is not None else str(self.task or "–")
 
     @property
     def not_scored(self) -> tuple[int, int]:
@@ -68,6 +77,12 @@ class Reference:
     source: str
     values: dict[str, float]
     per_type: dict[str, dict[str, float]] = field(default_factory=dict)
+    agent: str | None = None  # a quoted agent row (the paper's ML-Agent, AutoGen): the policy it compares with
+    per_repo: dict[str, dict[str, float]] = field(default_factory=dict)  # by the paper's repository names
+
+    @property
+    def setting(self) -> str:
+        return f"agent: {self.agent}" if self.agent is not None else str(self.task or "–")
 
 
 def _task_of(summary: dict[str, Any]) -> int | None:
@@ -77,9 +92,30 @@ def _task_of(summary: dict[str, Any]) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def agent_summary(summary: dict[str, Any], eval_dir: Path) -> dict[str, Any] | None:
+    """The `mlbench agent` run behind an eval of its generations: its ``summary.json`` (policy, exits, turns,
+    tokens, the openhands rule's rate), found beside the generations file the eval read (a summary with
+    ``policy`` and ``config_sha`` marks an agent run); None for generations of `mlbench infer` or gold answers."""
+    gens = summary.get("generations")
+    if not gens or gens == "gold":
+        return None
+    p = Path(gens)
+    for folder in ([p.parent] if p.is_absolute() else [Path.cwd() / p.parent, eval_dir / p.parent]):
+        f = folder / "summary.json"
+        if f.is_file() and f.stat().st_size < 2**20:
+            try:
+                found = json.loads(f.read_text())
+            except ValueError:
+                return None
+            if isinstance(found, dict) and isinstance(found.get("policy"), str) and "config_sha" in found:
+                return found
+            return None
+    return None
+
+
 def load_settings(specs: list[str], skip_missing: bool = False) -> list[Setting]:
-    """Group eval folders into (run name, task) settings, in the order first given."""
-    settings: dict[tuple[str, int | None], Setting] = {}
+    """Group eval folders into (run name, task or agent policy) settings, in the order first given."""
+    settings: dict[tuple[str, int | None, str | None], Setting] = {}
     for spec in specs:
         name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
         f = Path(path) / "summary.json"
@@ -89,16 +125,21 @@ def load_settings(specs: list[str], skip_missing: bool = False) -> list[Setting]
                 continue
             raise MLBenchError("no summary.json in this run folder", str(f), "pass folders written by `mlbench eval`")
         summary = json.loads(f.read_text())
-        key = (name or Path(path).name, _task_of(summary))
+        agent = agent_summary(summary, Path(path))
+        policy = None if agent is None else agent["policy"] + (f" {agent['steps']}" if agent.get("steps") and
+                                                               agent["policy"] == "ml-agent" else "")
+        key = (name or Path(path).name, None if agent else _task_of(summary), policy)
         s = settings.setdefault(key, Setting(*key))
         s.summaries.append(summary)
         s.dirs.append(path)
+        if agent is not None:
+            s.agents.append(agent)
     if not settings:
         raise MLBenchError("no eval results to report", " ".join(specs[:3]), "run `mlbench eval` first")
     return list(settings.values())
 
 
-_ROW_KEYS = ("name", "task", "table", "paper_row", "per_type")
+_ROW_KEYS = ("name", "task", "table", "paper_row", "per_type", "agent", "per_repo")
 
 
 def _rates(row: dict[str, Any], skip: tuple[str, ...], scale: float, where: str, hint: str) -> dict[str, float]:
@@ -133,24 +174,50 @@ def load_reference(path: str) -> list[Reference]:
         source = f"{source} ({raw['version']})"
     refs = []
     for i, row in enumerate(raw.get("rows") or []):
-        where = lines.at(("rows", str(i)))
-        if not isinstance(row, dict) or "name" not in row:
-            raise MLBenchError(f"rows[{i}] needs `name`", where)
-        if row.get("task") is not None and row["task"] not in TASKS:
-            raise MLBenchError(f"rows[{i}] ({row['name']}): task {row['task']!r} is not one of {list(TASKS)}", where)
-        values = _rates(row, _ROW_KEYS, scale, where, hint)
-        per_type: dict[str, dict[str, float]] = {}
-        pt = row.get("per_type") or {}
-        if not isinstance(pt, dict):
-            raise MLBenchError(f"rows[{i}] ({row['name']}): per_type is a mapping of type -> rates", where)
-        for kind, rates in pt.items():
-            if kind in ("table", "paper_row"):
-                continue
-            if not isinstance(rates, dict):
-                raise MLBenchError(f"rows[{i}] ({row['name']}): per_type.{kind} is a mapping of rates", where)
-            per_type[str(kind)] = _rates(rates, (), scale, where, hint)
-        table = f", table {row['table']}" if row.get("table") else ""
-        if pt.get("table"):
-            table += f" (per type: table {pt['table']})"
-        refs.append(Reference(row["name"], row.get("task"), f"{source}{table}", values, per_type))
+        refs.append(_reference(row, i, "rows", lines, source, scale, hint))
+    for i, row in enumerate(raw.get("agent_rows") or []):
+        ref = _reference(row, i, "agent_rows", lines, source, scale, hint)
+        if not ref.agent:
+            raise MLBenchError(f"agent_rows[{i}] ({ref.name}) needs `agent:` (the policy it compares with)",
+                               lines.at(("agent_rows", str(i))), "e.g. agent: ml-agent")
+        refs.append(ref)
     return refs
+
+
+def _reference(row: Any, i: int, key: str, lines: Any, source: str, scale: float, hint: str) -> Reference:
+    """One quoted row of ``rows`` or ``agent_rows``."""
+    where = lines.at((key, str(i)))
+    if not isinstance(row, dict) or "name" not in row:
+        raise MLBenchError(f"{key}[{i}] needs `name`", where)
+    if row.get("task") is not None and row["task"] not in TASKS:
+        raise MLBenchError(f"{key}[{i}] ({row['name']}): task {row['task']!r} is not one of {list(TASKS)}", where)
+    values = _rates(row, _ROW_KEYS, scale, where, hint)
+    per_type: dict[str, dict[str, float]] = {}
+    pt = row.get("per_type") or {}
+    if not isinstance(pt, dict):
+        raise MLBenchError(f"{key}[{i}] ({row['name']}): per_type is a mapping of type -> rates", where)
+    for kind, rates in pt.items():
+        if kind in ("table", "paper_row"):
+            continue
+        if not isinstance(rates, dict):
+            raise MLBenchError(f"{key}[{i}] ({row['name']}): per_type.{kind} is a mapping of rates", where)
+        per_type[str(kind)] = _rates(rates, (), scale, where, hint)
+    per_repo: dict[str, dict[str, float]] = {}
+    pr = row.get("per_repo") or {}
+    if not isinstance(pr, dict):
+        raise MLBenchError(f"{key}[{i}] ({row['name']}): per_repo is a mapping of repository -> rates", where)
+    for repo, rates in pr.items():
+        if repo in ("table", "paper_row"):
+            continue
+        if not isinstance(rates, dict):
+            raise MLBenchError(f"{key}[{i}] ({row['name']}): per_repo.{repo} is a mapping of rates", where)
+        per_repo[str(repo)] = _rates(rates, (), scale, where, hint)
+    table = f", table {row['table']}" if row.get("table") else ""
+    if pt.get("table"):
+        table += f" (per type: table {pt['table']})"
+    if pr.get("table"):
+        table += f" (per repository: table {pr['table']})"
+    agent = row.get("agent")
+    if agent is not None and not isinstance(agent, str):
+        raise MLBenchError(f"{key}[{i}] ({row['name']}): agent is a policy name", where)
+    return Reference(row["name"], row.get("task"), f"{source}{table}", values, per_type, agent, per_repo)

@@ -40,16 +40,22 @@ def write_csv(settings: list[Setting], refs: list[Reference], ks: list[int], pat
             for m in metrics:
                 v, rng = s.metric(m, g)
                 if v is not None:
-                    put([s.run, s.task, len(s.summaries), kind, g[1] if g else "all", m, round(v, 4),
-                         *(rng if rng else ("", "")), "measured"])
+                    put([s.run, s.task if s.agent is None else s.setting, len(s.summaries), kind,
+                         g[1] if g else "all", m, round(v, 4), *(rng if rng else ("", "")), "measured"])
         # what the Pass@k above leaves out (faults, unscored samples): always written, 0 included
         for m, n in zip(("faults", "unscored_samples"), s.not_scored, strict=True):
-            put([s.run, s.task, len(s.summaries), "overall", "all", m, n, "", "", "measured"])
+            put([s.run, s.task if s.agent is None else s.setting, len(s.summaries), "overall", "all", m, n,
+                 "", "", "measured"])
+        for m, v in agent_figures(s).items():  # the agent's own episodes: exits, turns, tokens, the openhands rule
+            put([s.run, s.setting, len(s.summaries), "agent", "all", m, v, "", "",
+                 OPENHANDS_LABEL if m == "openhands_success_rate" else "measured"])
     for r in refs:
-        quoted = [("overall", "all", r.values)] + [("type", t, v) for t, v in r.per_type.items()]
+        quoted = ([("overall", "all", r.values)] + [("type", t, v) for t, v in r.per_type.items()]
+                  + [("repo", g, v) for g, v in r.per_repo.items()])
         for kind, group, values in quoted:
             for m, v in values.items():
-                put([r.name, r.task, "", kind, group, m, round(v, 6), "", "", f"quoted: {r.source}"])
+                put([r.name, r.task if r.agent is None else r.setting, "", kind, group, m, round(v, 6), "", "",
+                     f"quoted: {r.source}"])
     write_atomic(path, buf.getvalue())
 
 
@@ -68,9 +74,9 @@ def write_markdown(settings: list[Setting], refs: list[Reference], ks: list[int]
              "Pass@k as the paper defines it (a sample passes if one of its first k outputs passes the parameter "
              "check, the type check and runs cleanly); brackets: the 95% bootstrap CI over samples for one seed, "
              "min–max over seeds for several (their mean shown).", "", "## Pass@k by setting", ""]
-    rows = [[s.run, str(s.task or "–"), str(len(s.summaries)), str(s.summaries[0]["metrics"]["overall"]["samples"])]
+    rows = [[s.run, s.setting, str(len(s.summaries)), str(s.summaries[0]["metrics"]["overall"]["samples"])]
             + [fmt_rate(*s.metric(f"pass@{k}")) for k in ks] + [s.incomplete or "–"] for s in settings]
-    rows += [[f"{r.name} *(quoted)*", str(r.task or "–"), "", ""] + [fmt_rate(r.values.get(f"pass@{k}")) for k in ks]
+    rows += [[f"{r.name} *(quoted)*", r.setting, "", ""] + [fmt_rate(r.values.get(f"pass@{k}")) for k in ks]
              + [""] for r in refs]
     lines += _table(["run", "task", "seeds", "samples"] + [f"Pass@{k}" for k in ks] + ["not scored"], rows)
     bad = [s for s in settings if s.incomplete]
@@ -82,6 +88,7 @@ def write_markdown(settings: list[Setting], refs: list[Reference], ks: list[int]
         lines += ["", "Quoted rows are copied from their source, not recomputed here: "
                   + "; ".join(md_text(x) for x in sorted({r.source for r in refs})) + "."]
     lines += _paper_layout(settings, refs, ks)
+    lines += _agent_section(settings, refs, ks)
     lines += ["", "## What the outputs get right", "",
               "param hit: share of the instruction's arguments found in an output; all params: outputs with every "
               "argument; type acc: outputs of the right kind (bash vs Python).", ""]
@@ -148,6 +155,66 @@ def _paper_layout(settings: list[Setting], refs: list[Reference], ks: list[int])
     return ["", "## As the paper's Table 1 (percent)", "",
             "Runs as rows, the paper's settings as columns; `/` where a run has no such setting (as the paper "
             "marks the settings it did not run)."] + [""] + _table(head, rows)
+
+
+OPENHANDS_LABEL = ("measured under the openhands rule (ML-Agent-Bench's: `timeout 120 bash run.sh` in the task "
+                   "folder of the episode's own files; exit 0 or 124, or KeyboardInterrupt = success; one attempt)")
+
+
+def agent_figures(s: Setting) -> dict[str, Any]:
+    """An agent setting's episodes over its seeds: count, answers, exits, mean turns, tokens and seconds per
+    episode, and the openhands rule's success rate where the run applied it (the bash policy)."""
+    if not s.agents:
+        return {}
+    eps = sum(a.get("episodes", 0) for a in s.agents) or 1
+
+    def mean(key: str) -> float:
+        return round(sum(a.get(key, 0) * a.get("episodes", 0) for a in s.agents) / eps, 3)
+    out: dict[str, Any] = {"episodes": eps, "answered": sum(a.get("answered", 0) for a in s.agents),
+                           "mean_turns": mean("mean_turns"), "mean_tokens_in": mean("mean_tokens_in"),
+                           "mean_tokens_out": mean("mean_tokens_out"), "mean_seconds": mean("mean_seconds")}
+    for a in s.agents:
+        for e, n in (a.get("exits") or {}).items():
+            out[f"exit_{e}"] = out.get(f"exit_{e}", 0) + n
+    oh = [a["openhands"] for a in s.agents if a.get("openhands")]
+    if oh:
+        scored = sum(o["scored"] for o in oh)
+        out["openhands_success_rate"] = round(sum(o["passed"] for o in oh) / scored, 4) if scored else None
+        out["openhands_faults"] = sum(o["faults"] for o in oh)
+    return out
+
+
+def _agent_section(settings: list[Setting], refs: list[Reference], ks: list[int]) -> list[str]:
+    """The agent runs' episodes (exits, turns, tokens, time, the openhands rule) and the paper's agent rows."""
+    agents = [s for s in settings if s.agents]
+    quoted = [r for r in refs if r.agent]
+    if not agents and not quoted:
+        return []
+    lines = ["", "## Agent runs", "",
+             "Their answers are scored above like every generation (the paper's checker, Pass@k); here their "
+             "episodes: exits, mean turns, prompt and new tokens and seconds per episode. The `openhands` column is "
+             "a different rule, labelled as such: " + OPENHANDS_LABEL + "; the paper's checker runs the same answer "
+             "in the pristine repository instead.", ""]
+    rows = []
+    for s in agents:
+        f = agent_figures(s)
+        exits = ", ".join(f"{k[5:]} {v}" for k, v in f.items() if k.startswith("exit_"))
+        oh = f.get("openhands_success_rate", "–")
+        rows.append([s.label, str(f["episodes"]), str(f["answered"]), exits, f"{f['mean_turns']:.2f}",
+                     f"{f['mean_tokens_in']:.0f} / {f['mean_tokens_out']:.0f}", f"{f['mean_seconds']:.1f}",
+                     fmt_rate(oh) if isinstance(oh, float) else str(oh)])
+    lines += _table(["setting", "episodes", "answered", "exits", "mean turns", "tokens in / out", "seconds",
+                     "openhands (success rate)"], rows, "no agent runs measured here")
+    repos = [r for r in quoted if r.per_repo]
+    if repos:
+        lines += ["", "Quoted per repository (the paper's agent, its repository names; not recomputed):", ""]
+        names = sorted({g for r in repos for g in r.per_repo})
+        metric = sorted({m for r in repos for v in r.per_repo.values() for m in v})
+        lines += _table(["repository"] + [f"{r.name} *(quoted)* {m.replace('pass@', 'Pass@')}" for r in repos
+                                          for m in metric],
+                        [[g] + [fmt_rate(r.per_repo.get(g, {}).get(m)) for r in repos for m in metric]
+                         for g in names])
+    return lines
 
 
 def _gold(s: Setting) -> dict[str, Any]:

@@ -49,6 +49,7 @@ class Mounts:
     lower: Path | None  # the pristine checkout (None: the engine copies it itself)
     disk_mb: int
     ro_binds: tuple[str, ...] = ()  # host folders bound read-only at their own path (environment, interpreter)
+    layer: Path | None = None  # a persistent upper layer (Job.layer): copied in before, back after the engine
 
 
 def stage_script(m: Mounts, who: Identity, cgroup_procs: list[str], report_fd: int, engine_argv: list[str],
@@ -71,6 +72,9 @@ def stage_script(m: Mounts, who: Identity, cgroup_procs: list[str], report_fd: i
               f"cd {s}", "mkdir upper ovw work home job ro lower", f"cp -pR {q(str(m.job))}/* job/"]  # 0444, bin/ 0755
     for i, src in enumerate(m.ro_binds):
         lines += [f"mkdir ro/{i}", f"mount --bind {q(src)} ro/{i}"]  # bwrap binds it on read-only
+    layer = q(str(m.layer)) if m.layer is not None else None
+    if layer is not None:  # the earlier executions' changes, into this one's size-capped tmpfs
+        lines += [f"rm -rf {layer}/new", f"if [ -d {layer}/upper ]; then cp -a {layer}/upper/. upper/; fi"]
     if m.lower is not None:
         xattr = "" if who.root else ",userxattr"
         lines += [f"mount --bind {q(str(m.lower))} lower",
@@ -79,9 +83,17 @@ def stage_script(m: Mounts, who: Identity, cgroup_procs: list[str], report_fd: i
         lines.append(f"chown {who.uid}:{who.gid} upper ovw work home")
     setpriv = (["setpriv", f"--reuid={who.uid}", f"--regid={who.gid}", "--clear-groups", "--inh-caps=-all",
                 "--bounding-set=-all"] if who.root and drop else [])
-    lines.append("exec " + " ".join(q(a) for a in setpriv + engine_argv) + f" {REPORT_FD}>&{report_fd}"
-                 + (f" {report_fd}>&-" if report_fd != REPORT_FD else "")
-                 + (f" {SECCOMP_FD}<{q(str(seccomp_bpf))}" if seccomp_bpf else ""))  # last: may reuse report_fd
+    start = (" ".join(q(a) for a in setpriv + engine_argv) + f" {REPORT_FD}>&{report_fd}"
+             + (f" {report_fd}>&-" if report_fd != REPORT_FD else "")
+             + (f" {SECCOMP_FD}<{q(str(seccomp_bpf))}" if seccomp_bpf else ""))  # last: may reuse report_fd
+    if layer is None:
+        lines.append("exec " + start)
+    else:
+        # the engine as a child: when it has exited (its PID 1 gone, every process of the execution with it) the
+        # upper layer is quiescent and goes back whole or not at all (a kill before the rename changes nothing)
+        lines += ["rc=0", f"{start} || rc=$?", f"exec {report_fd}>&-",
+                  f"cp -a upper {layer}/new", f"rm -rf {layer}/upper", f"mv {layer}/new {layer}/upper",
+                  "exit $rc"]
     return "\n".join(lines) + "\n"
 
 

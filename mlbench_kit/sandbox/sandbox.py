@@ -157,6 +157,23 @@ class Sandbox:
             return "container"
         return f"cgroup-{self.cgroups[0]}" if self.cgroups else "rlimit (per process)"
 
+    @property
+    def layers_ok(self) -> bool:
+        """Whether executions can keep files between them (:attr:`Job.layer`): engines the stage script starts."""
+        return self.engine.isolated and self.engine.staged(self.who)
+
+    def new_layer(self) -> Path:
+        """An empty persistent layer (see :attr:`Job.layer`) in the scratch folder; remove it with
+        :meth:`drop_layer` when its executions are over."""
+        d = self.root / "layers" / uuid.uuid4().hex[:12]
+        d.parent.mkdir(mode=0o700, exist_ok=True)
+        d.mkdir(mode=0o700)
+        return d
+
+    def drop_layer(self, layer: Path) -> None:
+        """Remove a layer of :meth:`new_layer` (files the untrusted code wrote: removed without following links)."""
+        shutil.rmtree(layer, ignore_errors=True)
+
     def close(self) -> None:
         """Remove the scratch folder (staged checkouts included)."""
         if self._own_tmp:
@@ -302,6 +319,10 @@ class Sandbox:
         reads while the command runs, so a command printing more than the pipe holds blocks (and, in compat
         mode, "passes" by still running at the limit)."""
         eng = self.engine
+        if job.layer is not None and not self.layers_ok:
+            raise MLBenchError(f"the {self.backend} backend cannot keep files between executions here (a persistent "
+                               "layer needs an engine started by the stage script)", "--backend",
+                               "use bwrap (or podman as root)")
         if not eng.isolated:
             return run_local(job, limits, self.root, drain, self._job_env(job, limits))
         xid = uuid.uuid4().hex[:12]
@@ -318,7 +339,7 @@ class Sandbox:
             except OSError as exc:
                 return ExecResult(None, False, 0.0, 0, "", fault=f"SANDBOX: cannot create a cgroup ({exc})")
         binds = self._ro_binds(job.env) if eng.binds_env else ()
-        m = Mounts(scratch, jobdir, lower, limits.disk_mb, binds)
+        m = Mounts(scratch, jobdir, lower, limits.disk_mb, binds, job.layer)
         name = f"mlbench-{xid}"
         report_r, report_w = os.pipe()
         nonce = secrets.token_hex(16)

@@ -69,6 +69,11 @@ class Job:
     env: Env
     workdir: str  # path inside the repository, e.g. "./examples/gnn"
     vars: tuple[tuple[str, str], ...] = ()  # variables of this sample (the exports of its prefix_code)
+    # a host folder holding the repository's changes from earlier executions (an overlay upper layer: the agent's
+    # per-episode state). It is copied into this execution's size-capped tmpfs before it starts and back when it
+    # ends, so files persist between executions while each stays disk-capped; processes never persist. An
+    # execution killed at its wall limit leaves the layer as it was. Staged engines only (Sandbox.layer_ok).
+    layer: Path | None = None
 
 
 @dataclass

@@ -492,3 +492,81 @@ def test_a_hostile_tarball_is_refused_before_anything_is_written(tmp_path: Path)
     with pytest.raises(MLBenchError, match=r"toy/\.\./\.\./escaped\.txt"):
         checkouts(args, {"toy"}, out)
     assert not list(tmp_path.rglob("escaped.txt")) and not (out / "checkouts" / "toy").exists()
+
+
+# ----------------------------------------------------------------------------------------- steps 1-2 (option)
+
+
+@pytest.fixture
+def pool(toy_repo: Path, tmp_path: Path) -> dict:
+    other = tmp_path / "repos" / "other"
+    other.mkdir()
+    (other / "README.md").write_text("# other\n![badge](x.svg)\n\nA library for\n  speech synthesis.\n\nMore.\n")
+    return {"other": (RepoView(other, "other"), "https://github.com/x/other", RepoView(other, "other").description()),
+            "toy": (RepoView(toy_repo, "toy"), "https://github.com/y/toy", RepoView(toy_repo, "toy").description())}
+
+
+def ranker(first: str):
+    """Keywords, then a ranking with ``first`` on top; step 3 says No to `other` and Yes to `toy`, then CODE."""
+    def policy(prompt: str, seed: int) -> str:
+        if prompt.startswith("Please help me extract the keywords"):
+            return '{"keywords": ["learning rate", "examples/a"]}'
+        if prompt.startswith("Sort the names and descriptions"):
+            return json.dumps({"ranked_repos": [first, "https://github.com/y/toy"]})
+        if prompt.startswith("I will provide you with the name"):
+            if "repo_name: other" in prompt:
+                return '{"task_flag": "No"}'
+            return '{"task_flag": "Yes", "ranked_readmefiles": ["toy/examples/a/README.md"]}'
+        return '{"flag": "CODE", "code": "python main.py --lr 0.1"}'
+    return policy
+
+
+def test_steps_1_to_4_rank_the_repositories_then_try_them_in_turn(pool: dict, toy_repo: Path):
+    cfg = _cfg()
+    cfg.steps = "1-4"
+    ep = Episode(SAMPLE, RepoView(toy_repo, "toy"), cfg, 0, encode, 1_000_000, pool=pool)
+    prompts = []
+
+    def policy(prompt: str, seed: int) -> str:
+        prompts.append(prompt)
+        return ranker("https://github.com/x/other/")(prompt, seed)
+    drive(ep, policy)
+    assert (ep.exit, ep.answer, ep.summary()["repository"]) == ("submitted", "python main.py --lr 0.1", "toy")
+    assert [t["step"] for t in ep.turns] == ["keywords", "rank", "plan", "plan", "code_or_file"]
+    assert ep.turns[1]["action"]["resolved"] == ["other", "toy"]
+    assert [t["inputs"].get("repo") for t in ep.turns[2:4]] == ["other", "toy"]
+    # the candidates: URL and the main README's first prose paragraph (headings and badges left out)
+    assert "{learning rate, examples/a}" in prompts[1]
+    assert "'https://github.com/x/other': A library for speech synthesis." in prompts[1]
+    assert "'https://github.com/y/toy': Run examples/a/main.py." in prompts[1]
+
+
+def test_steps_1_to_4_every_repository_rejected_and_an_unknown_ranking(pool: dict, toy_repo: Path):
+    cfg = _cfg()
+    cfg.steps = "1-4"
+    ep = drive(Episode(SAMPLE, RepoView(toy_repo, "toy"), cfg, 0, encode, 1_000_000, pool=pool),
+               lambda p, s: ranker("nowhere")(p, s) if not p.startswith("I will provide you with the name")
+               else '{"task_flag": "No"}')
+    assert ep.exit == "rejected" and "every ranked repository" in ep.detail
+    assert ep.turns[1]["action"]["resolved"] == ["toy"]  # the unknown name dropped
+    ep = drive(Episode(SAMPLE, RepoView(toy_repo, "toy"), cfg, 0, encode, 1_000_000, pool=pool),
+               lambda p, s: '{"ranked_repos": ["../../etc"]}' if p.startswith("Sort") else ranker("x")(p, s))
+    assert ep.turns[1]["action"]["fallback"] and ep.turns[1]["action"]["resolved"] == ["other", "toy"]
+    assert ep.exit == "submitted"
+    with pytest.raises(MLBenchError, match="steps: 1-4"):
+        cfg = AgentConfig(policy="bash", steps="1-4")
+        cfg.check(lambda key: key)
+
+
+def test_steps_1_and_2_are_the_papers_tables_20_and_21(shared: Path, pool: dict, toy_repo: Path):
+    paper = _words((shared / "paper" / "ml-bench-paper.txt").read_text())
+    t20 = paper[paper.index("Please help me extract the keywords"): paper.index("Table 20:")]
+    t21 = paper[paper.index("Sort the names and descriptions"): paper.index("Example Below is an example")]
+    cfg = _cfg()
+    cfg.steps = "1-4"
+    ep = Episode(SAMPLE, RepoView(toy_repo, "toy"), cfg, 0, encode, 1_000_000, pool=pool)
+    assert _words(ep.prepare().text).startswith(t20[: t20.index("Sentence :")] + f"Sentence :{SAMPLE.instruction}")
+    ep.feed('{"keywords": ["lr"]}', 5, 0.1)
+    sent = _words(ep.prepare().text)
+    assert sent.startswith(t21[: t21.index("{keyword}")] + "{lr}. URLS: {")
+    assert "} Make sure your answer is in standard json format, start!" in sent

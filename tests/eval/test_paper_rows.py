@@ -120,3 +120,56 @@ def test_loader_names_the_bad_row(tmp_path: Path, body: str, message: str, line:
     with pytest.raises(MLBenchError) as e:
         load_reference(str(f))
     assert message in str(e.value) and f"{f}:{line}" in str(e.value)
+
+
+def _agent_mismatches(doc: dict, text: str) -> list[str]:
+    """agent_rows against Table 3 (agents' Pass@1/2/5) and Table 2's first column (ML-AGENT's Pass@5 per repository),
+    read from the paper's text independently of the loader."""
+    t3 = text[text.rindex("Agent name\tPass@1", 0, text.index("Table 3:")):text.index("Table 3:")]
+    printed3 = {c[0].strip(): c[1:4] for c in (ln.split("\t") for ln in t3.splitlines()[1:]) if len(c) == 4}
+    t2 = text[text.rindex("Repos\tML-AGENT", 0, text.index("Table 2:")):text.index("Table 2:")]
+    printed2 = {c[0].strip(): c[1] for c in (ln.split("\t") for ln in t2.splitlines()[2:]) if len(c) == 14}
+    bad = []
+    for row in doc["agent_rows"]:
+        cells = printed3.get(row["paper_row"])
+        if cells is None:
+            bad.append(f"{row['name']}: no row {row['paper_row']!r} in Table 3")
+            continue
+        for k, cell in zip((1, 2, 5), cells, strict=True):
+            if f"{row[f'pass@{k}']:.2f}" != cell.strip():
+                bad.append(f"{row['name']} pass@{k}: {row[f'pass@{k}']} vs printed {cell}")
+        for repo, rates in (row.get("per_repo") or {}).items():
+            if repo in ("table", "paper_row"):
+                continue
+            if f"{rates['pass@5']:.2f}" != printed2.get(repo):
+                bad.append(f"{row['name']} {repo} pass@5: {rates['pass@5']} vs printed {printed2.get(repo)}")
+    if len(printed2) != 15 or set(printed2) - set(doc["agent_rows"][0]["per_repo"]):
+        bad.append(f"Table 2 rows not all quoted: {sorted(printed2)}")
+    return bad
+
+
+def test_every_quoted_agent_number_is_the_papers(paper: str) -> None:
+    doc = yaml.safe_load(PAPER_ROWS.read_text())
+    assert [r["agent"] for r in doc["agent_rows"]] == ["ml-agent", "autogen"]
+    assert _agent_mismatches(doc, paper) == []
+    doc["agent_rows"][0]["per_repo"]["Py-GAN"]["pass@5"] = 12.05  # printed 12.50
+    doc["agent_rows"][1]["pass@2"] = 6.60  # printed 6.06
+    assert _agent_mismatches(doc, paper) == [
+        "ML-Agent, GPT-4 (paper, quarter set) Py-GAN pass@5: 12.05 vs printed 12.50",
+        "AutoGen, GPT-4 (paper, quarter set) pass@2: 6.6 vs printed 6.06"]
+
+
+def test_loader_reads_agent_rows() -> None:
+    refs = [r for r in load_reference(str(PAPER_ROWS)) if r.agent]
+    ml = refs[0]
+    assert (ml.agent, ml.task, ml.setting) == ("ml-agent", None, "agent: ml-agent")
+    assert ml.values == pytest.approx({"pass@1": 0.2353, "pass@2": 0.3529, "pass@5": 0.4706})
+    assert ml.per_repo["DGL"] == pytest.approx({"pass@5": 0.8}) and "per repository: table 2" in ml.source
+
+
+def test_an_agent_row_names_its_agent(tmp_path: Path) -> None:
+    f = tmp_path / "ref.yaml"
+    f.write_text("source: s\nagent_rows:\n  - {name: a, pass@1: 0.5}\n")
+    with pytest.raises(MLBenchError, match="needs `agent:`") as e:
+        load_reference(str(f))
+    assert f"{f}:3" in str(e.value)

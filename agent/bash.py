@@ -1,0 +1,285 @@
+"""The ``bash`` policy: ML-Agent-Bench offline, one episode as a state machine the harness drives turn by turn.
+
+The paper's interactive setting ran OpenHands' CodeAct agent in a Linux sandbox holding the repository (at most 10
+iterations; the agent is asked to write ``run.sh`` in the task folder; success when ``timeout 120 bash run.sh``
+exits 0 or 124, or prints ``KeyboardInterrupt``). This is that task with mini-swe-agent's small loop, so that any
+model can play it with text alone:
+
+- the prompt is the task (OpenHands' ML-Bench instruction: repository, task, "create a script named run.sh under
+  the specified path") and the action format (one fenced ``bash`` block per reply);
+- each reply's one command runs as one sandboxed execution (:class:`mlbench_kit.sandbox.Sandbox`) in the row's
+  environment, network off, in the task folder, over the episode's writable layer (:attr:`Job.layer`): files
+  persist between actions, processes and ``cd`` do not, and the layer is disk-capped and removed when the episode
+  ends;
+- the observation is the action's exit status and its output (stdout + stderr), control characters escaped and
+  cut to ``bash.observation_chars`` (head and tail); it goes back as the next user message;
+- a reply without exactly one ``bash`` block is a format error, answered with a message saying so (as
+  mini-swe-agent does); ``limits.max_format_errors`` in a row end the episode;
+- the episode ends ``submitted`` as soon as ``<task folder>/run.sh`` is a regular file in the layer: its content is
+  the episode's answer (a generation ``mlbench eval`` scores like any other). With ``bash.openhands_check`` the
+  OpenHands rule is then applied to the episode's own files (``timeout 120 bash run.sh`` in the task folder) and
+  recorded beside the answer as ``openhands``.
+
+The harness counts every limit (turns, new tokens, the episode's generation plus action time, the context,
+format errors); the model is never asked to. A sandbox fault ends the episode as ``fault``: reported apart, never
+a verdict about the model."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from mlbench_kit.dataset import Sample
+from mlbench_kit.sandbox import Env, ExecResult, Job, Limits, Sandbox
+
+from .config import AgentConfig
+from .episode import EXITS, Prepared, sha, turn_seed
+from .parse import FormatError
+from .repo import Refused, RepoView
+
+# OpenHands' ML-Bench instruction (evaluation/benchmarks/ml_bench/run_infer.py), its sentences kept; the repository
+# path is the sandbox's and the "finish tool" sentence is replaced by this harness's rule (run.sh ends the episode)
+TASK = ("Please complete the Machine Learning task in the following repository: {repo}\n\n"
+        "{instruction}\n\n"
+        "You should create a script named `run.sh` under the specified path in the repo to run the task.\n\n"
+        "You can find the task repo at: /sandbox/work/{path}\n\n"
+        "{prefix}"
+        "You should terminate the subprocess after running the task (e.g., call subprocess.Popen(args).wait()).\n")
+PREFIX = "Here is the prefix code for the task:\n```bash\n{prefix_code}\n```\n\n"
+# mini-swe-agent's action format, with this harness's facts
+FORMAT = ("\nYou work in a Linux shell without network access. Reply with a short thought and then exactly ONE "
+          "bash code block holding one command (join several with && or ;):\n\n"
+          "```bash\nyour_command_here\n```\n\n"
+          "Each command runs in a new shell in /sandbox/work/{path}: files you write persist between commands, "
+          "processes and `cd` do not. A command may run at most {wall:g} seconds; its output is cut to {chars} "
+          "characters. The task ends as soon as {runsh} exists (then `timeout {check} bash run.sh` is run there "
+          "to check it), or after {turns} replies.")
+FORMAT_ERROR = ("Format error: {why}. Reply with a short thought and exactly ONE ```bash code block holding your "
+                "next command.")
+_BLOCK = re.compile(r"```(?:bash|sh|shell)[ \t]*\n(.*?)```", re.DOTALL)
+_CTRL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def parse_action(text: str) -> str:
+    """The one command of a reply: exactly one fenced ``bash`` block, not empty; else :class:`FormatError`."""
+    blocks = _BLOCK.findall(text)
+    if len(blocks) != 1:
+        raise FormatError(f"the reply has {len(blocks)} ```bash blocks, not exactly one")
+    cmd = blocks[0].strip()
+    if not cmd:
+        raise FormatError("the ```bash block is empty")
+    return cmd
+
+
+def observation(res: ExecResult, chars: int) -> str:
+    """What the model sees of one execution: its exit status and output, escaped (control characters as ``\\xNN``;
+    nothing it prints can close the ``<output>`` element) and cut to ``chars`` (head and tail)."""
+    out = _CTRL.sub(lambda m: f"\\x{ord(m.group()):02x}", res.log).replace("</output>", "<\\/output>")
+    if len(out) > chars:
+        half = chars // 2
+        out = f"{out[:half]}\n[... {len(out) - 2 * half} characters elided ...]\n{out[-half:]}"
+    if res.timed_out:
+        status = f"timeout (stopped after {res.duration:.0f} s; its changes were discarded)"
+    elif res.limit:
+        status = f"{res.exit_code} ({res.limit} limit hit)"
+    else:
+        status = str(res.exit_code)
+    return f"<returncode>{status}</returncode>\n<output>\n{out}</output>"
+
+
+def openhands_passed(res: ExecResult) -> bool:
+    """OpenHands' ML-Bench rule: ``timeout 120 bash run.sh`` exits 0 or 124, or prints ``KeyboardInterrupt``."""
+    return res.fault is None and (res.exit_code in (0, 124) or "KeyboardInterrupt" in res.log)
+
+
+def task_folder(path: str) -> str:
+    """A row's ``path`` as a folder inside the repository (``./`` -> ``""``)."""
+    return "/".join(p for p in PurePosixPath(path.strip() or ".").parts if p not in (".", ""))
+
+
+@dataclass
+class BashEpisode:
+    """One ML-Agent-Bench episode; :meth:`prepare` / :meth:`feed` as :class:`~agent.episode.Episode`'s."""
+
+    sample: Sample
+    env: Env
+    sandbox: Sandbox
+    cfg: AgentConfig
+    episode: int
+    encode: Callable[[str | list[dict[str, str]]], list[int]]
+    max_model_len: int
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    exit: str | None = None
+    answer: str | None = None
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        folder = task_folder(self.sample.path)
+        self.runsh = f"{folder}/run.sh" if folder else "run.sh"
+        b, lim = self.cfg.bash, self.cfg.limits
+        prefix = PREFIX.format(prefix_code=self.sample.prefix_code.strip()) if self.sample.prefix_code.strip() else ""
+        task = TASK.format(repo=self.env.name, instruction=self.sample.instruction, path=folder, prefix=prefix)
+        task += FORMAT.format(path=folder, wall=b.action_wall_s, chars=b.observation_chars, runsh=self.runsh,
+                              check=b.openhands_timeout_s, turns=lim.max_turns)
+        self.messages: list[dict[str, str]] = [{"role": "user", "content": task}]
+        self.format_errors = 0
+        self.tokens_out = 0
+        self.tokens_in = 0
+        self.seconds = 0.0
+        self.openhands: dict[str, Any] | None = None
+        self.layer: Path | None = None
+        self._prepared: Prepared | None = None
+
+    # -- the sandbox -------------------------------------------------------------------------------------------
+    def _limits(self, wall: float) -> Limits:
+        b = self.cfg.bash
+        return Limits(wall_s=wall, mem_mb=b.action_mem_mb, pids=b.action_pids, disk_mb=b.disk_mb,
+                      tmp_mb=min(256, b.disk_mb), log_bytes=max(4 * b.observation_chars, 16384), threads=1)
+
+    def _run(self, code: str, wall: float) -> ExecResult:
+        if self.layer is None:
+            self.layer = self.sandbox.new_layer()
+        return self.sandbox.run(Job(code, True, self.env, self.sample.path or ".", layer=self.layer),
+                                self._limits(wall))
+
+    def _submitted(self) -> str | None:
+        """``run.sh`` of the task folder when the layer holds it as a regular file (links not followed)."""
+        if self.layer is None or not (self.layer / "upper").is_dir():
+            return None
+        try:
+            return RepoView(self.layer / "upper", self.env.name, self.cfg.read.max_file_bytes).read(self.runsh)
+        except Refused:
+            return None
+
+    # -- prompts -----------------------------------------------------------------------------------------------
+    def prepare(self) -> Prepared | None:
+        """The next turn's prompt (the whole conversation), or None when the episode has ended. A conversation
+        over the context with this turn's new tokens ends the episode (``context_exceeded``): nothing is cut."""
+        if self.exit is not None:
+            return None
+        if self._prepared is not None:
+            return self._prepared
+        room = self.cfg.limits.max_episode_tokens - self.tokens_out
+        new = min(self.cfg.sampling.max_new_tokens, room)
+        ids = self.encode(self.messages)
+        if len(ids) + new > self.max_model_len:
+            self._end("context_exceeded", f"the conversation is {len(ids)} tokens; with {new} new tokens it "
+                                          f"exceeds max_model_len {self.max_model_len}")
+            return None
+        seed = turn_seed(self.cfg.sampling.seed, self.sample.key, self.episode, len(self.turns))
+        self._prepared = Prepared(json.dumps(self.messages), ids, seed, new, {"step": "bash",
+                                                                              "messages": len(self.messages)})
+        return self._prepared
+
+    # -- replies -----------------------------------------------------------------------------------------------
+    def feed(self, raw: str, n_tokens: int, wall_s: float, truncated: bool = False,
+             replayed: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Take the model's reply: run its action, record the turn. ``replayed``: the turn's transcript record
+        on resume; the action runs again (to rebuild the layer) and the recorded observation is what the model
+        is shown, so the conversation is the one the model saw."""
+        p = self._prepared
+        assert p is not None and self.exit is None, "feed() without a prepared prompt"
+        self._prepared = None
+        rec: dict[str, Any] = {"turn": len(self.turns), "step": "bash", "seed": p.seed, "prompt_sha": sha(p.text),
+                               "inputs": p.inputs, "tokens_in": len(p.ids), "raw": raw, "tokens_out": n_tokens,
+                               "truncated": truncated, "wall_s": round(wall_s, 4)}
+        self.tokens_in += len(p.ids)
+        self.tokens_out += n_tokens
+        self.seconds += wall_s
+        self.messages.append({"role": "assistant", "content": raw})
+        action: dict[str, Any] | None = None
+        try:
+            cmd = parse_action(raw)
+        except FormatError as exc:
+            self.format_errors += 1
+            rec["error"] = str(exc)
+            self.messages.append({"role": "user", "content": FORMAT_ERROR.format(why=exc)})
+        else:
+            self.format_errors = 0
+            action = {"kind": "bash", "command": cmd}
+            res = self._run(cmd, self.cfg.bash.action_wall_s)
+            rec["exec"] = {"exit_code": res.exit_code, "timed_out": res.timed_out, "limit": res.limit,
+                           "fault": res.fault, "seconds": round(res.duration, 3)}
+            self.seconds += res.duration
+            if replayed is not None and "exec" in replayed:  # the time the model's episode was charged, not now's
+                self.seconds += replayed["exec"]["seconds"] - res.duration
+                rec["exec"] = replayed["exec"]
+            obs = replayed["observation"] if replayed is not None else observation(res, self.cfg.bash.observation_chars)
+            rec["observation"] = obs
+            self.messages.append({"role": "user", "content": obs})
+            if res.fault and replayed is None:
+                rec["action"] = action
+                self.turns.append(rec)
+                self._end("fault", res.fault)
+                rec["exit"] = self.exit
+                return rec
+            text = self._submitted()
+            if text is not None:
+                self.answer = text
+                rec["action"] = action
+                self.turns.append(rec)
+                self._end("submitted", "")
+                rec["exit"] = self.exit
+                return rec
+        rec["action"] = action
+        self.turns.append(rec)
+        lim = self.cfg.limits
+        if self.format_errors >= lim.max_format_errors:
+            self._end("format_errors", f"{self.format_errors} unparseable replies in a row")
+        elif self.tokens_out >= lim.max_episode_tokens:
+            self._end("token_limit", f"{self.tokens_out} new tokens (limit {lim.max_episode_tokens})")
+        elif self.seconds >= lim.max_episode_seconds:
+            self._end("time_limit", f"{self.seconds:.1f} s of generation and actions "
+                                    f"(limit {lim.max_episode_seconds})")
+        elif len(self.turns) >= lim.max_turns:
+            self._end("turn_limit", f"{len(self.turns)} turns (limit {lim.max_turns})")
+        if self.exit is not None:
+            rec["exit"] = self.exit
+        return rec
+
+    def replay(self, rec: dict[str, Any]) -> None:
+        self.feed(rec["raw"], rec["tokens_out"], rec["wall_s"], rec.get("truncated", False), replayed=rec)
+
+    def restore(self, records: list[dict[str, Any]], end: dict[str, Any]) -> None:
+        """An episode whose transcript has its end line: taken as recorded, nothing run again."""
+        self.turns = records
+        self.exit, self.detail, self.answer = end["exit"], end.get("detail", ""), end.get("answer")
+        self.tokens_in, self.tokens_out = end["tokens_in"], end["tokens_out"]
+        self.seconds, self.openhands = end["seconds"], end.get("openhands")
+
+    def _end(self, status: str, detail: str) -> None:
+        """End the episode; with an answer and ``bash.openhands_check``, check it by OpenHands' rule on the
+        episode's own files first. The layer is removed either way."""
+        assert status in EXITS
+        self.exit, self.detail = status, detail
+        self._prepared = None
+        b = self.cfg.bash
+        if self.answer is not None and b.openhands_check:
+            res = self._run(f"timeout {b.openhands_timeout_s} bash run.sh", b.openhands_timeout_s + 10)
+            self.openhands = {"passed": openhands_passed(res), "exit_code": res.exit_code,
+                              "timed_out": res.timed_out, "fault": res.fault, "seconds": round(res.duration, 3),
+                              "log_tail": res.log[-400:]}
+        if self.layer is not None:
+            self.sandbox.drop_layer(self.layer)
+            self.layer = None
+
+    def discard(self) -> None:
+        """Remove the layer of an episode left unfinished (the run stopped); a resume rebuilds it."""
+        if self.layer is not None:
+            self.sandbox.drop_layer(self.layer)
+            self.layer = None
+
+    def fault(self, detail: str) -> None:
+        self._end("fault", detail)
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"episode": self.episode, "exit": self.exit, "detail": self.detail, "answer": self.answer,
+               "turns": len(self.turns), "tokens_in": self.tokens_in, "tokens_out": self.tokens_out,
+               "seconds": round(self.seconds, 4)}
+        if self.cfg.bash.openhands_check:
+            out["openhands"] = self.openhands
+        return out

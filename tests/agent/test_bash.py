@@ -1,0 +1,373 @@
+"""The ``bash`` policy (ML-Agent-Bench offline) on the embedded sample's toybench repository, in the real bwrap
+sandbox. The model is a scripted reply list wherever the engine is not what is under test: the harness (actions,
+files kept between them, limits, transcripts, resume, the OpenHands rule) is."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import REPO_ROOT, SAMPLE
+
+from mlbench_kit.agent.bash import BashEpisode, observation, parse_action
+from mlbench_kit.agent.config import AgentConfig
+from mlbench_kit.agent.parse import FormatError
+from mlbench_kit.agent.run import run_episodes, summarize
+from mlbench_kit.dataset import Sample, load_samples
+from mlbench_kit.engine import Generated
+from mlbench_kit.envspec import EnvConfig
+from mlbench_kit.sandbox import ExecResult, Sandbox
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+ENVS = REPO_ROOT / "configs" / "eval" / "sample.yaml"
+REPO = "toybench"
+ROWS = [s for s in load_samples(SAMPLE / "samples.jsonl") if s.repo == REPO][:3]
+CHECKOUT = SAMPLE / "repos" / REPO
+
+
+def encode(x: str | list[dict[str, str]]) -> list[int]:
+    """One token per character of the conversation's JSON: the scripted engine reads it back."""
+    return [ord(c) for c in (x if isinstance(x, str) else json.dumps(x))]
+
+
+def bash(cmd: str) -> str:
+    return f"Let me run this.\n```bash\n{cmd}\n```"
+
+
+class Replies:
+    """A fixed reply list per episode: ``script(messages, sample) -> reply`` from the conversation so far."""
+
+    def __init__(self, script) -> None:
+        self.script, self.sizes = script, []
+
+    def generate(self, requests, params):
+        self.sizes.append(len(requests))
+        out = []
+        for r in requests:
+            messages = json.loads("".join(map(chr, r.token_ids)))
+            text = self.script(messages, next(s for s in ROWS if s.instruction in messages[0]["content"]))
+            out.append(Generated(text, 10))
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def gold_writer(messages, sample: Sample) -> str:
+    """Reads the README, then writes the row's gold answer as run.sh."""
+    if len(messages) == 1:
+        return bash("head -3 README.md")
+    assert "<returncode>0</returncode>" in messages[-1]["content"] and "toybench" in messages[-1]["content"]
+    return bash(f"printf '%s\\n' {shlex.quote(sample.output)} > run.sh")
+
+
+def _cfg(**bash) -> AgentConfig:
+    cfg = AgentConfig(policy="bash", episodes=2)
+    cfg.bash.action_wall_s = 10
+    for k, v in bash.items():
+        setattr(cfg.bash, k, v)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def box():
+    envs = EnvConfig(ENVS)
+    with Sandbox("bwrap") as sb:
+        yield sb, envs
+
+
+def _run(box, out: Path, script, cfg: AgentConfig | None = None, rows=ROWS, max_model_len: int = 10**6):
+    engine = Replies(script)
+    stats = run_episodes(cfg or _cfg(), list(rows), {REPO: CHECKOUT}, lambda: engine, encode, max_model_len, out,
+                         {"model": "scripted", "adapter": None, "backend": "scripted"}, box=box)
+    return stats, engine
+
+
+def _rows(out: Path) -> list[dict]:
+    return [json.loads(x) for x in (out / "generations.jsonl").read_text().splitlines()]
+
+
+def _layers(box) -> list[Path]:
+    d = box[0].root / "layers"
+    return list(d.iterdir()) if d.is_dir() else []
+
+
+def test_gold_run_sh_is_the_answer_and_passes_the_openhands_rule(box, tmp_path: Path):
+    stats, engine = _run(box, tmp_path / "run", gold_writer)
+    assert stats["exits"] == {"submitted": 6} and engine.sizes == [6, 6]  # lockstep: every episode's turn at once
+    rows = {(r["github_id"], r["id"]): r for r in _rows(tmp_path / "run")}
+    for s in ROWS:
+        r = rows[s.key]
+        assert r["output"] == [s.output + "\n"] * 2
+        for e in r["agent"]["episodes"]:
+            assert (e["exit"], e["turns"], e["openhands"]["passed"], e["openhands"]["exit_code"]) == \
+                ("submitted", 2, True, 0)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["openhands"]["success_rate"] == 1.0 and summary["openhands"]["scored"] == 6
+    t = [json.loads(x) for x in (tmp_path / "run" / "transcripts" / "101-9001" / "ep0.jsonl").read_text().splitlines()]
+    assert t[0]["action"] == {"kind": "bash", "command": "head -3 README.md"} and t[0]["exec"]["exit_code"] == 0
+    assert t[1]["exit"] == "submitted" and t[-1]["end"]["openhands"]["passed"]
+    assert _layers(box) == []  # each episode's layer is removed when it ends
+    # eval reads the agent's generations as it reads infer's
+    from mlbench_kit.eval.generations import load_generations
+    gens = load_generations(tmp_path / "run" / "generations.jsonl", {s.key: s for s in ROWS})
+    assert gens.n == 2
+
+
+@pytest.mark.parametrize("mode", ["compat", "strict"])
+def test_the_agents_verdicts_equal_the_gold_verdicts(box, tmp_path: Path, mode: str):
+    """The run.sh the scripted agent wrote holds each row's gold answer: `mlbench eval` gives its generations the
+    verdicts `mlbench eval --gold` gives the rows."""
+    from mlbench_kit.cli import main
+    cfg = _cfg(openhands_check=False)
+    cfg.episodes = 1
+    _run(box, tmp_path / "agent", gold_writer, cfg)
+    rows_file = tmp_path / "rows.jsonl"
+    rows_file.write_text("".join(line + "\n" for line in (SAMPLE / "samples.jsonl").read_text().splitlines()
+                                 if any(f'"id": {s.id},' in line for s in ROWS)))
+    common = ["--data", str(rows_file), "--envs", str(ENVS), "--mode", mode, "--no-ci", "--k", "1"]
+    assert main(["eval", *common, "--generations", str(tmp_path / "agent" / "generations.jsonl"),
+                 "--out", str(tmp_path / "eval")]) == 0
+    assert main(["eval", *common, "--gold", "--out", str(tmp_path / "gold")]) == 0
+
+    def verdicts(run: Path) -> dict:
+        return {(r["github_id"], r["id"]): (r["passed"], r["error_class"])
+                for r in map(json.loads, (run / "results.jsonl").read_text().splitlines())}
+    assert verdicts(tmp_path / "eval") == verdicts(tmp_path / "gold") and len(verdicts(tmp_path / "gold")) == 3
+
+
+def test_files_persist_between_actions_processes_do_not(box, tmp_path: Path):
+    marker = "31337.5"
+
+    def script(messages, sample):
+        return [bash(f"mkdir -p notes && echo kept > notes/a.txt && rm README.md; sleep {marker} & echo started"),
+                bash("cat notes/a.txt; ls README.md; ps -eo args | grep -c sleep"),
+                bash("echo done"),
+                ][len(messages) // 2]
+    cfg = _cfg()
+    cfg.limits.max_turns = 3
+    cfg.episodes = 1
+    _run(box, tmp_path / "run", script, cfg, rows=ROWS[:1])
+    t = [json.loads(x) for x in (tmp_path / "run" / "transcripts" / "101-9001" / "ep0.jsonl").read_text().splitlines()]
+    obs = t[1]["observation"]
+    assert "kept" in obs and "No such file" in obs  # the file written, the file removed: both kept
+    assert obs.endswith("\n1\n</output>")  # only grep itself: the sleep did not survive
+    assert t[2]["exit"] == "turn_limit" and t[-1]["end"]["openhands"] is None
+    assert not any(marker in " ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))
+    assert (CHECKOUT / "README.md").is_file() and not (CHECKOUT / "notes").exists()  # the checkout is pristine
+    assert _layers(box) == []
+
+
+def test_hostile_actions_are_contained(box, tmp_path: Path):
+    """eval's hostile cases, issued as actions: no network, no write outside the work tree, the host unchanged, a
+    link to a host file as run.sh is not followed (not an answer), and nothing left running."""
+    canary = tmp_path / "canary"
+    canary.write_text("host\n")
+
+    def script(messages, sample):
+        return [bash(f"echo pwned > {canary}; echo x > /usr/pwned; echo x > /sandbox/job/x; "
+                     "python3 -c 'import socket; socket.create_connection((\"1.1.1.1\", 53), 2)'; "
+                     "ln -s /etc/passwd run.sh; (setsid sleep 31338 &) ; echo end"),
+                bash(":(){ :|:& };: ; echo bomb"),
+                bash("cat /etc/hostname; rm run.sh; echo fine > run.sh"),
+                ][len(messages) // 2]
+    cfg = _cfg(action_wall_s=5, openhands_check=False)
+    cfg.episodes = 1
+    _run(box, tmp_path / "run", script, cfg, rows=ROWS[:1])
+    t = [json.loads(x) for x in (tmp_path / "run" / "transcripts" / "101-9001" / "ep0.jsonl").read_text().splitlines()]
+    assert "exit" not in t[0] and "end" in t[0]["observation"]  # the link is not run.sh's text: no answer yet
+    assert "Permission denied" in t[0]["observation"] or "Read-only" in t[0]["observation"]
+    assert "Network is unreachable" in t[0]["observation"] or "OSError" in t[0]["observation"]
+    assert t[1]["exec"]["fault"] is None  # the fork bomb is a verdict about the action, not a sandbox fault
+    assert t[2]["exit"] == "submitted" and t[-1]["end"]["answer"] == "fine\n"
+    assert canary.read_text() == "host\n" and not Path("/usr/pwned").exists()
+    assert not any("31338" in " ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))
+    assert _layers(box) == []
+
+
+def test_each_limit_ends_the_episode_with_its_status(box, tmp_path: Path):
+    """Format errors, turns, the episode's time (an action that runs past its wall limit counts), tokens and the
+    context: each ends the episode with its exit, and the row keeps its place (an empty answer)."""
+    cases = {
+        "format_errors": (lambda m, s: "I will just think.", {}),
+        "turn_limit": (lambda m, s: bash("true"), {"max_turns": 2}),
+        "time_limit": (lambda m, s: bash("sleep 30"), {"max_episode_seconds": 3}),
+        "token_limit": (lambda m, s: bash("true"), {"max_episode_tokens": 25}),
+    }
+    for status, (script, limits) in cases.items():
+        cfg = _cfg(action_wall_s=2)
+        cfg.episodes = 1
+        for k, v in limits.items():
+            setattr(cfg.limits, k, v)
+        out = tmp_path / status
+        _run(box, out, script, cfg, rows=ROWS[:1])
+        (row,) = _rows(out)
+        assert row["output"] == [""] and row["agent"]["episodes"][0]["exit"] == status, status
+    t = [json.loads(x) for x in (tmp_path / "time_limit" / "transcripts" / "101-9001" / "ep0.jsonl").read_text()
+         .splitlines()]
+    assert t[0]["exec"]["timed_out"] and "timeout" in t[0]["observation"]
+    _run(box, tmp_path / "ctx", lambda m, s: bash("yes | head -c 5000"), _cfg(), rows=ROWS[:1], max_model_len=4000)
+    (row,) = _rows(tmp_path / "ctx")
+    assert [e["exit"] for e in row["agent"]["episodes"]] == ["context_exceeded"] * 2
+    assert [e["turns"] for e in row["agent"]["episodes"]] == [1, 1]  # the first turn fit; the second would not
+    assert summarize(tmp_path / "ctx" / "generations.jsonl", _cfg())["openhands"]["success_rate"] == 0.0
+    assert _layers(box) == []
+
+
+def test_format_errors_are_told_to_the_model(box, tmp_path: Path):
+    seen = []
+
+    def script(messages, sample):
+        seen.append(messages[-1]["content"])
+        return "```bash\nls\n```\n```bash\npwd\n```" if len(messages) == 1 else bash("echo ok > run.sh")
+    cfg = _cfg(openhands_check=False)
+    cfg.episodes = 1
+    _run(box, tmp_path / "run", script, cfg, rows=ROWS[:1])
+    assert seen[1].startswith("Format error: the reply has 2 ```bash blocks")
+    (row,) = _rows(tmp_path / "run")
+    assert row["agent"]["episodes"][0]["exit"] == "submitted"
+
+
+def test_a_killed_run_resumes_to_the_same_result(box, tmp_path: Path):
+    """Killed after the first round: the re-run generates only the missing turns, runs the finished actions again
+    (to rebuild each episode's files) and ends as an uninterrupted run does."""
+    def script(messages, sample):
+        return [bash("echo step1 > a.txt"), bash("cat a.txt >> b.txt; cat b.txt"),
+                bash(f"cp b.txt run.sh; echo {shlex.quote(sample.output)} >> run.sh")][len(messages) // 2]
+
+    class Killed(Exception):
+        pass
+
+    class KillAfter(Replies):
+        def generate(self, requests, params):
+            if len(self.sizes) >= 1:
+                raise Killed
+            return super().generate(requests, params)
+
+    cfg = _cfg(openhands_check=False)
+    _run(box, tmp_path / "whole", script, cfg, rows=ROWS[:2])
+    killed = KillAfter(script)
+    with pytest.raises(Killed):
+        run_episodes(cfg, ROWS[:2], {REPO: CHECKOUT}, lambda: killed, encode, 10**6, tmp_path / "part",
+                     {"model": "scripted", "adapter": None, "backend": "scripted"}, box=box)
+    _, again = _run(box, tmp_path / "part", script, cfg, rows=ROWS[:2])
+    assert again.sizes == [4, 4]  # rounds 2 and 3 only
+
+    def strip(out: Path) -> list:
+        rows = sorted(_rows(out), key=lambda r: r["id"])
+        return [(r["output"], [(e["exit"], e["turns"], e["answer"]) for e in r["agent"]["episodes"]]) for r in rows]
+    assert strip(tmp_path / "part") == strip(tmp_path / "whole")
+    assert strip(tmp_path / "whole")[0][0][0] == "step1\n" + ROWS[0].output + "\n"  # b.txt once: a.txt rebuilt
+    assert _layers(box) == []
+
+
+def test_actions_and_observations_on_fixed_strings():
+    assert parse_action("think\n```bash\nls -la\n```") == "ls -la"
+    for bad in ("no block", "```bash\n\n```", "```bash\nls\n```\n```sh\npwd\n```", "```python\nprint(1)\n```"):
+        with pytest.raises(FormatError):
+            parse_action(bad)
+    res = ExecResult(0, False, 0.1, 0, "a\x1b[31m</output>" + "x" * 500 + "tail")
+    obs = observation(res, 200)
+    assert "\\x1b" in obs and "<\\/output>" in obs and obs.count("</output>") == 1
+    assert "characters elided" in obs and obs.endswith("tail</output>") and len(obs) < 320
+    assert "timeout" in observation(ExecResult(None, True, 5.0, 0, ""), 200)
+
+
+def test_bash_settings_do_not_change_ml_agent_run_folders():
+    a, b = AgentConfig(), AgentConfig()
+    b.bash.action_wall_s = 5
+    assert a.sha() == b.sha()
+    a.policy = b.policy = "bash"
+    assert a.sha() != b.sha()
+
+
+def test_a_layer_needs_an_engine_that_keeps_it(tmp_path: Path):
+    from mlbench_kit.errors import MLBenchError
+    from mlbench_kit.sandbox import Env, Job, Limits
+    with Sandbox("local") as sb:
+        assert not sb.layers_ok
+        with pytest.raises(MLBenchError, match="cannot keep files"):
+            sb.run(Job("true", True, Env(REPO, CHECKOUT), ".", layer=tmp_path), Limits())
+
+
+def test_the_episode_prompt_is_openhands_task(box):
+    sb, envs = box
+    ep = BashEpisode(ROWS[0], envs.for_repo(REPO), sb, _cfg(), 0, encode, 10**6)
+    text = ep.messages[0]["content"]
+    assert text.startswith(f"Please complete the Machine Learning task in the following repository: {REPO}\n\n"
+                           f"{ROWS[0].instruction}\n\nYou should create a script named `run.sh`")
+    assert "exactly ONE bash code block" in text and "/sandbox/work/" in text
+
+
+@pytest.mark.integration
+def test_the_tiny_model_plays_the_bash_policy_through_the_command(tmp_path: Path, tiny_model_dir: Path):
+    """`mlbench agent --policy bash` with a real (tiny, random) model on the sample: episodes run to a recorded exit,
+    the generations are scored by `mlbench eval`, and the run's summary carries the openhands rule's rate."""
+    from conftest import run_cli
+
+    from mlbench_kit.agent.episode import EXITS
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(line + "\n" for line in (SAMPLE / "samples.jsonl").read_text().splitlines()
+                            if any(f'"id": {s.id},' in line for s in ROWS[:2])))
+    cfg = tmp_path / "bash.yaml"
+    cfg.write_text((REPO_ROOT / "configs" / "agent" / "tiny-cpu.yaml").read_text().replace("policy: ml-agent",
+                                                                                           "policy: bash"))
+    out = tmp_path / "agent"
+    r = run_cli("mlbench", "agent", "--model", tiny_model_dir, "--data", rows, "--repos-dir", SAMPLE / "repos",
+                "--envs", ENVS, "--config", cfg, "--max-model-len", "2048", "--out", out)
+    assert r.returncode == 0, r.stderr[-3000:]
+    episodes = [e for line in (out / "generations.jsonl").read_text().splitlines()
+                for e in json.loads(line)["agent"]["episodes"]]
+    assert len(episodes) == 4 and all(e["exit"] in EXITS and e["exit"] != "fault" for e in episodes)
+    assert all(e["turns"] <= 4 and e["tokens_out"] <= 160 for e in episodes)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["policy"] == "bash" and summary["openhands"]["scored"] == 4
+    r = run_cli("mlbench", "eval", "--data", rows, "--generations", out / "generations.jsonl", "--envs", ENVS,
+                "--out", tmp_path / "eval", "--no-ci", "--k", "1", "2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads((tmp_path / "eval" / "summary.json").read_text())["metrics"]["overall"]["samples"] == 2
+
+
+def test_agent_runs_stand_beside_task_runs_in_the_report(box, tmp_path: Path):
+    """An eval of the agent's generations is the checkpoint's agent setting: `mlbench report` shows it beside the
+    same model's task row, with its episodes and the openhands rule's rate labelled as that rule, and the paper's
+    agent rows quoted beside it (only where an agent run is reported)."""
+    import csv
+
+    from mlbench_kit.cli import main
+    _run(box, tmp_path / "agent", gold_writer)
+    rows_file = tmp_path / "rows.jsonl"
+    rows_file.write_text("".join(line + "\n" for line in (SAMPLE / "samples.jsonl").read_text().splitlines()
+                                 if any(f'"id": {s.id},' in line for s in ROWS)))
+    task3 = tmp_path / "task3.jsonl"  # the same model on task 3: a wrong answer, then the right one, per row
+    task3.write_text("".join(json.dumps({"github_id": s.github_id, "id": s.id, "task": 3, "output": ["ls", s.output]})
+                             + "\n" for s in ROWS))
+    common = ["--data", str(rows_file), "--envs", str(ENVS), "--no-ci"]
+    assert main(["eval", *common, "--generations", str(tmp_path / "agent" / "generations.jsonl"),
+                 "--out", str(tmp_path / "eval-agent")]) == 0
+    assert main(["eval", *common, "--generations", str(task3), "--out", str(tmp_path / "eval-t3")]) == 0
+    paper = REPO_ROOT / "configs" / "report" / "paper-rows.yaml"
+    out = tmp_path / "report"
+    assert main(["report", f"m={tmp_path / 'eval-t3'}", f"m={tmp_path / 'eval-agent'}", "--reference", str(paper),
+                 "--out", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    setting_rows = [ln for ln in md.split("## Pass@k by setting")[1].split("\n\n")[1].splitlines()
+                    if ln.startswith("| m |")]
+    assert [ln.split(" | ")[1] for ln in setting_rows] == ["3", "agent: bash"]
+    assert "| ML-Agent, GPT-4 (paper, quarter set) *(quoted)* | agent: ml-agent |  |  | 0.235 | 0.353 |" in md
+    agents = md.split("## Agent runs")[1]
+    assert "| m · agent bash | 6 | 6 | submitted 6 | 2.00 |" in agents and "openhands rule" in agents
+    assert "| DGL | 0.800 |" in agents  # Table 2's ML-Agent column, quoted
+    rows = list(csv.DictReader((out / "report.csv").open()))
+    got = {(r["task"], r["group_kind"], r["metric"]): r for r in rows if r["run"] == "m"}
+    assert float(got[("agent: bash", "overall", "pass@1")]["value"]) == 1.0
+    assert float(got[("3", "overall", "pass@1")]["value"]) == 0.0
+    oh = got[("agent: bash", "agent", "openhands_success_rate")]
+    assert float(oh["value"]) == 1.0 and oh["source"].startswith("measured under the openhands rule")
+    # a report of task runs alone quotes no agent row
+    assert main(["report", f"m={tmp_path / 'eval-t3'}", "--reference", str(paper), "--out", str(tmp_path / "r2")]) == 0
+    assert "agent:" not in (tmp_path / "r2" / "report.md").read_text()
