@@ -69,6 +69,11 @@ def umask_022() -> Iterator[None]:
         os.umask(old)
 
 
+# vLLM's CPU worker reserves gpu_memory_utilization (0.9) of the machine's memory at start unless a KV cache size
+# is given: with other processes holding 5 GiB of 24, an in-process engine (the agent's lockstep test) failed its
+# start. Every engine a test starts, in this process or a child, gets a 1 GiB KV cache instead.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
 def assert_shared_modes(*paths: Path) -> None:
     """Each path is readable by the group and others (written under umask 022): a labmate can read it."""
     import stat
