@@ -46,9 +46,6 @@ from packaging.requirements import InvalidRequirement, Requirement
 from .config import Check, Lines, load, read_yaml
 from .errors import MLBenchError
 
-ASSET_KINDS = ("data", "weights", "picture")
-GENERATORS = ("picture",)
-
 
 # --- the recipe file, as written -------------------------------------------------------------------------------
 

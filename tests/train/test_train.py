@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import shutil
@@ -253,7 +254,7 @@ def test_qlora_nf4_with_gradient_checkpointing_takes_real_steps_on_cpu(tmp_path,
     assert len(layers) >= 2 and all(m._gradient_checkpointing_func.keywords == {"use_reentrant": False}
                                     for m in layers), [m._gradient_checkpointing_func for m in layers]
     steps = _steps(out)
-    assert len(steps) == 3 and all(s["loss"] == s["loss"] and s["grad_norm"] > 0 for s in steps)
+    assert len(steps) == 3 and all(math.isfinite(s["loss"]) and s["grad_norm"] > 0 for s in steps)
     # model FLOPs are counted on CPU too; the hardware count adds the checkpointing recompute; no peak, no MFU
     assert all(0 < s["model_tflops_per_s"] < s["hardware_tflops_per_s"] and s["mfu"] is None for s in steps)
     # merge: true folds the adapter into the NF4-dequantized base, the weights training saw: the merged model
