@@ -46,7 +46,6 @@ from packaging.requirements import InvalidRequirement, Requirement
 from .config import Check, Lines, load, read_yaml
 from .errors import MLBenchError
 
-
 # --- the recipe file, as written -------------------------------------------------------------------------------
 
 @dataclass
