@@ -49,10 +49,6 @@ from .dataset import plain_name
 from .errors import MLBenchError
 from .sandbox import Env
 
-ASSET_KINDS = ("data", "weights", "picture")
-GENERATORS = ("picture",)
-
-
 # --- the recipe file, as written -------------------------------------------------------------------------------
 
 @dataclass

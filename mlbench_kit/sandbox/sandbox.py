@@ -8,8 +8,9 @@ One :class:`Sandbox` per eval run. Each execution:
    environment, then drops to an unprivileged uid (:mod:`.cmdline`);
 3. starts the engine (bwrap or a container; :mod:`.engines`, one class per backend) whose PID 1 is the trusted
    runner (``runner.py``);
-4. takes exit status and survivors from the runner's report pipe alone, the limit that was hit from the
-   cgroup, and never reads a file the generation could have written.
+4. takes exit status and survivors from the runner's report alone (its pipe; for engines that cannot pass one,
+   the stderr line carrying this run's nonce), the limit that was hit from the cgroup (or the container's own
+   OOM record, docker), and never reads a file the generation could have written.
 
 Environment and sandbox faults (an interpreter missing, a mount that failed, a missing report) are returned
 as ``fault``: they are never verdicts about the model.

@@ -14,7 +14,7 @@ def test_id_ood_splits_from_real_rows(shared):
     assert sum(len(k) for k in keys.values()) == 260
     assert not (keys["test"] & keys["id_train"]) and not (keys["test"] & keys["ood_train"])
     assert {s.repo for s in sp["ood_train"]} == {"bert", "muzic"}
-    assert {s.repo for s in sp["test"]} == {s.repo for s in sp["id_train"]} | {s.repo for s in sp["test"]}
+    assert {s.repo for s in sp["id_train"]} <= {s.repo for s in sp["test"]}  # every ID-train repo is tested
     assert not {s.repo for s in sp["test"]} & {"bert", "muzic"}
     assert build_splits(samples, ["bert"], seed=1)["test"] != build_splits(samples, ["bert"], seed=2)["test"]
 

@@ -198,7 +198,7 @@ def test_user_cannot_reach_roots_files_but_can_run_mlbench(user):
     r = user.run(["bash", "-c", script])
     lines = r.stdout.splitlines()
     assert lines[0] == str(user.uid) and lines[1].split() == ["CapEff:", "0000000000000000"], r.stdout + r.stderr
-    assert lines[2] == str(REPO_ROOT / "eval" / "sandbox" / "__init__.py")  # this checkout's code, through the venv
+    assert lines[2] == str(REPO_ROOT / "mlbench_kit" / "sandbox" / "__init__.py")  # this checkout's code, by the venv
     assert r.returncode != 0 and not Path(sys.prefix, "mlbench-unpriv-probe").exists()  # the venv is read-only
 
 

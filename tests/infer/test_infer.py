@@ -29,13 +29,16 @@ def _rows(path: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def vllm_runs(tmp_path_factory, tiny_model_dir, real_prep, trained_adapter):
-    """Three real vLLM runs: base, base again with batch size 1, and the adapter trained by train/."""
+    """Three real vLLM runs: base, base again with batch size 1, and the adapter trained by train/; each run's
+    stdout and stderr beside its folder (NAME.stdout, NAME.stderr)."""
     root = tmp_path_factory.mktemp("vllm")
     runs = {"base": ("--limit", "8"), "base_b1": ("--limit", "4", "--batch-size", "1"),
             "lora": ("--limit", "8", "--adapter", str(trained_adapter))}
     for name, extra in runs.items():
         r = _infer(tiny_model_dir, real_prep, root / name, *extra)
         assert r.returncode == 0, r.stderr[-4000:]
+        (root / f"{name}.stdout").write_text(r.stdout)
+        (root / f"{name}.stderr").write_text(r.stderr)
     return root
 
 
@@ -88,25 +91,26 @@ def test_vllm_one_engine_call_for_every_task_gives_the_per_call_samples(tmp_path
 
 
 @pytest.mark.integration
-def test_infer_is_quiet_the_engine_logs_go_to_a_file_and_verbose_shows_them(tmp_path, tiny_model_dir, real_prep):
-    """4 prompts on the tiny model through vLLM, output piped (as in a log or CI): a few `infer:` lines on stderr
-    naming OUT/logs/engine.log, no engine line and no carriage return (no progress bar off a terminal); the
-    engine's own logs are in that file. With --verbose they are on the terminal again and no log file is made."""
-    out = tmp_path / "quiet"
-    r = _infer(tiny_model_dir, real_prep, out, "--limit", "4")
-    assert r.returncode == 0, r.stderr[-3000:]
+def test_infer_is_quiet_the_engine_logs_go_to_a_file_and_verbose_shows_them(tmp_path, tiny_model_dir, real_prep,
+                                                                             vllm_runs):
+    """8 prompts on the tiny model through vLLM (the base run), output piped (as in a log or CI): a few `infer:`
+    lines on stderr naming OUT/logs/engine.log, no engine line and no carriage return (no progress bar off a
+    terminal); the engine's own logs are in that file. With --verbose they are on the terminal again and no log
+    file is made."""
+    out = vllm_runs / "base"
+    stdout, stderr = (vllm_runs / "base.stdout").read_text(), (vllm_runs / "base.stderr").read_text()
     log = out / "logs" / "engine.log"
-    lines = r.stderr.splitlines()
-    assert len(lines) <= 8 and all(x.startswith("infer: ") for x in lines), r.stderr[-3000:]
-    assert "\r" not in r.stderr and r.stdout == "", (r.stdout[-2000:], r.stderr[-2000:])
+    lines = stderr.splitlines()
+    assert len(lines) <= 8 and all(x.startswith("infer: ") for x in lines), stderr[-3000:]
+    assert "\r" not in stderr and stdout == "", (stdout[-2000:], stderr[-2000:])
     assert f"infer: engine and library logs in {log}" in lines[0]
-    assert any(x.startswith("infer: 4/4 prompts (100%)") for x in lines)  # the progress line
+    assert any(x.startswith("infer: 8/8 prompts (100%)") for x in lines)  # the progress line
     text = log.read_text()
     assert "(EngineCore" in text and "Starting to load model" in text and "infer: engine ready in" in text
-    assert len(_rows(out / "task3.jsonl")) == 4
+    assert len(_rows(out / "task3.jsonl")) == 8
 
     loud = tmp_path / "verbose"
-    r = _infer(tiny_model_dir, real_prep, loud, "--limit", "4", "--verbose")
+    r = _infer(tiny_model_dir, real_prep, loud, "--limit", "8", "--verbose")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "(EngineCore" in r.stdout + r.stderr and "Starting to load model" in r.stdout + r.stderr
     assert not (loud / "logs").exists() and "\r" not in r.stderr

@@ -1,10 +1,11 @@
 """Every distributed mode of the recipe trains alike: DDP, FSDP2 and DeepSpeed ZeRO-2/3, each with 2 real CPU
-processes (gloo) through the shipped accelerate configs; DeepSpeed runs resume exactly after SIGKILL and save
-on an agreed SIGTERM."""
+processes (gloo) through the shipped accelerate configs; FSDP2 and DeepSpeed runs save on an agreed SIGTERM and
+resume exactly (DeepSpeed after SIGKILL too)."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -13,7 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO_ROOT
+from safetensors.torch import load_file
 from test_train import _adapter, _assert_same, _interrupt, _launch, _steps
+
+from mlbench_kit.train.checkpoint import PREEMPTED_EXIT
 
 pytestmark = pytest.mark.integration
 MODES = {"ddp": "configs/accelerate/ddp-cpu.yaml", "fsdp2": "configs/accelerate/fsdp2-cpu.yaml",
@@ -23,13 +27,21 @@ ARGS = ("--max-steps", str(STEPS), "--set", "optim.grad_accum=2", "--set", "chec
         "--set", "optim.scheduler=linear", "--set", "lora.dropout=0.1")
 
 
+def _args(mode: str) -> tuple[str, ...]:
+    """ARGS, except that FSDP2's run makes no periodic checkpoint: it is also the SIGTERM test's uninterrupted
+    run, where the agreed save must be the only checkpoint."""
+    return tuple("checkpoint.every_steps=100" if mode == "fsdp2" and a == "checkpoint.every_steps=4" else a
+                 for a in ARGS)
+
+
 def _train(model: Path, prep: Path, out: Path, mode: str) -> subprocess.CompletedProcess:
-    return subprocess.run(_launch(model, prep, out, *ARGS, config=MODES[mode], nproc=2), cwd=REPO_ROOT,
+    return subprocess.run(_launch(model, prep, out, *_args(mode), config=MODES[mode], nproc=2), cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=900)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_model_dir, real_prep) -> dict[str, Path]:
+    """One uninterrupted run per mode: the reference of the modes' comparison and of every resume here."""
     out = {}
     for mode in MODES:
         d = tmp_path_factory.mktemp(mode) / "run"
@@ -100,11 +112,46 @@ def test_compiled_layers_train_alike_under_fsdp2_and_zero3(tmp_path, tiny_model_
         torch.testing.assert_close(y[k], x[k], atol=1e-5, rtol=1e-4, msg=k)
 
 
+def test_fsdp_two_processes_sigterm_saves_every_shard_and_resumes_exactly(tmp_path, tiny_model_dir, real_prep, runs):
+    """FSDP2 over gloo through the shipped accelerate config; SIGTERM -> agreed save -> exit 75 -> resume, to the
+    uninterrupted FSDP2 run's adapter.
+
+    The workers alone get the signal, so that the launcher names their exit codes; the whole process group's
+    SIGTERM (Slurm's way) is the ZeRO-3 case below."""
+    ref = runs["fsdp2"]
+    start = json.loads((ref / "metrics.jsonl").read_text().splitlines()[0])
+    assert start["world_size"] == 2 and start["distributed"] == "FSDP2"
+    run = tmp_path / "run"
+    code, err = _interrupt(_launch(tiny_model_dir, real_prep, run, *_args("fsdp2"), config=MODES["fsdp2"], nproc=2),
+                           run, 4, signal.SIGTERM, workers_only=True)
+    # the first rank to end exited 75 (EX_TEMPFAIL, the documented code); the agent then SIGTERMs the ranks still
+    # running (-15 in its report), and exits 1 itself
+    assert code == 1 and "Root Cause (first observed failure):" in err, err[-3000:]
+    root = err.rsplit("Root Cause (first observed failure):", 1)[1]
+    assert re.search(r"exitcode\s*:\s*(-?\d+)", root)[1] == str(PREEMPTED_EXIT) == "75", err[-3000:]
+    assert set(re.findall(r"exitcode\s*:\s*(-?\d+)", err)) <= {"75", str(-signal.SIGTERM)}, err[-3000:]
+    assert (run / "PREEMPTED").is_file() and not (run / "adapter").exists()
+    assert any('"event": "preempted"' in x for x in (run / "metrics.jsonl").read_text().splitlines())
+    ckpts = sorted((run / "checkpoints").iterdir())
+    assert len(ckpts) == 1 and (ckpts[0] / "COMPLETE").is_file()
+    saved = load_file(ckpts[0] / "adapter" / "adapter_model.safetensors")
+    base = load_file(tiny_model_dir / "model.safetensors")
+    for name, t in saved.items():  # full shapes, and every row of every LoRA B trained away from its zero init
+        out_f, in_f = base[name.replace("base_model.model.", "").rsplit(".lora_", 1)[0] + ".weight"].shape
+        assert tuple(t.shape) == ((8, in_f) if "lora_A" in name else (out_f, 8)), (name, t.shape)
+        if "lora_B" in name:
+            assert (t.abs().sum(dim=1) > 0).all(), name
+    r = _train(tiny_model_dir, real_prep, run, "fsdp2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert not (run / "PREEMPTED").exists()
+    _assert_same(_adapter(ref), _adapter(run))
+
+
 @pytest.mark.parametrize("mode, sig, at_step", [("zero2", signal.SIGKILL, 6), ("zero3", signal.SIGTERM, 3)])
 def test_deepspeed_resumes_exactly(tmp_path, tiny_model_dir, real_prep, runs, mode, sig, at_step):
     run = tmp_path / "run"
-    code, _ = _interrupt(_launch(tiny_model_dir, real_prep, run, *ARGS, config=MODES[mode], nproc=2), run, at_step,
-                         sig)
+    code, _ = _interrupt(_launch(tiny_model_dir, real_prep, run, *_args(mode), config=MODES[mode], nproc=2),
+                         run, at_step, sig)
     assert not (run / "adapter").exists()
     resumed_from = "step-0000004"  # SIGKILL: the last complete periodic checkpoint
     if sig == signal.SIGTERM:  # every rank agreed after the same micro-batch, saved its ZeRO partition, stopped

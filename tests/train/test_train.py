@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -20,7 +20,6 @@ import yaml
 from conftest import REPO_ROOT, assert_shared_modes, run_cli
 from safetensors.torch import load_file
 
-from mlbench_kit.train.checkpoint import PREEMPTED_EXIT
 from mlbench_kit.train.config import load_train_config
 from mlbench_kit.train.data import (
     IGNORE,
@@ -187,47 +186,6 @@ def test_sigkill_between_checkpoints_then_resume_equals_uninterrupted(tmp_path, 
 
 
 @pytest.mark.integration
-def test_fsdp_two_processes_sigterm_saves_every_shard_and_resumes_exactly(tmp_path, tiny_model_dir, real_prep):
-    """FSDP2 over gloo through the shipped accelerate config; SIGTERM -> agreed save -> exit 75 -> resume.
-
-    The workers alone get the signal, so that the launcher names their exit codes; the whole process group's
-    SIGTERM (Slurm's way) is tests/train/test_distributed.py's ZeRO-3 case."""
-    cfg = "configs/accelerate/fsdp2-cpu.yaml"
-    args = ("--max-steps", "12", "--set", "checkpoint.every_steps=100")
-    ref = tmp_path / "ref"
-    r = subprocess.run(_launch(tiny_model_dir, real_prep, ref, *args, config=cfg, nproc=2), cwd=REPO_ROOT,
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    start = json.loads((ref / "metrics.jsonl").read_text().splitlines()[0])
-    assert start["world_size"] == 2 and start["distributed"] == "FSDP2"
-    run = tmp_path / "run"
-    code, err = _interrupt(_launch(tiny_model_dir, real_prep, run, *args, config=cfg, nproc=2), run, 5,
-                           signal.SIGTERM, workers_only=True)
-    # the first rank to end exited 75 (EX_TEMPFAIL, the documented code); the agent then SIGTERMs the ranks still
-    # running (-15 in its report), and exits 1 itself
-    assert code == 1 and "Root Cause (first observed failure):" in err, err[-3000:]
-    root = err.rsplit("Root Cause (first observed failure):", 1)[1]
-    assert re.search(r"exitcode\s*:\s*(-?\d+)", root)[1] == str(PREEMPTED_EXIT) == "75", err[-3000:]
-    assert set(re.findall(r"exitcode\s*:\s*(-?\d+)", err)) <= {"75", str(-signal.SIGTERM)}, err[-3000:]
-    assert (run / "PREEMPTED").is_file() and not (run / "adapter").exists()
-    assert any('"event": "preempted"' in x for x in (run / "metrics.jsonl").read_text().splitlines())
-    ckpts = sorted((run / "checkpoints").iterdir())
-    assert len(ckpts) == 1 and (ckpts[0] / "COMPLETE").is_file()
-    saved = load_file(ckpts[0] / "adapter" / "adapter_model.safetensors")
-    base = load_file(tiny_model_dir / "model.safetensors")
-    for name, t in saved.items():  # full shapes, and every row of every LoRA B trained away from its zero init
-        out_f, in_f = base[name.replace("base_model.model.", "").rsplit(".lora_", 1)[0] + ".weight"].shape
-        assert tuple(t.shape) == ((8, in_f) if "lora_A" in name else (out_f, 8)), (name, t.shape)
-        if "lora_B" in name:
-            assert (t.abs().sum(dim=1) > 0).all(), name
-    r = subprocess.run(_launch(tiny_model_dir, real_prep, run, *args, config=cfg, nproc=2), cwd=REPO_ROOT,
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert not (run / "PREEMPTED").exists()
-    _assert_same(_adapter(ref), _adapter(run))
-
-
-@pytest.mark.integration
 def test_qlora_nf4_with_gradient_checkpointing_takes_real_steps_on_cpu(tmp_path, tiny_model_dir, real_prep):
     out = tmp_path / "q"
     r = subprocess.run(_launch(tiny_model_dir, real_prep, out, "--max-steps", "3", "--set", "quantization=nf4",
@@ -253,7 +211,7 @@ def test_qlora_nf4_with_gradient_checkpointing_takes_real_steps_on_cpu(tmp_path,
     assert len(layers) >= 2 and all(m._gradient_checkpointing_func.keywords == {"use_reentrant": False}
                                     for m in layers), [m._gradient_checkpointing_func for m in layers]
     steps = _steps(out)
-    assert len(steps) == 3 and all(s["loss"] == s["loss"] and s["grad_norm"] > 0 for s in steps)
+    assert len(steps) == 3 and all(math.isfinite(s["loss"]) and s["grad_norm"] > 0 for s in steps)
     # model FLOPs are counted on CPU too; the hardware count adds the checkpointing recompute; no peak, no MFU
     assert all(0 < s["model_tflops_per_s"] < s["hardware_tflops_per_s"] and s["mfu"] is None for s in steps)
     # merge: true folds the adapter into the NF4-dequantized base, the weights training saw: the merged model
