@@ -37,7 +37,7 @@ from mlbench_kit.dataset import Sample
 from mlbench_kit.sandbox import Env, ExecResult, Job, Limits, Sandbox
 
 from .config import AgentConfig
-from .episode import EXITS, Prepared, sha, turn_seed
+from .episode import EXITS, Prepared, close_turn, sha, turn_seed
 from .parse import FormatError
 from .repo import Refused, RepoView
 
@@ -226,20 +226,7 @@ class BashEpisode:
                 rec["exit"] = self.exit
                 return rec
         rec["action"] = action
-        self.turns.append(rec)
-        lim = self.cfg.limits
-        if self.format_errors >= lim.max_format_errors:
-            self._end("format_errors", f"{self.format_errors} unparseable replies in a row")
-        elif self.tokens_out >= lim.max_episode_tokens:
-            self._end("token_limit", f"{self.tokens_out} new tokens (limit {lim.max_episode_tokens})")
-        elif self.seconds >= lim.max_episode_seconds:
-            self._end("time_limit", f"{self.seconds:.1f} s of generation and actions "
-                                    f"(limit {lim.max_episode_seconds})")
-        elif len(self.turns) >= lim.max_turns:
-            self._end("turn_limit", f"{len(self.turns)} turns (limit {lim.max_turns})")
-        if self.exit is not None:
-            rec["exit"] = self.exit
-        return rec
+        return close_turn(self, rec, "generation and actions")
 
     def replay(self, rec: dict[str, Any]) -> None:
         self.feed(rec["raw"], rec["tokens_out"], rec["wall_s"], rec.get("truncated", False), replayed=rec)

@@ -35,6 +35,27 @@ EXITS = ("submitted", "rejected", "no_answer", "turn_limit", "token_limit", "tim
          "format_errors", "fault")
 
 
+
+def close_turn(ep: Any, rec: dict[str, Any], timed: str) -> dict[str, Any]:
+    """Record a turn and apply the harness's hard limits, counted after each turn in this order (format errors,
+    tokens, seconds, turns): the first one reached ends the episode. ``ep`` is an ``Episode`` or a
+    ``BashEpisode``; ``timed`` names what its seconds count. Returns the turn record, with the exit if it ended."""
+    ep.turns.append(rec)
+    lim = ep.cfg.limits
+    if ep.exit is None:
+        if ep.format_errors >= lim.max_format_errors:
+            ep._end("format_errors", f"{ep.format_errors} unparseable replies in a row")
+        elif ep.tokens_out >= lim.max_episode_tokens:
+            ep._end("token_limit", f"{ep.tokens_out} new tokens (limit {lim.max_episode_tokens})")
+        elif ep.seconds >= lim.max_episode_seconds:
+            ep._end("time_limit", f"{ep.seconds:.1f} s of {timed} (limit {lim.max_episode_seconds})")
+        elif len(ep.turns) >= lim.max_turns:
+            ep._end("turn_limit", f"{len(ep.turns)} turns (limit {lim.max_turns})")
+    if ep.exit is not None:
+        rec["exit"] = ep.exit
+    return rec
+
+
 def turn_seed(seed: int, key: tuple[int, int], episode: int, turn: int) -> int:
     """The seed of one turn, from the sampling seed, the row, the episode and the turn: the same tokens whether
     the turn ran in a batch with others, alone, or after a resume."""
@@ -204,20 +225,7 @@ class Episode:
             self.format_errors = 0
             rec["observation"] = self._act(action)
         rec["action"] = action
-        self.turns.append(rec)
-        if self.exit is None:
-            lim = self.cfg.limits
-            if self.format_errors >= lim.max_format_errors:
-                self._end("format_errors", f"{self.format_errors} unparseable replies in a row")
-            elif self.tokens_out >= lim.max_episode_tokens:
-                self._end("token_limit", f"{self.tokens_out} new tokens (limit {lim.max_episode_tokens})")
-            elif self.seconds >= lim.max_episode_seconds:
-                self._end("time_limit", f"{self.seconds:.1f} s of generation (limit {lim.max_episode_seconds})")
-            elif len(self.turns) >= lim.max_turns:
-                self._end("turn_limit", f"{len(self.turns)} turns (limit {lim.max_turns})")
-        if self.exit is not None:
-            rec["exit"] = self.exit
-        return rec
+        return close_turn(self, rec, "generation")
 
     def replay(self, rec: dict[str, Any]) -> None:
         """Feed a transcript's turn record again (resume)."""

@@ -192,26 +192,22 @@ def _reference(row: Any, i: int, key: str, lines: Any, source: str, scale: float
     if row.get("task") is not None and row["task"] not in TASKS:
         raise MLBenchError(f"{key}[{i}] ({row['name']}): task {row['task']!r} is not one of {list(TASKS)}", where)
     values = _rates(row, _ROW_KEYS, scale, where, hint)
-    per_type: dict[str, dict[str, float]] = {}
-    pt = row.get("per_type") or {}
-    if not isinstance(pt, dict):
-        raise MLBenchError(f"{key}[{i}] ({row['name']}): per_type is a mapping of type -> rates", where)
-    for kind, rates in pt.items():
-        if kind in ("table", "paper_row"):
-            continue
-        if not isinstance(rates, dict):
-            raise MLBenchError(f"{key}[{i}] ({row['name']}): per_type.{kind} is a mapping of rates", where)
-        per_type[str(kind)] = _rates(rates, (), scale, where, hint)
-    per_repo: dict[str, dict[str, float]] = {}
-    pr = row.get("per_repo") or {}
-    if not isinstance(pr, dict):
-        raise MLBenchError(f"{key}[{i}] ({row['name']}): per_repo is a mapping of repository -> rates", where)
-    for repo, rates in pr.items():
-        if repo in ("table", "paper_row"):
-            continue
-        if not isinstance(rates, dict):
-            raise MLBenchError(f"{key}[{i}] ({row['name']}): per_repo.{repo} is a mapping of rates", where)
-        per_repo[str(repo)] = _rates(rates, (), scale, where, hint)
+    def nested(field: str, what: str) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
+        """``per_type`` / ``per_repo``: a mapping of ``what`` -> rates, beside its own ``table``/``paper_row``."""
+        given = row.get(field) or {}
+        if not isinstance(given, dict):
+            raise MLBenchError(f"{key}[{i}] ({row['name']}): {field} is a mapping of {what} -> rates", where)
+        out = {}
+        for name, rates in given.items():
+            if name in ("table", "paper_row"):
+                continue
+            if not isinstance(rates, dict):
+                raise MLBenchError(f"{key}[{i}] ({row['name']}): {field}.{name} is a mapping of rates", where)
+            out[str(name)] = _rates(rates, (), scale, where, hint)
+        return given, out
+
+    pt, per_type = nested("per_type", "type")
+    pr, per_repo = nested("per_repo", "repository")
     table = f", table {row['table']}" if row.get("table") else ""
     if pt.get("table"):
         table += f" (per type: table {pt['table']})"
