@@ -52,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, help="only the first N rows (after --repos)")
     p.add_argument("--config", help="configs/agent/*.yaml (default: configs/agent/ml-agent.yaml's values)")
     p.add_argument("--out", required=True, help="run folder")
-    p.add_argument("--backend", choices=["vllm", "hf"])
+    p.add_argument("--backend", choices=["vllm", "hf"], help="engine (default vllm)")
     p.add_argument("--episodes", type=int, help="k: episodes (answers) per row")
     p.add_argument("--seed", type=int, help="sampling seed")
     p.add_argument("--max-turns", type=int, help="limits.max_turns")

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlbench_kit.config import flag_overrides
 from mlbench_kit.dataset import Sample, load_samples
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.eval_config import BACKENDS, MODES, EvalConfig, load_eval_config
@@ -43,6 +42,7 @@ from mlbench_kit.sandbox import (
     warm_summary,
 )
 from mlbench_kit.sandbox.cgroups import usable_cores
+from mlbench_kit.stages import args_overrides
 
 from .checks import check_output, runs_as_shell, syntax_error, type_ok
 from .envs import EnvConfig
@@ -102,7 +102,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def resolve_config(args: argparse.Namespace) -> EvalConfig:
     """The run's options: ``--config`` (else the defaults), then every flag given."""
-    return load_eval_config(args.config, flag_overrides(EvalConfig, args, {"ci": "--no-ci"}))
+    return load_eval_config(args.config, args_overrides(EvalConfig, args))
 
 
 def default_threads(cpus: float | None, workers: int) -> int:

@@ -9,9 +9,9 @@ command line wins over the file, the file over the defaults below.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from .config import Check, load
 from .errors import MLBenchError
@@ -27,6 +27,10 @@ USAGE = ("e.g. mlbench eval --data ../shared/mlbench/full.jsonl --generations ru
 @dataclass
 class EvalConfig:
     """What one eval run scores, how, and under which limits."""
+
+    # option name -> key (mlbench_kit.stages): every key is its own option
+    FLAGS: ClassVar[dict[str, str]] = {}
+    FLAG_SPELLING: ClassVar[dict[str, str]] = {"ci": "--no-ci"}
 
     data: str | None = None  # ML-Bench rows the generations answer (file, folder or hub id)
     split: str = "full"
@@ -81,6 +85,9 @@ class EvalConfig:
             which = "timeout_pass" if self.timeout_pass else "static_gate"
             raise MLBenchError(f"`{which}` is a strict-mode rule; compat scores exactly like the benchmark",
                                at(which), "add --mode strict, or drop it")
+
+
+EvalConfig.FLAGS = {f.name: f.name for f in fields(EvalConfig)}
 
 
 def load_eval_config(path: str | Path | None, overrides: dict[str, tuple[Any, str]] | None = None) -> EvalConfig:

@@ -38,9 +38,11 @@ from mlbench_kit.config import rename_old_keys, with_old_names
 from mlbench_kit.deprecation import deprecated_flag
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.io import AppendLog, atomic_dir, claim_run_folder, honour_umask, write_json_atomic
-from mlbench_kit.train.config import (
+from mlbench_kit.records import TASKS
+from mlbench_kit.train_config import (
     OLD_FLAGS,
     SHORTCUTS,
+    SPLITS,
     TrainConfig,
     load_train_config,
     save_resolved,
@@ -582,14 +584,31 @@ def _trackers(cfg: TrainConfig) -> list[str]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of ``mlbench train`` and ``train/lora.py``."""
+    """The options of ``mlbench train`` and ``train/lora.py``: each sets a key of ``--config``'s file
+    (:data:`~mlbench_kit.train_config.SHORTCUTS`); ``--set`` any other."""
     p.add_argument("--config", help=f"configs/train/<model>.yaml (default: {DEFAULT_CONFIG})")
-    types = {"task": int, "lr": float, "epochs": int, "max_steps": int, "seed": int, "max_context_tokens": int,
+    p.add_argument("--tasks", "--task", dest="tasks", type=int, choices=TASKS,
+                   help="the task to train on, one per run (data.task; --task is the same option)")
+    p.add_argument("--split", choices=SPLITS,
+                   help="the prep split to train on: id_train (ID) or ood_train (OOD); id and ood are short for "
+                        "them (data.split; default id_train)")
+    p.add_argument("--out", help="output folder (output_dir; default "
+                                 f"{TrainConfig.output_dir}, filled in)")
+    deprecated_flag(p, "--output-dir", "--out")
+    helps = {"lr": "learning rate", "epochs": "passes over the data", "max_steps": "stop after N optimizer steps "
+             "(> 0; whatever the epochs)", "seed": "seed of the data order, init and sampling",
+             "model": "base model: hub id or local folder", "batching": "packing, grouped or padding",
+             "max_context_tokens": "prompt + answer + EOS of one example, capped at the model's positions",
+             "prep_dir": "`mlbench prep --out` folder holding <split>/task<t>.jsonl",
+             "grad_accum": "micro-batches per optimizer step", "micro_batch_size": "rows per micro-batch"}
+    types = {"lr": float, "epochs": int, "max_steps": int, "seed": int, "max_context_tokens": int,
              "grad_accum": int, "micro_batch_size": int}
-    for key in SHORTCUTS:
-        p.add_argument(f"--{key.replace('_', '-')}", dest=key, type=types.get(key, str), help=f"sets {SHORTCUTS[key]}")
+    for key, help_ in helps.items():
+        p.add_argument(f"--{key.replace('_', '-')}", dest=key, type=types.get(key, str),
+                       help=f"{help_} (sets {SHORTCUTS[key]})")
     for old, new in OLD_FLAGS.items():
-        deprecated_flag(p, f"--{old.replace('_', '-')}", f"--{new.replace('_', '-')}", type=types.get(new, str))
+        if old != "output_dir":
+            deprecated_flag(p, f"--{old.replace('_', '-')}", f"--{new.replace('_', '-')}", type=types.get(new, str))
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any other config key, dotted (e.g. --set lora.r=64 --set quantization=nf4)")
     p.add_argument("--resume", default="auto", help="auto (newest complete checkpoint, default), none, or a path")

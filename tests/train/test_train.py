@@ -21,7 +21,6 @@ from conftest import REPO_ROOT, assert_shared_modes, run_cli
 from safetensors.torch import load_file
 
 from mlbench_kit.train.checkpoint import PREEMPTED_EXIT
-from mlbench_kit.train.config import load_train_config
 from mlbench_kit.train.data import (
     IGNORE,
     collate,
@@ -30,6 +29,7 @@ from mlbench_kit.train.data import (
     pack,
 )
 from mlbench_kit.train.loss import token_losses
+from mlbench_kit.train_config import load_train_config
 
 
 def _launch(model: Path, prep: Path, out: Path, *extra: str, config: str = "configs/accelerate/single.yaml",
