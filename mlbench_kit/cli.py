@@ -1,4 +1,4 @@
-"""The `mlbench` command: one sub-command per stage (declared in :mod:`mlbench_kit.stages`), plus `configs`."""
+"""The `mlbench` command: one sub-command per stage (the table in mlbench_kit/stages.py), plus `configs`."""
 
 from __future__ import annotations
 
@@ -80,14 +80,18 @@ def _configs(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """``mlbench`` with every stage's sub-command."""
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """``mlbench`` with every stage's sub-command; with ``only``, that stage's options alone are added (the others
+    are listed by name and help), so a command imports only its own stage (training imports torch, the report
+    matplotlib...)."""
     parser = argparse.ArgumentParser(prog="mlbench", description=__doc__)
     parser.add_argument("--version", action="version", version=f"mlbench-kit {__version__}",
                         help="print the version and exit")
     sub = parser.add_subparsers(dest="stage", required=True)
     for st in STAGES:
-        st.module().add_arguments(sub.add_parser(st.name, help=st.help, description=st.help))
+        p = sub.add_parser(st.name, help=st.help, description=st.help)
+        if only is None or only == st.name:
+            st.module().add_arguments(p)
     _configs_args(sub.add_parser("configs", help=CONFIGS_HELP, description=CONFIGS_HELP))
     return parser
 
@@ -96,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``mlbench``; bad input exits with status 2 and one clear message."""
     from .progress import bars_only_on_tty
     bars_only_on_tty()  # before any stage imports tqdm: no progress bars in a log, a pipe or a Slurm file
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    chosen = next((w for w in words if not w.startswith("-")), None)
+    args = build_parser(chosen if chosen in {st.name for st in STAGES} else "").parse_args(argv)
     try:
         if args.stage == "configs":
             return _configs(args)
