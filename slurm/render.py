@@ -15,9 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import yaml
 
+from mlbench_kit.config import to_dict
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.hf import model_positions
+from mlbench_kit.io import write_atomic
 from mlbench_kit.stages import load_stage_config, stage
 
 from .spec import Cell, Sweep
@@ -26,13 +29,15 @@ from .spec import Cell, Sweep
 @dataclass
 class Unit:
     """One array task: an index, a key naming its done-marker, its output folder, its stage options (the cell's
-    own, then the sweep file's) and the command they make."""
+    own, then the sweep file's), the command they make, and (once :func:`check_jobs` ran) the stage's typed config
+    they resolve to, which the job runs from a file: ``mlbench STAGE --config unit.yaml``."""
 
     index: int
     key: str
     out: str
     opts: dict[str, Any]
     argv: list[str]
+    config: Any = None
 
 
 @dataclass
@@ -184,7 +189,7 @@ def check_jobs(sweep: Sweep, all_jobs: list[ArrayJob]) -> None:
             def where(key: str, stage_name: str = job.stage, model: str | None = model) -> str:
                 return sweep.where(stage_name, model, key)
             try:
-                cfg = load_stage_config(stage(job.stage), unit.opts, where, root)
+                cfg = unit.config = load_stage_config(stage(job.stage), unit.opts, where, root)
             except MLBenchError as exc:
                 raise MLBenchError(f"{job.name} [{unit.key}]: {exc.what}", exc.where,
                                    exc.fix or f"`mlbench {job.stage} --help` lists its options") from None
@@ -227,8 +232,22 @@ def _env() -> jinja2.Environment:
     return env
 
 
-def render(sweep: Sweep, job: ArrayJob) -> str:
-    """The sbatch script of one job array (only its ``units``)."""
+def unit_config_file(folder: Path, job: ArrayJob, unit: Unit) -> Path:
+    """Where a unit's resolved config is written, beside its job's sbatch script."""
+    return folder / job.name / f"{unit.key}.yaml"
+
+
+def write_unit_configs(folder: Path, job: ArrayJob) -> None:
+    """Each unit's resolved config (:func:`check_jobs` filled them) as a file its job runs from; ``mlbench STAGE
+    --config FILE`` replays the unit by hand."""
+    for unit in job.units:
+        if unit.config is not None:
+            write_atomic(unit_config_file(folder, job, unit), yaml.safe_dump(to_dict(unit.config), sort_keys=False))
+
+
+def render(sweep: Sweep, job: ArrayJob, folder: Path | None = None) -> str:
+    """The sbatch script of one job array (only its ``units``). With ``folder`` (where
+    :func:`write_unit_configs` wrote them), each unit runs from its resolved config file; else from its options."""
     s = sweep.cfg.slurm
     r = sweep.resources(job.stage)
     train = job.stage == "train"
@@ -243,5 +262,7 @@ def render(sweep: Sweep, job: ArrayJob) -> str:
         partition=s.partition, account=s.account, requeue=s.requeue, signal_before_s=s.signal_before_s,
         max_requeues=s.max_requeues, extra=s.extra, env=s.env, setup=s.setup, root=sweep.root,
         python=sys.executable, units=job.units, done_dir=state_dir(sweep, job.stage),
+        cmds={u.index: u.argv if folder is None or u.config is None
+              else command(job.stage, {"config": str(unit_config_file(folder, job, u))}) for u in job.units},
         skip_done=job.stage != "report",
         train=train, procs_per_node=procs, accelerate_config=acc)

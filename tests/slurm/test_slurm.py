@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -88,6 +89,31 @@ def test_each_unit_s_command_resolves_to_the_config_the_sweep_checked(path: Path
             argv = unit.argv[1:] if job.stage == "train" else unit.argv[4:]
             args = stage_parser(job.stage, raising=True).parse_args(argv)
             assert stage(job.stage).module().resolve_config(args) == checked, (job.name, unit.key)
+
+
+def test_a_unit_replays_from_its_written_config(tmp_path: Path, monkeypatch) -> None:
+    # `sweep plan --scripts` writes each unit's resolved config beside the sbatch scripts; the job runs
+    # `mlbench STAGE --config unit.yaml`, and so can a person replaying one cell by hand
+    from mlbench_kit.cli import stage_parser
+    from mlbench_kit.stages import stage
+    monkeypatch.chdir(REPO_ROOT)
+    r = run_cli("mlbench", "sweep", "plan", REPO_ROOT / "configs/sweeps/paper.yaml", "--root", REPO_ROOT,
+                "--scripts", tmp_path)
+    assert r.returncode == 0, r.stderr
+    sweep = load_sweep(REPO_ROOT / "configs/sweeps/paper.yaml", REPO_ROOT)
+    all_jobs = jobs(sweep)
+    check_jobs(sweep, all_jobs)
+    for job in all_jobs:
+        if job.stage == "report":
+            continue
+        text = (tmp_path / f"{job.name}.sbatch").read_text()
+        for unit in job.units:
+            written = tmp_path / job.name / f"{unit.key}.yaml"
+            assert shlex.quote(str(written)) in text, (job.name, unit.key)
+            argv = ["--config", str(written)]
+            args = stage_parser(job.stage, raising=True).parse_args(argv)
+            assert stage(job.stage).module().resolve_config(args) == unit.config, (job.name, unit.key)
+    assert "--max-context-tokens" not in (tmp_path / "prep.sbatch").read_text()  # the options live in the files
 
 
 def test_a_stage_option_typo_fails_at_plan_with_its_line(tmp_path: Path) -> None:
