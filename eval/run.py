@@ -93,6 +93,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--require-cgroups", action="store_true", default=None,
                    help="refuse to run when memory/process limits could only hold per process")
     p.add_argument("--repos", nargs="+", help="score only these repositories' rows")
+    p.add_argument("--limit", type=int, help="only the first N rows of the data (after --repos): smoke runs")
     p.add_argument("--validation", help="validation.json of `mlbench env validate`: also report Pass@k on the "
                                         "gold-valid rows, and which rows are excluded and why")
     p.add_argument("--rescore", action="store_true", default=None, help="recompute metrics from results.jsonl only")
@@ -392,6 +393,11 @@ def score(cfg: EvalConfig) -> int:
                                f"repositories here: {sorted({s.repo for s in samples.values()})}")
         gens.outputs = {k: v for k, v in gens.outputs.items() if samples[k].repo in cfg.repos}
         gens.missing = [k for k in gens.missing if samples[k].repo in cfg.repos]
+    if cfg.limit:
+        first = {k for k in samples if cfg.repos is None or samples[k].repo in cfg.repos}
+        first = set(sorted(first, key=list(samples).index)[: cfg.limit])
+        gens.outputs = {k: v for k, v in gens.outputs.items() if k in first}
+        gens.missing = [k for k in gens.missing if k in first]
     results_path = out / "results.jsonl"
     n_faults = 0 if cfg.rescore else _execute(cfg, threads, samples, gens, out)
     results = read_jsonl_tolerant(results_path)

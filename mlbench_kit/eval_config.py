@@ -57,6 +57,7 @@ class EvalConfig:
     sandbox_uid: int | None = None
     require_cgroups: bool = False
     repos: list[str] | None = None  # score only these repositories' rows
+    limit: int | None = None  # only the first N rows (after repos): smoke runs, as infer's and agent's --limit
     validation: str | None = None  # validation.json of `mlbench env validate`
     rescore: bool = False  # recompute metrics from results.jsonl only
     ci: bool = True  # bootstrap confidence intervals
@@ -75,7 +76,7 @@ class EvalConfig:
         for key in ("workers", "mem_mb", "pids", "disk_mb"):
             if getattr(self, key) < 1:
                 raise MLBenchError(f"`{key}` must be at least 1, got {getattr(self, key)}", at(key))
-        for key in ("n", "threads", "timeout", "cpus"):
+        for key in ("n", "threads", "timeout", "cpus", "limit"):
             value = getattr(self, key)
             if value is not None and value <= 0:
                 raise MLBenchError(f"`{key}` must be positive, got {value}", at(key))

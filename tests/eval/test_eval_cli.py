@@ -123,3 +123,13 @@ def test_libraries_without_bytecode_are_named_before_scoring(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "warm-up: toylib" in err and "(not compiled)" in err and "toybench's libraries have no bytecode" in err
     assert "; compile them once: " in err and " -m compileall -q DIR" in err  # the environment's own interpreter
+
+
+def test_limit_scores_only_the_first_rows(tmp_path):
+    # --limit means what it means in infer and agent: the first N rows (a smoke run), here of the data
+    rows = [json.loads(x) for x in SAMPLE.open()]
+    assert main(["eval", "--data", str(SAMPLE), "--gold", "--envs", str(ENVS), "--limit", "3",
+                 "--out", str(tmp_path / "g")]) == 0
+    results = [json.loads(x) for x in (tmp_path / "g" / "results.jsonl").read_text().splitlines()]
+    assert {(r["github_id"], r["id"]) for r in results} == {(r["github_id"], r["id"]) for r in rows[:3]}
+    assert json.loads((tmp_path / "g" / "summary.json").read_text())["metrics"]["overall"]["samples"] == 3
