@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from mlbench_kit.config import to_dict
 from mlbench_kit.dataset import Sample, load_samples
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.eval_config import BACKENDS, MODES, EvalConfig, load_eval_config
@@ -277,6 +280,11 @@ def gold_ceiling(samples: list[Sample]) -> dict[str, dict[str, int]]:
     return dict(sorted(out.items(), key=lambda kv: (kv[0] == "ALL", kv[0])))
 
 
+def write_config(cfg: Any, path: Path) -> None:
+    """The resolved options beside the outputs: ``mlbench eval --config path`` replays (resumes) the run."""
+    write_atomic(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
 def _config(cfg: EvalConfig, threads: int) -> dict[str, Any]:
     """What run.json records: the options a run folder's verdicts depend on (threads resolved)."""
     keys = ("data", "split", "generations", "gold", "mode", "backend", "parser", "timeout", "timeout_pass",
@@ -399,6 +407,7 @@ def score(cfg: EvalConfig) -> int:
         gens.outputs = {k: v for k, v in gens.outputs.items() if k in first}
         gens.missing = [k for k in gens.missing if k in first]
     results_path = out / "results.jsonl"
+    write_config(cfg, out / "config.yaml")
     n_faults = 0 if cfg.rescore else _execute(cfg, threads, samples, gens, out)
     results = read_jsonl_tolerant(results_path)
     if not results:
