@@ -56,7 +56,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("prep", "render tasks 1-3 into prompts", "mlbench_kit.data_prep.prepare",
           "mlbench_kit.prep_config:PrepConfig"),
     Stage("train", "LoRA/QLoRA fine-tuning, one process (multi-GPU: accelerate launch train/lora.py)",
-          "mlbench_kit.train.lora", "mlbench_kit.train_config:TrainConfig"),
+          "mlbench_kit.train.cli", "mlbench_kit.train_config:TrainConfig"),
     Stage("infer", "sample n responses per prompt (vLLM, HF or an OpenAI-compatible endpoint)",
           "mlbench_kit.infer.run", "mlbench_kit.infer_config:InferConfig"),
     Stage("agent", "ML-Agent episodes per row (README ranking, then code) -> generations eval scores",

@@ -87,13 +87,13 @@ def test_train_config_max_seq_len_is_max_context_tokens(tmp_path, capsys):
 
 
 def test_train_flag_max_seq_len_is_max_context_tokens(capsys):
-    from mlbench_kit.train import lora
+    from mlbench_kit.train import cli
     p = argparse.ArgumentParser()
-    lora.add_arguments(p)
-    new = lora.resolve_config(p.parse_args(["--config", "configs/train/tiny-cpu.yaml", "--model", "m",
+    cli.add_arguments(p)
+    new = cli.resolve_config(p.parse_args(["--config", "configs/train/tiny-cpu.yaml", "--model", "m",
                                             "--max-context-tokens", "640"]))
     assert _warnings(capsys.readouterr().err) == []
-    old = lora.resolve_config(p.parse_args(["--config", "configs/train/tiny-cpu.yaml", "--model", "m",
+    old = cli.resolve_config(p.parse_args(["--config", "configs/train/tiny-cpu.yaml", "--model", "m",
                                             "--max-seq-len", "640"]))
     _one_warning(capsys, "--max-seq-len", "--max-context-tokens")
     assert old == new and new.data.max_context_tokens == 640
