@@ -130,6 +130,9 @@ def test_hf_backend_same_format_same_seed_and_resume(tmp_path, tiny_model_dir, r
     again = tmp_path / "hf2"
     assert _infer(tiny_model_dir, real_prep, again, "--backend", "hf", "--limit", "6").returncode == 0
     assert [x["raw"] for x in _rows(again / "task3.jsonl")] == [x["raw"] for x in _rows(out / "task3.jsonl")]
+    # the run's resolved options beside its outputs: `--config` that file alone replays it (here: nothing to do)
+    r = run_cli("mlbench", "infer", "--config", again / "config.yaml")
+    assert r.returncode == 0 and "nothing to do" in r.stderr, r.stderr[-3000:]
     r = _infer(tiny_model_dir, real_prep, out, "--backend", "hf", "--limit", "6", "--temperature", "0.5")
     assert r.returncode == 2 and "other settings" in r.stderr
 
