@@ -407,7 +407,6 @@ def score(cfg: EvalConfig) -> int:
         gens.outputs = {k: v for k, v in gens.outputs.items() if k in first}
         gens.missing = [k for k in gens.missing if k in first]
     results_path = out / "results.jsonl"
-    write_config(cfg, out / "config.yaml")
     n_faults = 0 if cfg.rescore else _execute(cfg, threads, samples, gens, out)
     results = read_jsonl_tolerant(results_path)
     if not results:
@@ -454,6 +453,7 @@ def score(cfg: EvalConfig) -> int:
     summary["faults"] = n_faults
     summary["unscored"] = unscored
     write_json_atomic(out / "summary.json", summary)
+    write_config(cfg, out / "config.yaml")
     write_atomic(out / "report.md", render_run_report(summary))
     o = summary["metrics"]["overall"]
     print(f"eval: {o['samples']} samples" + (f" ({len(unscored)} unscored, apart)" if unscored else "") + ", "
