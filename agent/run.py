@@ -60,7 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="run folder")
     p.add_argument("--policy", choices=["ml-agent", "bash"], help="ml-agent (the paper's agent) or bash "
                    "(ML-Agent-Bench offline: actions run in the sandbox)")
-    p.add_argument("--backend", choices=["vllm", "hf"])
+    p.add_argument("--backend", choices=["vllm", "hf"], help="engine (default vllm)")
     p.add_argument("--episodes", type=int, help="k: episodes (answers) per row")
     p.add_argument("--seed", type=int, help="sampling seed")
     p.add_argument("--max-turns", type=int, help="limits.max_turns")

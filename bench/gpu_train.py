@@ -96,8 +96,8 @@ def utilisation(shape: dict, rows: list[list[int]], seconds: float, attention: s
                 recomputed: int | None = None) -> dict:
     """MFU and HFU of timed ``rows`` (each: its samples' lengths) that took ``seconds`` on ``device_name``;
     ``recomputed``: the decoder layers under activation checkpointing (default: all, the recipe's default)."""
-    from mlbench_kit.train.config import LoraConfig
     from mlbench_kit.train.flops import ModelShape, gpu_peak, step_flops
+    from mlbench_kit.train_config import LoraConfig
     ms = ModelShape.from_config(shape)
     f = step_flops(ms, rows, lora_r, LoraConfig().target_modules, ms.layers if recomputed is None else recomputed,
                    attention)
@@ -182,7 +182,6 @@ def run_one(name: str, shape: dict, mode: str, folder: Path, lengths: list[int],
             lever: str = "baseline", seq_len: int | None = None) -> dict:
     """One timed setup through the recipe's own parts (``train/model.py``, ``train/loss.py``): load, LoRA (or
     QLoRA), the ``lever``'s change, ``warmup`` untimed steps, then ``steps`` timed ones."""
-    from mlbench_kit.train.config import TrainConfig
     from mlbench_kit.train.flops import rows_from_positions
     from mlbench_kit.train.loss import micro_batch_losses
     from mlbench_kit.train.model import (
@@ -193,6 +192,7 @@ def run_one(name: str, shape: dict, mode: str, folder: Path, lengths: list[int],
         resolve_attention,
         resolve_precision,
     )
+    from mlbench_kit.train_config import TrainConfig
     change = lever_change(lever)
     fields = {"gradient_checkpointing": True, "loss_chunk_tokens": loss_chunk, "attn_implementation": attention}
     cfg = TrainConfig(model=str(folder), quantization="nf4" if mode == "qlora" else None, **(fields | change))

@@ -39,7 +39,7 @@ def main() -> None:
     from mlbench_kit.hf import load_tokenizer
     from mlbench_kit.infer.backends import HfBackend, VllmBackend
     from mlbench_kit.infer.prompts import encode, load_prompts
-    from mlbench_kit.infer.sampling import load_config
+    from mlbench_kit.infer_config import load_config
     tok = load_tokenizer(str(tmp / "m"))
     items = encode(load_prompts(tmp / "prep" / "full" / "task3.jsonl", 3)[: a.prompts], tok)
     cfg = load_config(None, {"n": 5, "max_new_tokens": a.max_new_tokens})

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mlbench_kit.config import flag_overrides
 from mlbench_kit.dataset import Sample, load_samples
 from mlbench_kit.deprecation import deprecated_flag
 from mlbench_kit.errors import MLBenchError
@@ -25,6 +24,7 @@ from mlbench_kit.io import (
 )
 from mlbench_kit.prep_config import PrepConfig, load_prep_config
 from mlbench_kit.records import TASKS
+from mlbench_kit.stages import args_overrides
 
 from .corpus import ReadmeCorpus, checkout_repos
 from .render import Renderer
@@ -75,7 +75,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def resolve_config(args: argparse.Namespace) -> PrepConfig:
     """The run's options: ``--config`` (else the defaults), then every flag given."""
-    return load_prep_config(args.config, flag_overrides(PrepConfig, args, {"hf": "--no-hf"}))
+    return load_prep_config(args.config, args_overrides(PrepConfig, args))
 
 
 def _load(cfg: PrepConfig) -> dict[str, list[Sample]]:

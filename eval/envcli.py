@@ -47,26 +47,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sub.add_parser("list", parents=[common], help="recipes, their builds and validation")
     sub.add_parser("prune", parents=[common], help="remove builds of older recipe versions and unfinished ones")
     c = sub.add_parser("check", parents=[common], help="probe each built environment in the sandbox")
-    c.add_argument("--backend", default="bwrap", choices=["bwrap", "podman"])
+    c.add_argument("--backend", default="bwrap", choices=["bwrap", "podman"], help="sandbox (default %(default)s)")
     v = sub.add_parser("validate", parents=[common], help="run every gold answer in its environment, say why "
                                                           "failures fail")
     v.add_argument("--data", required=True, help="ML-Bench rows (file or hub id)")
-    v.add_argument("--split", default="full")
+    v.add_argument("--split", default="full", help="split of --data (default %(default)s)")
     v.add_argument("--out", required=True, help="folder: validation.json, validation.md, eval runs per mode")
-    v.add_argument("--modes", nargs="+", default=["compat", "strict"], choices=["compat", "strict"])
-    v.add_argument("--workers", type=int, default=2)
+    v.add_argument("--modes", nargs="+", default=["compat", "strict"], choices=["compat", "strict"],
+                   help="scoring modes to validate in (default: both)")
+    v.add_argument("--workers", type=int, default=2, help="executions at once (default %(default)s)")
     v.add_argument("--cpus", type=float, default=1.0,
                    help="CPU quota of one execution in cores (default 1; 0: none). Compat passes an answer still "
                         "running at the limit, so without a quota a verdict depends on what runs beside it")
-    v.add_argument("--backend", default="bwrap", choices=["bwrap", "podman"])
+    v.add_argument("--backend", default="bwrap", choices=["bwrap", "podman"], help="sandbox (default %(default)s)")
     ex = sub.add_parser("export", parents=[common], help="write built images to files (OCI archive, docker-archive, "
                                                          "or an Apptainer definition for a SIF), for clusters")
-    ex.add_argument("--format", required=True, choices=["oci", "docker-archive", "sif-recipe"])
+    ex.add_argument("--format", required=True, choices=["oci", "docker-archive", "sif-recipe"],
+                    help="OCI archive, docker-archive, or an Apptainer definition to build a SIF from")
     ex.add_argument("--out", required=True, help="folder for the archives (and definitions)")
     ex.add_argument("--image", help="export this tag instead of the repositories' images")
     bi = sub.add_parser("base-image", help="the podman base image from a Debian root filesystem (no registry)")
-    bi.add_argument("--mirror", default="http://deb.debian.org/debian")
-    bi.add_argument("--force", action="store_true")
+    bi.add_argument("--mirror", default="http://deb.debian.org/debian",
+                    help="Debian mirror mmdebstrap installs from (default %(default)s)")
+    bi.add_argument("--force", action="store_true", help="rebuild the image even if it exists")
 
 
 def _cache(args: Namespace) -> Path:

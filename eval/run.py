@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlbench_kit.config import flag_overrides
+import yaml
+
+from mlbench_kit.config import to_dict
 from mlbench_kit.dataset import Sample, load_samples
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.escape import visible
@@ -44,6 +46,7 @@ from mlbench_kit.sandbox import (
     warm_summary,
 )
 from mlbench_kit.sandbox.cgroups import usable_cores
+from mlbench_kit.stages import args_overrides
 
 from .checks import check_output, runs_as_shell, syntax_error, type_ok
 from .envs import EnvConfig
@@ -94,6 +97,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--require-cgroups", action="store_true", default=None,
                    help="refuse to run when memory/process limits could only hold per process")
     p.add_argument("--repos", nargs="+", help="score only these repositories' rows")
+    p.add_argument("--limit", type=int, help="only the first N rows of the data (after --repos): smoke runs")
     p.add_argument("--validation", help="validation.json of `mlbench env validate`: also report Pass@k on the "
                                         "gold-valid rows, and which rows are excluded and why")
     p.add_argument("--rescore", action="store_true", default=None, help="recompute metrics from results.jsonl only")
@@ -103,7 +107,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def resolve_config(args: argparse.Namespace) -> EvalConfig:
     """The run's options: ``--config`` (else the defaults), then every flag given."""
-    return load_eval_config(args.config, flag_overrides(EvalConfig, args, {"ci": "--no-ci"}))
+    return load_eval_config(args.config, args_overrides(EvalConfig, args))
 
 
 def default_threads(cpus: float | None, workers: int) -> int:
@@ -277,6 +281,11 @@ def gold_ceiling(samples: list[Sample]) -> dict[str, dict[str, int]]:
     return dict(sorted(out.items(), key=lambda kv: (kv[0] == "ALL", kv[0])))
 
 
+def write_config(cfg: Any, path: Path) -> None:
+    """The resolved options beside the outputs: ``mlbench eval --config path`` replays (resumes) the run."""
+    write_atomic(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
 def _config(cfg: EvalConfig, threads: int) -> dict[str, Any]:
     """What run.json records: the options a run folder's verdicts depend on (threads resolved)."""
     keys = ("data", "split", "generations", "gold", "mode", "backend", "parser", "timeout", "timeout_pass",
@@ -393,6 +402,11 @@ def score(cfg: EvalConfig) -> int:
                                f"repositories here: {sorted({s.repo for s in samples.values()})}")
         gens.outputs = {k: v for k, v in gens.outputs.items() if samples[k].repo in cfg.repos}
         gens.missing = [k for k in gens.missing if samples[k].repo in cfg.repos]
+    if cfg.limit:
+        first = {k for k in samples if cfg.repos is None or samples[k].repo in cfg.repos}
+        first = set(sorted(first, key=list(samples).index)[: cfg.limit])
+        gens.outputs = {k: v for k, v in gens.outputs.items() if k in first}
+        gens.missing = [k for k in gens.missing if k in first]
     results_path = out / "results.jsonl"
     n_faults = 0 if cfg.rescore else _execute(cfg, threads, samples, gens, out)
     results = read_jsonl_tolerant(results_path)
@@ -440,6 +454,7 @@ def score(cfg: EvalConfig) -> int:
     summary["faults"] = n_faults
     summary["unscored"] = unscored
     write_json_atomic(out / "summary.json", summary)
+    write_config(cfg, out / "config.yaml")
     write_atomic(out / "report.md", render_run_report(summary))
     o = summary["metrics"]["overall"]
     print(f"eval: {o['samples']} samples" + (f" ({len(unscored)} unscored, apart)" if unscored else "") + ", "

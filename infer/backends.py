@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from mlbench_kit.infer_config import InferConfig
+
 from .prompts import PromptItem
-from .sampling import InferConfig
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, cast
 
 from mlbench_kit.errors import MLBenchError
+from mlbench_kit.infer_config import InferConfig
 
 from .backends import Completion
 from .prompts import PromptItem
-from .sampling import InferConfig
 
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletionMessageParam  # role/content dicts, as prompts.py makes them

@@ -14,7 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mlbench_kit.config import rename_old_keys
+import yaml
+
+from mlbench_kit.config import rename_old_keys, to_dict
 from mlbench_kit.deprecation import deprecated_flag
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.hf import (
@@ -23,7 +25,8 @@ from mlbench_kit.hf import (
     load_tokenizer,
     model_positions,
 )
-from mlbench_kit.io import AppendLog, claim_run_folder, read_jsonl_tolerant
+from mlbench_kit.infer_config import InferConfig, Sampling, load_config
+from mlbench_kit.io import AppendLog, claim_run_folder, read_jsonl_tolerant, write_atomic
 from mlbench_kit.parse import PARSERS, parse_response
 from mlbench_kit.progress import Console, Progress, logs_to_file
 from mlbench_kit.records import TASKS, GenerationRecord
@@ -37,49 +40,58 @@ from .adapters import (
 )
 from .backends import Backend
 from .prompts import PromptItem, encode, load_prompts, task_file
-from .sampling import InferConfig, Sampling, load_config
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="base model: local folder or hub id (for openai: the served name)")
+    """The options of ``mlbench infer``: each sets the same key of ``--config``'s file (:class:`InferConfig`)."""
+    d = InferConfig()
+    p.add_argument("--config", default=None,
+                   help="YAML of infer options (configs/infer/*.yaml; default: the benchmark's settings); flags win")
+    p.add_argument("--model", help="base model: local folder or hub id (for openai: the served name); required")
     p.add_argument("--adapter", help="PEFT LoRA adapter folder (from train/)")
     p.add_argument("--adapters", nargs="+", metavar="NAME=DIR",
                    help="several adapters of the same base in one engine: writes OUT/NAME/ per adapter")
-    p.add_argument("--with-base", action="store_true", help="with --adapters: the base model too, in OUT/base/")
+    p.add_argument("--with-base", action="store_true", default=None,
+                   help="with --adapters: the base model too, in OUT/base/")
     p.add_argument("--tokenizer", help="tokenizer folder or id (default: the model's)")
-    p.add_argument("--prompts", required=True, help="`mlbench prep` output folder, or one task .jsonl file")
-    p.add_argument("--split", default="test", help="split folder inside --prompts (default: test)")
-    p.add_argument("--task", type=int, nargs="+", default=list(TASKS), choices=TASKS)
-    p.add_argument("--config", default=None, help="configs/infer/*.yaml (default: the benchmark's settings)")
-    p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--backend", choices=["vllm", "hf", "openai"])
-    for name, typ in (("n", int), ("temperature", float), ("top-p", float), ("top-k", int), ("max-new-tokens", int),
-                      ("seed", int), ("batch-size", int), ("max-model-len", int), ("tensor-parallel-size", int),
-                      ("max-lora-rank", int)):
-        p.add_argument(f"--{name}", type=typ, help="override the config's value")
+    p.add_argument("--prompts", help="`mlbench prep` output folder, or one task .jsonl file; required")
+    p.add_argument("--split", help=f"split folder inside --prompts, by prep's name (default {d.split})")
+    p.add_argument("--tasks", "--task", dest="tasks", type=int, nargs="+", choices=TASKS,
+                   help="tasks to generate for (default 1 2 3; --task is the same option)")
+    p.add_argument("--out", help="output folder; required")
+    p.add_argument("--backend", choices=["vllm", "hf", "openai"], help=f"engine (default {d.backend})")
+    s = d.sampling
+    for name, typ, help_ in (
+            ("n", int, f"samples per prompt (sampling.n, default {s.n})"),
+            ("temperature", float, f"sampling.temperature (default {s.temperature})"),
+            ("top-p", float, f"sampling.top_p (default {s.top_p})"),
+            ("top-k", int, f"sampling.top_k (default {s.top_k})"),
+            ("max-new-tokens", int, f"new tokens per sample (sampling.max_new_tokens, default {s.max_new_tokens})"),
+            ("seed", int, f"sampling.seed (default {s.seed})"),
+            ("batch-size", int, f"prompts handed to the engine at once (default {d.batch_size})"),
+            ("max-model-len", int, "vLLM's context: prompt + new tokens (default: the longest prompt + "
+                                   "max_new_tokens, capped at the model's positions)"),
+            ("tensor-parallel-size", int, f"GPUs one vLLM engine spans (default {d.tensor_parallel_size})"),
+            ("max-lora-rank", int, "vLLM's max_lora_rank (default: the adapter's own rank)")):
+        p.add_argument(f"--{name}", type=typ, help=help_)
     deprecated_flag(p, "--max-tokens", "--max-new-tokens", type=int)
     p.add_argument("--stop", action="append", help="stop string (repeatable; overrides the config's list)")
     p.add_argument("--parser", choices=PARSERS, help="code extraction (default compat: the benchmark's)")
     p.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"],
                    help="engine precision (default auto: the adapters' training precision, else the model's)")
     p.add_argument("--limit", type=int, help="only the first N prompts per task (smoke runs)")
-    p.add_argument("--allow-base-mismatch", action="store_true", help="skip the adapter/base model check")
-    p.add_argument("--verbose", action="store_true",
+    p.add_argument("--allow-base-mismatch", action="store_true", default=None,
+                   help="skip the adapter/base model check")
+    p.add_argument("--verbose", action="store_true", default=None,
                    help=f"the engine's and libraries' logs on the terminal (default: in OUT/{ENGINE_LOG})")
 
 
 ENGINE_LOG = "logs/engine.log"  # under --out: vLLM's / transformers' own output unless --verbose
 
 
-def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    keys = ("backend", "n", "temperature", "top_p", "top_k", "max_new_tokens", "seed", "batch_size", "max_model_len",
-            "tensor_parallel_size", "max_lora_rank", "stop", "parser", "dtype")
-    return {k: getattr(args, k) for k in keys}
-
-
 def resolve_config(args: argparse.Namespace) -> InferConfig:
     """The run's config: ``--config`` (else the benchmark's settings), then the flags."""
-    return load_config(args.config, _overrides(args))
+    return load_config(args.config, {name: getattr(args, name, None) for name in InferConfig.FLAGS})
 
 
 def _load_tokenizer(name: str, backend: str, flag: str) -> Any:
@@ -133,37 +145,38 @@ def engine_dtype(cfg: InferConfig, adapters: list[str]) -> str:
     return next(iter(found.values()))
 
 
-def make_backend(args: argparse.Namespace, cfg: InferConfig, tokenizer: Any, max_model_len: int,
+def make_backend(cfg: InferConfig, tokenizer: Any, max_model_len: int,
                  adapters: dict[str, str]) -> Backend:
     """The engine, with every adapter it has to serve loaded once."""
+    model = str(cfg.model)
     if cfg.backend == "vllm":
         from .backends import VllmBackend
         rank = None
         if adapters:
             ranks = [int(adapter_config(a)["r"]) for a in adapters.values()]
             rank = engine_lora_rank(max(ranks), cfg.max_lora_rank, next(iter(adapters.values())))
-        return VllmBackend(args.model, cfg, max_model_len, adapters, rank, args.tokenizer)
+        return VllmBackend(model, cfg, max_model_len, adapters, rank, cfg.tokenizer)
     if cfg.backend == "hf":
         from .backends import HfBackend
-        return HfBackend(args.model, cfg, adapters, tokenizer)
+        return HfBackend(model, cfg, adapters, tokenizer)
     from .openai_backend import OpenAIBackend
     if adapters:
         raise MLBenchError("the openai backend cannot load an adapter itself", "--adapter",
                            "serve it (`vllm serve BASE --enable-lora --lora-modules NAME=DIR`) and pass --model NAME")
-    return OpenAIBackend(args.model, cfg, send_token_ids=tokenizer is not None)
+    return OpenAIBackend(model, cfg, send_token_ids=tokenizer is not None)
 
 
-def targets(args: argparse.Namespace) -> list[tuple[str | None, str | None, Path]]:
+def targets(cfg: InferConfig) -> list[tuple[str | None, str | None, Path]]:
     """What to generate for: ``(adapter name, adapter folder, output folder)``; the base model has no adapter."""
-    out = Path(args.out)
-    if not args.adapters:
-        if args.with_base:
+    out = Path(str(cfg.out))
+    if not cfg.adapters:
+        if cfg.with_base:
             raise MLBenchError("--with-base goes with --adapters", "--with-base")
-        return [("adapter" if args.adapter else None, args.adapter, out)]
-    if args.adapter:
+        return [("adapter" if cfg.adapter else None, cfg.adapter, out)]
+    if cfg.adapter:
         raise MLBenchError("pass either --adapter DIR or --adapters NAME=DIR ...", "--adapter")
-    found = []
-    for spec in args.adapters:
+    found: list[tuple[str | None, str | None, Path]] = []
+    for spec in cfg.adapters:
         name, eq, path = spec.partition("=")
         if not eq or not name or not name.replace("-", "").replace("_", "").isalnum() or name == "base":
             raise MLBenchError(f"--adapters takes NAME=DIR (NAME: letters, digits, - and _; not 'base'), got {spec!r}",
@@ -171,51 +184,54 @@ def targets(args: argparse.Namespace) -> list[tuple[str | None, str | None, Path
         found.append((name, path, out / name))
     if len({n for n, _, _ in found}) != len(found):
         raise MLBenchError("adapter names must differ", "--adapters")
-    return ([(None, None, out / "base")] if args.with_base else []) + found
+    base: list[tuple[str | None, str | None, Path]] = [(None, None, out / "base")] if cfg.with_base else []
+    return base + found
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the infer stage; returns the exit status. The terminal gets one line per step and a progress line; the
     engine's and libraries' own output goes to ``OUT/logs/engine.log`` (``--verbose``: to the terminal)."""
     cfg = resolve_config(args)
-    todo_targets = targets(args)
-    log = None if getattr(args, "verbose", False) else Path(args.out) / ENGINE_LOG
+    cfg.require_inputs(args.config)
+    todo_targets = targets(cfg)
+    log = None if cfg.verbose else Path(str(cfg.out)) / ENGINE_LOG
     with logs_to_file(log, "infer") as con:
         if log is not None:
             con.say(f"infer: engine and library logs in {log} (--verbose shows them here)")
-        return _run(args, cfg, todo_targets, con)
+        return _run(cfg, todo_targets, con)
 
 
-def _run(args: argparse.Namespace, cfg: InferConfig, todo_targets: list[tuple[str | None, str | None, Path]],
+def _run(cfg: InferConfig, todo_targets: list[tuple[str | None, str | None, Path]],
          con: Console) -> int:
+    model_name, prompts = str(cfg.model), str(cfg.prompts)  # both given (require_inputs)
     adapters = {name: path for name, path, _ in todo_targets if name is not None and path}
     for adapter_dir in adapters.values():
         adapter_config(adapter_dir)
-        check_base(args.model, adapter_dir, args.allow_base_mismatch)
+        check_base(model_name, adapter_dir, cfg.allow_base_mismatch)
     if cfg.backend != "openai":  # an API model is a served name, not something to load here
-        check_model_available(args.model, "--model")
-        if args.tokenizer:
-            check_model_available(args.tokenizer, "--tokenizer")
-    tokenizer = _load_tokenizer(args.tokenizer or args.model, cfg.backend,
-                                "--tokenizer" if args.tokenizer else "--model")
+        check_model_available(model_name, "--model")
+        if cfg.tokenizer:
+            check_model_available(cfg.tokenizer, "--tokenizer")
+    tokenizer = _load_tokenizer(cfg.tokenizer or model_name, cfg.backend,
+                                "--tokenizer" if cfg.tokenizer else "--model")
     tasks: dict[int, list[PromptItem]] = {}
-    for t in args.task:
-        items = load_prompts(task_file(args.prompts, args.split, t), t)[: args.limit]
+    for t in cfg.tasks:
+        items = load_prompts(task_file(prompts, cfg.split, t), t)[: cfg.limit]
         tasks[t] = encode(items, tokenizer) if tokenizer is not None else items
     longest = max((len(it.token_ids) for items in tasks.values() for it in items), default=0)
-    max_model_len = context_length(cfg, longest, model_positions(args.model) if cfg.backend != "openai" else None)
+    max_model_len = context_length(cfg, longest, model_positions(model_name) if cfg.backend != "openai" else None)
     cfg.dtype = engine_dtype(cfg, list(adapters.values()))
     if tokenizer is not None:
         for items in tasks.values():
             check_lengths(items, cfg, max_model_len)
     plan = []
-    model, sampling = model_identity(args.model), cfg.to_dict()["sampling"]
+    model, sampling = model_identity(model_name), cfg.to_dict()["sampling"]
     for name, path, out in todo_targets:
         ident = {"model": model, "adapter": adapter_identity(path) if path else None, "backend": cfg.backend,
                  "sampling": sampling, "parser": cfg.parser}
         # a folder written before sampling.max_tokens became max_new_tokens resumes: its record is read renamed
-        claim_run_folder(out / "infer.json", {**ident, "prompts": str(Path(args.prompts).resolve()),
-                                              "split": args.split},
+        claim_run_folder(out / "infer.json", {**ident, "prompts": str(Path(prompts).resolve()),
+                                              "split": cfg.split},
                          upgrade=lambda old: rename_old_keys(Sampling, old.get("sampling")))
         label = f"{name or 'base'}: " if len(todo_targets) > 1 else ""
         for t, items in tasks.items():
@@ -224,14 +240,16 @@ def _run(args: argparse.Namespace, cfg: InferConfig, todo_targets: list[tuple[st
             con.say(f"infer: {label}task {t}: {len(items)} prompts, {len(items) - len(todo)} already written")
             if todo:
                 plan.append((name if path else None, ident, todo, out / f"task{t}.jsonl", f"{label}task {t}"))
+    # the resolved options beside the outputs: `mlbench infer --config OUT/config.yaml` replays (resumes) the run
+    write_atomic(Path(str(cfg.out)) / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
     if not plan:
-        con.say(f"infer: nothing to do; generations in {args.out}")
+        con.say(f"infer: nothing to do; generations in {cfg.out}")
         return 0
     t0 = time.monotonic()
     if cfg.backend != "openai":
         what = f"{len(adapters)} adapter{'s' * (len(adapters) != 1)}" if adapters else "no adapter"
-        con.say(f"infer: starting the {cfg.backend} engine: {args.model}, {what}")
-    backend = make_backend(args, cfg, tokenizer, max_model_len, adapters)
+        con.say(f"infer: starting the {cfg.backend} engine: {cfg.model}, {what}")
+    backend = make_backend(cfg, tokenizer, max_model_len, adapters)
     if cfg.backend != "openai":
         con.say(f"infer: engine ready in {time.monotonic() - t0:.0f} s")
     try:
@@ -240,7 +258,7 @@ def _run(args: argparse.Namespace, cfg: InferConfig, todo_targets: list[tuple[st
         backend.close()
     n = sum(len(p[2]) for p in plan)
     con.say(f"infer: {n} prompts of {len(plan)} target/task pairs in {calls} engine call{'s' * (calls != 1)}; "
-            f"generations in {args.out} (score with `mlbench eval --generations`)")
+            f"generations in {cfg.out} (score with `mlbench eval --generations`)")
     return 0
 
 

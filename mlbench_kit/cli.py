@@ -1,38 +1,20 @@
-"""The `mlbench` command: one sub-command per stage."""
+"""The `mlbench` command: one sub-command per stage (the table in mlbench_kit/stages.py), plus `configs`."""
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
-from collections.abc import Callable
-from typing import Any, NoReturn
+from pathlib import Path
+from typing import NoReturn
 
+from . import __version__
 from .errors import MLBenchError
+from .stages import STAGES, stage
 
-
-def _stages() -> dict[str, tuple[str, Callable, Callable]]:
-    from mlbench_kit.agent import run as agent_run
-    from mlbench_kit.data_prep import prepare
-    from mlbench_kit.eval import envcli, report
-    from mlbench_kit.eval import run as eval_run
-    from mlbench_kit.infer import run as infer_run
-    from mlbench_kit.slurm import sweep
-    from mlbench_kit.train import lora
-    return {
-        "prep": ("render tasks 1-3 into prompts", prepare.add_arguments, prepare.run),
-        "train": ("LoRA/QLoRA fine-tuning, one process (multi-GPU: accelerate launch train/lora.py)",
-                  lora.add_arguments, lora.run),
-        "infer": ("sample n responses per prompt (vLLM, HF or an OpenAI-compatible endpoint)",
-                  infer_run.add_arguments, infer_run.run),
-        "agent": ("ML-Agent episodes per row (README ranking, then code) -> generations eval scores",
-                  agent_run.add_arguments, agent_run.run),
-        "eval": ("execute generations in a sandbox and score them", eval_run.add_arguments, eval_run.run),
-        "report": ("eval runs side by side: markdown, CSV, PNG", report.add_arguments, report.run),
-        "env": ("build, check and gold-validate the repositories' execution environments", envcli.add_arguments,
-                envcli.run),
-        "sweep": ("plan, submit and follow a Slurm sweep (train -> infer -> eval -> report)",
-                  sweep.add_arguments, sweep.run),
-    }
+# the shipped configs: configs/ beside the package (an editable install, the way setup.sh installs)
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS_HELP = "list the shipped configs and copy one to edit (like torchtune's `tune ls` / `tune cp`)"
 
 
 class _RaisingParser(argparse.ArgumentParser):
@@ -40,39 +22,91 @@ class _RaisingParser(argparse.ArgumentParser):
         raise MLBenchError(message)
 
 
-def check_stage(stage: str, argv: list[str]) -> tuple[argparse.Namespace, Any]:
-    """A stage's command line checked as the stage checks it before it runs: the options parsed by the stage's own
-    parser and, for prep, train, infer and eval, the config file loaded with the flags on top. Returns the options and
-    the
-    resolved config (None for report, env and sweep); a bad option or value is an :class:`MLBenchError`."""
-    from mlbench_kit.agent import run as agent_run
-    from mlbench_kit.data_prep import prepare
-    from mlbench_kit.eval import run as eval_run
-    from mlbench_kit.infer import run as infer_run
-    from mlbench_kit.train import lora
-    parser = _RaisingParser(prog=f"mlbench {stage}", add_help=False)
-    stages = _stages()
-    if stage not in stages:
-        raise MLBenchError(f"unknown stage {stage!r}", None, f"stages: {sorted(stages)}")
-    stages[stage][1](parser)
-    args = parser.parse_args(argv)
-    resolve = {"prep": prepare.resolve_config, "train": lora.resolve_config, "infer": infer_run.resolve_config,
-               "eval": eval_run.resolve_config, "agent": agent_run.resolve_config}.get(stage)
-    return args, resolve(args) if resolve else None
+def stage_parser(name: str, raising: bool = False) -> argparse.ArgumentParser:
+    """The parser of one stage, as ``mlbench NAME`` builds it (``raising``: a bad option raises
+    :class:`MLBenchError` instead of exiting)."""
+    cls = _RaisingParser if raising else argparse.ArgumentParser
+    if name == "configs":
+        parser = cls(prog="mlbench configs", description=CONFIGS_HELP, add_help=not raising)
+        _configs_args(parser)
+        return parser
+    st = stage(name)
+    parser = cls(prog=f"mlbench {name}", description=st.help, add_help=not raising)
+    st.module().add_arguments(parser)
+    return parser
+
+
+def shipped_configs() -> list[Path]:
+    """Every shipped config file, relative to ``configs/``."""
+    if not CONFIGS.is_dir():
+        raise MLBenchError("no shipped configs here", str(CONFIGS), "run mlbench from a checkout (scripts/setup.sh "
+                           "installs it editable)")
+    return sorted(p.relative_to(CONFIGS) for p in CONFIGS.rglob("*") if p.is_file() and p.suffix in (".yaml", ".yml"))
+
+
+def _configs_args(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="configs_cmd", required=True)
+    ls = sub.add_parser("ls", help="list the shipped configs (NAME: its path under configs/)",
+                        description="list the shipped configs")
+    ls.add_argument("folder", nargs="?", help="only this folder of configs/ (e.g. train, infer, sweeps)")
+    cp = sub.add_parser("cp", help="copy a shipped config to edit it", description="copy a shipped config to edit it")
+    cp.add_argument("name", help="NAME as `mlbench configs ls` lists it, e.g. train/tiny-cpu.yaml")
+    cp.add_argument("dest", help="file or folder to copy it to (an existing file is not overwritten)")
+
+
+def _configs(args: argparse.Namespace) -> int:
+    found = shipped_configs()
+    if args.configs_cmd == "ls":
+        shown = [p for p in found if args.folder is None or p.parts[0] == args.folder]
+        if not shown:
+            raise MLBenchError(f"no shipped configs under {args.folder!r}", "folder",
+                               f"folders: {', '.join(sorted({p.parts[0] for p in found}))}")
+        for p in shown:
+            print(p)
+        return 0
+    name = Path(args.name)
+    if name not in found:
+        name = next((p for p in found if p.with_suffix("") == name), name)
+    if name not in found:
+        raise MLBenchError(f"no shipped config {args.name!r}", "name", "`mlbench configs ls` lists them")
+    dest = Path(args.dest)
+    if dest.is_dir():
+        dest = dest / name.name
+    if dest.exists():
+        raise MLBenchError("the destination exists", str(dest), "choose another name, or remove it first")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(CONFIGS / name, dest)
+    print(f"configs: copied {name} to {dest}", file=sys.stderr)
+    return 0
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """``mlbench`` with every stage's sub-command; with ``only``, that stage's options alone are added (the others
+    are listed by name and help), so a command imports only its own stage (training imports torch, the report
+    matplotlib...)."""
+    parser = argparse.ArgumentParser(prog="mlbench", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"mlbench-kit {__version__}",
+                        help="print the version and exit")
+    sub = parser.add_subparsers(dest="stage", required=True)
+    for st in STAGES:
+        p = sub.add_parser(st.name, help=st.help, description=st.help)
+        if only is None or only == st.name:
+            st.module().add_arguments(p)
+    _configs_args(sub.add_parser("configs", help=CONFIGS_HELP, description=CONFIGS_HELP))
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``mlbench``; bad input exits with status 2 and one clear message."""
     from .progress import bars_only_on_tty
     bars_only_on_tty()  # before any stage imports tqdm: no progress bars in a log, a pipe or a Slurm file
-    parser = argparse.ArgumentParser(prog="mlbench", description=__doc__)
-    sub = parser.add_subparsers(dest="stage", required=True)
-    stages = _stages()
-    for name, (help_, add, _) in stages.items():
-        add(sub.add_parser(name, help=help_, description=help_))
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    chosen = next((w for w in words if not w.startswith("-")), None)
+    args = build_parser(chosen if chosen in {st.name for st in STAGES} else "").parse_args(argv)
     try:
-        return stages[args.stage][2](args)
+        if args.stage == "configs":
+            return _configs(args)
+        return int(stage(args.stage).module().run(args))
     except MLBenchError as exc:
         print(f"error: {exc.render()}", file=sys.stderr)
         return 2

@@ -321,14 +321,6 @@ def _value(tp: Any, v: Any, lines: Lines, path: tuple[str, ...]) -> Any:
     return v
 
 
-def flag_overrides(cls: type, args: Any, flags: dict[str, str] | None = None) -> dict[str, tuple[Any, str]]:
-    """The top-level keys of the dataclass ``cls`` that ``args`` (parsed flags) gives a value, as overrides whose
-    origin is the flag (``--mem-mb`` for ``mem_mb``; ``flags`` names the others, e.g. ``{"ci": "--no-ci"}``)."""
-    flags = flags or {}
-    return {f.name: (getattr(args, f.name), flags.get(f.name, "--" + f.name.replace("_", "-")))
-            for f in dataclasses.fields(cls) if getattr(args, f.name, None) is not None}
-
-
 def parse_set(items: list[str], flag: str = "--set") -> dict[str, tuple[Any, str]]:
     """``--set a.b=value`` flags (values read as YAML) as overrides."""
     out: dict[str, tuple[Any, str]] = {}

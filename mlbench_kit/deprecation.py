@@ -1,4 +1,5 @@
-"""Renamed options and config keys: the old name still works for one release, with one warning naming the new one.
+"""Renamed options and config keys: the old name still works for one release, with one warning naming the new one;
+every old name goes in :data:`REMOVED_IN`.
 
     p.add_argument("--max-context-tokens", type=int, default=8192)
     deprecated_flag(p, "--max-tokens", "--max-context-tokens", type=int)   # argparse: the old flag, hidden
@@ -16,6 +17,9 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+# the release that drops every old name this module keeps working (this release: mlbench_kit.__version__, 0.1.0)
+REMOVED_IN = "0.2.0"
+
 _warned: set[str] = set()  # each warning once per process (a sweep parses each stage's command many times)
 _locate: Callable[[str], str | None] | None = None  # where a flag came from, when a file wrote it (a sweep)
 
@@ -26,7 +30,7 @@ def warn_renamed(old: str, new: str, where: str | None = None) -> None:
     if os.environ.get("RANK", "0") != "0":
         return
     msg = (f"warning: {where + ': ' if where else ''}{old} is deprecated, use {new} "
-           f"({old} still works in this release and goes in the next)")
+           f"({old} still works in this release and is removed in {REMOVED_IN})")
     if msg not in _warned:
         _warned.add(msg)
         print(msg, file=sys.stderr, flush=True)

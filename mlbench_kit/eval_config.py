@@ -9,9 +9,9 @@ command line wins over the file, the file over the defaults below.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from .config import Check, load
 from .errors import MLBenchError
@@ -27,6 +27,10 @@ USAGE = ("e.g. mlbench eval --data ../shared/mlbench/full.jsonl --generations ru
 @dataclass
 class EvalConfig:
     """What one eval run scores, how, and under which limits."""
+
+    # option name -> key (mlbench_kit.stages): every key is its own option
+    FLAGS: ClassVar[dict[str, str]] = {}
+    FLAG_SPELLING: ClassVar[dict[str, str]] = {"ci": "--no-ci"}
 
     data: str | None = None  # ML-Bench rows the generations answer (file, folder or hub id)
     split: str = "full"
@@ -53,6 +57,7 @@ class EvalConfig:
     sandbox_uid: int | None = None
     require_cgroups: bool = False
     repos: list[str] | None = None  # score only these repositories' rows
+    limit: int | None = None  # only the first N rows (after repos): smoke runs, as infer's and agent's --limit
     validation: str | None = None  # validation.json of `mlbench env validate`
     rescore: bool = False  # recompute metrics from results.jsonl only
     ci: bool = True  # bootstrap confidence intervals
@@ -71,7 +76,7 @@ class EvalConfig:
         for key in ("workers", "mem_mb", "pids", "disk_mb"):
             if getattr(self, key) < 1:
                 raise MLBenchError(f"`{key}` must be at least 1, got {getattr(self, key)}", at(key))
-        for key in ("n", "threads", "timeout", "cpus"):
+        for key in ("n", "threads", "timeout", "cpus", "limit"):
             value = getattr(self, key)
             if value is not None and value <= 0:
                 raise MLBenchError(f"`{key}` must be positive, got {value}", at(key))
@@ -81,6 +86,9 @@ class EvalConfig:
             which = "timeout_pass" if self.timeout_pass else "static_gate"
             raise MLBenchError(f"`{which}` is a strict-mode rule; compat scores exactly like the benchmark",
                                at(which), "add --mode strict, or drop it")
+
+
+EvalConfig.FLAGS = {f.name: f.name for f in fields(EvalConfig)}
 
 
 def load_eval_config(path: str | Path | None, overrides: dict[str, tuple[Any, str]] | None = None) -> EvalConfig:

@@ -7,9 +7,9 @@ Every key of the file is a flag's name with ``_`` for ``-`` (``--max-context-tok
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from .config import Check, load
 from .dataset import HUB_ID
@@ -21,6 +21,11 @@ from .records import TASKS
 @dataclass
 class PrepConfig:
     """What prep reads, how it renders tasks 1-3, and where it writes."""
+
+    # option name -> key (mlbench_kit.stages): every key is its own option; old option names -> new ones
+    FLAGS: ClassVar[dict[str, str]] = {}
+    FLAG_SPELLING: ClassVar[dict[str, str]] = {"hf": "--no-hf"}
+    OLD_FLAGS: ClassVar[dict[str, str]] = {"max_tokens": "max_context_tokens"}
 
     data: str = HUB_ID  # hub id, .jsonl/.parquet file or save_to_disk folder
     splits: list[str] = field(default_factory=lambda: ["full"])
@@ -69,6 +74,9 @@ class PrepConfig:
                                "pass one name, e.g. --splits test")
         if self.build_splits and len(self.splits) != 1:
             raise MLBenchError("`build_splits` takes exactly one loaded split", at("splits"))
+
+
+PrepConfig.FLAGS = {f.name: f.name for f in fields(PrepConfig)}
 
 
 def load_prep_config(path: str | Path | None, overrides: dict[str, tuple[Any, str]] | None = None) -> PrepConfig:

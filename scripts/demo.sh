@@ -107,12 +107,12 @@ for split in id ood; do
   # shellcheck disable=SC2046
   run train-$split "LoRA on the ${split^^} split (train/lora.py)" "$BIN/accelerate" launch --num_processes 1 \
     --mixed_precision no --main_process_port 0 train/lora.py --config $TRAIN_CFG --model "$MODEL" \
-    --prep-dir "$RUN/prep" --task 3 --split $split --output-dir "$RUN/train-$split" $(train_extra $repo)
+    --prep-dir "$RUN/prep" --tasks 3 --split $split --out "$RUN/train-$split" $(train_extra $repo)
 done
 # 4. five generations per test prompt from the base model and from both adapters: one vLLM engine for all three
 run infer "5 generations per prompt: base, ID, OOD (vLLM)" "$BIN/mlbench" infer --model "$MODEL" \
   --adapters id-tuned="$RUN/train-id/adapter" ood-tuned="$RUN/train-ood/adapter" --with-base \
-  --prompts "$RUN/prep" --split $TEST --task 3 --config $INFER_CFG "${INFER_EXTRA[@]}" --out "$RUN/infer"
+  --prompts "$RUN/prep" --split $TEST --tasks 3 --config $INFER_CFG "${INFER_EXTRA[@]}" --out "$RUN/infer"
 # 5. every generation executed in the sandbox, with the paper's checks (compat) and with ours (strict)
 evals() {
   for v in base id-tuned ood-tuned; do for mode in compat strict; do

@@ -121,7 +121,7 @@ train() {
   for arm in "${ARMS[@]}"; do for t in $TASKS; do
     "$BIN/accelerate" launch --num_processes 1 --mixed_precision no --main_process_port 0 train/lora.py \
       --config configs/train/smollm2-135m-cpu.yaml --model "$MODEL" --prep-dir "$RUN/prep" --task "$t" \
-      --split "$arm" --output-dir "$RUN/train-$arm-task$t" "${TRAIN_EXTRA[@]}" || return 1
+      --split "$arm" --out "$RUN/train-$arm-task$t" "${TRAIN_EXTRA[@]}" || return 1
   done; done
 }
 stage train "LoRA on the ${ARMS[*]} split(s) (train/lora.py)" train
@@ -133,7 +133,7 @@ infer() {
     local adapters=()
     for arm in "${ARMS[@]}"; do adapters+=("$arm-tuned=$RUN/train-$arm-task$t/adapter"); done
     "$BIN/mlbench" infer --model "$MODEL" --adapters "${adapters[@]}" --with-base --prompts "$RUN/prep" \
-      --split test --task "$t" --config configs/infer/paper.yaml --n $N --max-new-tokens $NEW_TOKENS \
+      --split test --tasks "$t" --config configs/infer/paper.yaml --n $N --max-new-tokens $NEW_TOKENS \
       --out "$RUN/infer-task$t" || return 1
   done
 }

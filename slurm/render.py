@@ -8,8 +8,6 @@ own chain. The report runs after everything else has ended, whatever the outcome
 
 from __future__ import annotations
 
-import os
-import re
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -17,23 +15,29 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import yaml
 
-from mlbench_kit.cli import check_stage
-from mlbench_kit.deprecation import flags_from
+from mlbench_kit.config import to_dict
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.hf import model_positions
+from mlbench_kit.io import write_atomic
+from mlbench_kit.stages import load_stage_config, stage
 
 from .spec import Cell, Sweep
 
 
 @dataclass
 class Unit:
-    """One array task: an index, a key naming its done-marker, its output folder and command."""
+    """One array task: an index, a key naming its done-marker, its output folder, its stage options (the cell's
+    own, then the sweep file's), the command they make, and (once :func:`check_jobs` ran) the stage's typed config
+    they resolve to, which the job runs from a file: ``mlbench STAGE --config unit.yaml``."""
 
     index: int
     key: str
     out: str
+    opts: dict[str, Any]
     argv: list[str]
+    config: Any = None
 
 
 @dataclass
@@ -78,34 +82,38 @@ def _cli(stage: str) -> list[str]:
     return ["$PY", "-m", "mlbench_kit.cli", stage]
 
 
-def prep_cmd(sweep: Sweep, model: str) -> list[str]:
+def prep_opts(sweep: Sweep, model: str) -> dict[str, Any]:
     m = sweep.models[model]
     base = {"data": sweep.cfg.data, "tasks": sweep.cfg.tasks, "tokenizer": m.tokenizer or m.path,
             "out": str(prep_dir(sweep, model))}
-    return _cli("prep") + options({**base, **sweep.options("prep", model)})
+    return {**base, **sweep.options("prep", model)}
 
 
-def train_cmd(sweep: Sweep, cell: Cell) -> list[str]:
+def train_opts(sweep: Sweep, cell: Cell) -> dict[str, Any]:
     m = sweep.models[cell.model]
     base = {"config": m.train_config, "model": m.path, "prep_dir": str(prep_dir(sweep, cell.model)),
-            "task": cell.task, "split": cell.split, "seed": cell.seed,
-            "output_dir": str(cell_dir(sweep, cell) / "train")}
-    return ["train/lora.py"] + options({**base, **sweep.options("train", cell.model)})
+            "tasks": cell.task, "split": cell.split, "seed": cell.seed, "out": str(cell_dir(sweep, cell) / "train")}
+    return {**base, **sweep.options("train", cell.model)}
 
 
-def infer_cmd(sweep: Sweep, cell: Cell) -> list[str]:
+def infer_opts(sweep: Sweep, cell: Cell) -> dict[str, Any]:
     m = sweep.models[cell.model]
     adapter = None if cell.split == "none" else str(cell_dir(sweep, cell) / "train" / "adapter")
-    base = {"model": m.path, "adapter": adapter, "prompts": str(prep_dir(sweep, cell.model)), "task": cell.task,
+    base = {"model": m.path, "adapter": adapter, "prompts": str(prep_dir(sweep, cell.model)), "tasks": [cell.task],
             "seed": cell.seed, "out": str(cell_dir(sweep, cell) / "infer")}
-    return _cli("infer") + options({**base, **sweep.options("infer", cell.model)})
+    return {**base, **sweep.options("infer", cell.model)}
 
 
-def eval_cmd(sweep: Sweep, cell: Cell) -> list[str]:
+def eval_opts(sweep: Sweep, cell: Cell) -> dict[str, Any]:
     d = cell_dir(sweep, cell)
     base = {"data": sweep.cfg.data, "generations": str(d / "infer" / f"task{cell.task}.jsonl"),
             "out": str(d / "eval")}
-    return _cli("eval") + options({**base, **sweep.options("eval", cell.model)})
+    return {**base, **sweep.options("eval", cell.model)}
+
+
+def command(stage_name: str, opts: dict[str, Any]) -> list[str]:
+    """The job's command line for a unit's options (training: the recipe, for the launcher)."""
+    return (["train/lora.py"] if stage_name == "train" else _cli(stage_name)) + options(opts)
 
 
 def report_cmd(sweep: Sweep) -> list[str]:
@@ -114,14 +122,16 @@ def report_cmd(sweep: Sweep) -> list[str]:
             + options(sweep.cfg.report))
 
 
-_CELL_CMDS = {"train": train_cmd, "infer": infer_cmd, "eval": eval_cmd}
+_CELL_OPTS = {"train": train_opts, "infer": infer_opts, "eval": eval_opts}
 
 
-def _cell_job(sweep: Sweep, name: str, stage: str, cells: list[tuple[int, Cell]],
+def _cell_job(sweep: Sweep, name: str, stage_name: str, cells: list[tuple[int, Cell]],
               deps: list[tuple[str, str]]) -> ArrayJob:
-    cmd = _CELL_CMDS[stage]
-    units = [Unit(i, c.key, str(cell_dir(sweep, c) / stage), cmd(sweep, c)) for i, c in cells]
-    return ArrayJob(name, stage, units, deps)
+    units = []
+    for i, c in cells:
+        opts = _CELL_OPTS[stage_name](sweep, c)
+        units.append(Unit(i, c.key, str(cell_dir(sweep, c) / stage_name), opts, command(stage_name, opts)))
+    return ArrayJob(name, stage_name, units, deps)
 
 
 def jobs(sweep: Sweep) -> list[ArrayJob]:
@@ -129,8 +139,9 @@ def jobs(sweep: Sweep) -> list[ArrayJob]:
     cells = list(enumerate(sweep.cells()))
     tuned = [(i, c) for i, c in cells if c.split != "none"]
     base = [(i, c) for i, c in cells if c.split == "none"]
-    out = [ArrayJob("prep", "prep", [Unit(i, m, str(prep_dir(sweep, m)), prep_cmd(sweep, m))
-                                for i, m in enumerate(sweep.models)])]
+    preps = [(i, m, prep_opts(sweep, m)) for i, m in enumerate(sweep.models)]
+    out = [ArrayJob("prep", "prep", [Unit(i, m, str(prep_dir(sweep, m)), o, command("prep", o))
+                                     for i, m, o in preps])]
     if tuned:
         out += [_cell_job(sweep, "train", "train", tuned, [("afterok", "prep")]),
                 _cell_job(sweep, "infer", "infer", tuned, [("afterok", "prep"), ("aftercorr", "train")]),
@@ -138,8 +149,10 @@ def jobs(sweep: Sweep) -> list[ArrayJob]:
     if base:
         out += [_cell_job(sweep, "infer-base", "infer", base, [("afterok", "prep")]),
                 _cell_job(sweep, "eval-base", "eval", base, [("aftercorr", "infer-base")])]
-    out.append(ArrayJob("report", "report", [Unit(0, "report", str(sweep.run_dir / "report"), report_cmd(sweep))],
-                   [("afterany", j.name) for j in out]))
+    report = {"skip_missing": True, "out": str(sweep.run_dir / "report"), **sweep.cfg.report}
+    out.append(ArrayJob("report", "report", [Unit(0, "report", str(sweep.run_dir / "report"), report,
+                                                  report_cmd(sweep))],
+                        [("afterany", j.name) for j in out]))
     return out
 
 
@@ -151,50 +164,54 @@ def _unit_model(sweep: Sweep, job: ArrayJob, unit: Unit) -> str | None:
     return max((m for m in sweep.models if unit.key.startswith(f"{m}.")), key=len)  # keys: model.split.taskT.sS
 
 
+REPORT_OPTIONS = ("reference", "all_reference")  # what a sweep's report section may set (`mlbench report`'s)
+
+
 def check_jobs(sweep: Sweep, all_jobs: list[ArrayJob]) -> None:
-    """Every unit's command checked by its stage's own parser and config loader, before anything is submitted:
-    a typo that would fail only when its jobs start (after prep, train and infer ran) fails here, with the sweep
-    file's line. Also: the room prep leaves for generation must fit in the model's positions (read from a local
-    model folder, or the hub cache, by the same :func:`~mlbench_kit.hf.model_positions` prep uses) and hold infer's
-    new tokens (Llama-2's 4,096 positions otherwise refuse the task-1 prompts)."""
+    """Every unit's options loaded as its stage's typed config (:mod:`mlbench_kit.stages`), before anything is
+    submitted: a typo that would fail only when its jobs start (after prep, train and infer ran) fails here, at
+    the sweep file's line (or the stage config file's). Also: the room prep leaves for generation must fit in the
+    model's positions (read from a local model folder, or the hub cache, by the same
+    :func:`~mlbench_kit.hf.model_positions` prep uses) and hold infer's new tokens (Llama-2's 4,096 positions
+    otherwise refuse the task-1 prompts)."""
     room: dict[str, int] = {}
-    here = os.getcwd()
-    os.chdir(sweep.root)  # the jobs run there: config paths are relative to it
-    try:
-        for job in all_jobs:
-            for unit in job.units:
-                model = _unit_model(sweep, job, unit)
-                argv = unit.argv[4:] if unit.argv[:3] == ["$PY", "-m", "mlbench_kit.cli"] else unit.argv[1:]
-                def locate(flag: str, stage: str = job.stage, model: str | None = model) -> str:
-                    return sweep.where(stage, model, flag.lstrip("-").replace("-", "_"))
-                try:
-                    with flags_from(locate):
-                        _, cfg = check_stage(job.stage, argv)
-                except MLBenchError as exc:
-                    flag = re.search(r"--([a-z][a-z0-9-]*)", exc.what + " " + (exc.where or ""))
-                    key = flag.group(1).replace("-", "_") if flag else ""
-                    raise MLBenchError(f"{job.name} [{unit.key}]: {exc.what}" + (f" ({exc.where})" if exc.where
-                                                                                 else ""),
-                                       sweep.where(job.stage, model, key), exc.fix or
-                                       f"`mlbench {job.stage} --help` lists its options") from None
-                if job.stage == "prep" and model is not None:
-                    room[model] = cfg.max_new_tokens
-                    positions = model_positions(cfg.tokenizer, local_only=True) if cfg.tokenizer else None
-                    if positions and cfg.max_new_tokens >= positions:
-                        raise MLBenchError(
-                            f"prep leaves {cfg.max_new_tokens} new tokens of room, but {model} ({cfg.tokenizer}) "
-                            f"has {positions} positions: no room for a prompt",
-                            sweep.where("prep", model, "max_new_tokens"),
-                            f"set prep max_new_tokens below {positions}")
-                elif job.stage == "infer" and model is not None and room.get(model):
-                    new = cfg.sampling.max_new_tokens
-                    if new > room[model]:
-                        raise MLBenchError(
-                            f"infer generates up to {new} new tokens, but prep left room for "
-                            f"{room[model]} in {model}'s prompts", sweep.where("prep", model, "max_new_tokens"),
-                            f"set prep max_new_tokens: {new} (or lower infer's max_new_tokens)")
-    finally:
-        os.chdir(here)
+    root = Path(sweep.root)
+    unknown = sorted(set(sweep.cfg.report) - set(REPORT_OPTIONS))
+    if unknown:
+        raise MLBenchError(f"report has no option {unknown[0]!r}", sweep.where("report", None, unknown[0]),
+                           f"its options here: {', '.join(REPORT_OPTIONS)}")
+    for job in all_jobs:
+        if job.stage == "report":
+            continue
+        for unit in job.units:
+            model = _unit_model(sweep, job, unit)
+
+            def where(key: str, stage_name: str = job.stage, model: str | None = model) -> str:
+                return sweep.where(stage_name, model, key)
+            try:
+                cfg = unit.config = load_stage_config(stage(job.stage), unit.opts, where, root)
+            except MLBenchError as exc:
+                raise MLBenchError(f"{job.name} [{unit.key}]: {exc.what}", exc.where,
+                                   exc.fix or f"`mlbench {job.stage} --help` lists its options") from None
+            if job.stage == "prep" and model is not None:
+                room[model] = cfg.max_new_tokens
+                tokenizer = cfg.tokenizer
+                if tokenizer and (root / tokenizer).exists():
+                    tokenizer = str(root / tokenizer)  # the jobs run in the root: a local model is relative to it
+                positions = model_positions(tokenizer, local_only=True) if tokenizer else None
+                if positions and cfg.max_new_tokens >= positions:
+                    raise MLBenchError(
+                        f"prep leaves {cfg.max_new_tokens} new tokens of room, but {model} ({cfg.tokenizer}) "
+                        f"has {positions} positions: no room for a prompt",
+                        sweep.where("prep", model, "max_new_tokens"),
+                        f"set prep max_new_tokens below {positions}")
+            elif job.stage == "infer" and model is not None and room.get(model):
+                new = cfg.sampling.max_new_tokens
+                if new > room[model]:
+                    raise MLBenchError(
+                        f"infer generates up to {new} new tokens, but prep left room for "
+                        f"{room[model]} in {model}'s prompts", sweep.where("prep", model, "max_new_tokens"),
+                        f"set prep max_new_tokens: {new} (or lower infer's max_new_tokens)")
 
 
 def state_dir(sweep: Sweep, stage: str) -> Path:
@@ -215,8 +232,22 @@ def _env() -> jinja2.Environment:
     return env
 
 
-def render(sweep: Sweep, job: ArrayJob) -> str:
-    """The sbatch script of one job array (only its ``units``)."""
+def unit_config_file(folder: Path, job: ArrayJob, unit: Unit) -> Path:
+    """Where a unit's resolved config is written, beside its job's sbatch script."""
+    return folder / job.name / f"{unit.key}.yaml"
+
+
+def write_unit_configs(folder: Path, job: ArrayJob) -> None:
+    """Each unit's resolved config (:func:`check_jobs` filled them) as a file its job runs from; ``mlbench STAGE
+    --config FILE`` replays the unit by hand."""
+    for unit in job.units:
+        if unit.config is not None:
+            write_atomic(unit_config_file(folder, job, unit), yaml.safe_dump(to_dict(unit.config), sort_keys=False))
+
+
+def render(sweep: Sweep, job: ArrayJob, folder: Path | None = None) -> str:
+    """The sbatch script of one job array (only its ``units``). With ``folder`` (where
+    :func:`write_unit_configs` wrote them), each unit runs from its resolved config file; else from its options."""
     s = sweep.cfg.slurm
     r = sweep.resources(job.stage)
     train = job.stage == "train"
@@ -231,5 +262,7 @@ def render(sweep: Sweep, job: ArrayJob) -> str:
         partition=s.partition, account=s.account, requeue=s.requeue, signal_before_s=s.signal_before_s,
         max_requeues=s.max_requeues, extra=s.extra, env=s.env, setup=s.setup, root=sweep.root,
         python=sys.executable, units=job.units, done_dir=state_dir(sweep, job.stage),
+        cmds={u.index: u.argv if folder is None or u.config is None
+              else command(job.stage, {"config": str(unit_config_file(folder, job, u))}) for u in job.units},
         skip_done=job.stage != "report",
         train=train, procs_per_node=procs, accelerate_config=acc)

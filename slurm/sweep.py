@@ -25,7 +25,7 @@ from mlbench_kit.errors import MLBenchError
 from mlbench_kit.escape import visible
 from mlbench_kit.io import AppendLog, read_jsonl_tolerant, write_atomic
 
-from .render import ArrayJob, check_jobs, done_marker, jobs, render
+from .render import ArrayJob, check_jobs, done_marker, jobs, render, write_unit_configs
 from .spec import Sweep, load_sweep
 
 ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED", "REQUEUE_HOLD",
@@ -97,7 +97,9 @@ def plan(args: argparse.Namespace) -> int:
             mark = "todo" if u in todo else "done"
             print(f"  [{u.index:>3}] {mark}  {u.key}  -> {u.out}")
         if args.scripts:
-            write_atomic(Path(args.scripts) / f"{job.name}.sbatch", render(sweep, job))
+            scripts = Path(args.scripts).resolve()  # the jobs run in the root, not here
+            write_unit_configs(scripts, job)
+            write_atomic(scripts / f"{job.name}.sbatch", render(sweep, job, scripts))
     if args.scripts:
         print(f"\nscripts: {args.scripts}")
     return 0
@@ -230,7 +232,8 @@ def submit(args: argparse.Namespace) -> int:
                 continue
             job.units = units
             script = folder / f"{job.name}.sbatch"
-            write_atomic(script, render(sweep, job))
+            write_unit_configs(folder, job)  # each unit's resolved config: its job runs `mlbench STAGE --config` it
+            write_atomic(script, render(sweep, job, folder))
             deps = [f"{kind}:{submitted[name]['job_id']}" for kind, name in job.deps if name in submitted]
             cmd = ["sbatch", "--parsable", "--kill-on-invalid-dep=yes"]
             cmd += [f"--dependency={','.join(deps)}"] if deps else []

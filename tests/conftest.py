@@ -131,7 +131,7 @@ def trained_adapter(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Pa
     out = tmp_path_factory.mktemp("train") / "run"
     r = run_cli("accelerate", "launch", "--num_processes", "1", "--cpu", "--main_process_port", "0",
                 "train/lora.py", "--config", "configs/train/tiny-cpu.yaml", "--model", tiny_model_dir,
-                "--prep-dir", real_prep, "--output-dir", out, "--max-steps", "6", "--max-context-tokens", "1024")
+                "--prep-dir", real_prep, "--out", out, "--max-steps", "6", "--max-context-tokens", "1024")
     assert r.returncode == 0, r.stderr[-3000:]
     return out / "adapter"
 

@@ -89,11 +89,11 @@ def regroup(old_world: int, old_accum: int, world: int, deepspeed: bool, where: 
     if world == old_world:
         return old_accum
     fix = (f"launch with a number of processes that divides {per_step} (the checkpoint's), e.g. {old_world}, or "
-           "start afresh in another --output-dir")
+           "start afresh in another --out folder")
     if deepspeed:
         raise MLBenchError(f"checkpoint written by {old_world} processes, this launch has {world}: DeepSpeed's ZeRO "
                            "checkpoint holds one optimizer partition per rank and cannot be re-split", where,
-                           f"launch with {old_world} processes, or start afresh in another --output-dir")
+                           f"launch with {old_world} processes, or start afresh in another --out folder")
     if per_step % world:
         raise MLBenchError(f"checkpoint written by {old_world} processes x grad_accum {old_accum} = {per_step} "
                            f"micro-batches per optimizer step; this launch has {world} processes, which cannot "
@@ -209,7 +209,7 @@ def safe_load(path: Path, what: str, safe_globals: list[Any] | None = None) -> A
         raise MLBenchError(f"refused the checkpoint's {what}: it does not load as plain tensors "
                            f"(torch.load weights_only=True){unsafe} ({first})", str(path),
                            "a checkpoint is never unpickled: resume only folders this toolkit wrote, or start "
-                           "afresh in another --output-dir") from None
+                           "afresh in another --out folder") from None
 
 
 def _enum_member(cls: Any, name: Any) -> Any:
@@ -249,7 +249,7 @@ def weights_only_loads(allowed: list[Any], where: Path) -> Iterator[None]:
             raise MLBenchError(f"refused a checkpoint file: it does not load as plain tensors and DeepSpeed's state "
                                f"classes (torch.load weights_only=True) ({first})", str(f),
                                "a checkpoint is never unpickled: resume only folders this toolkit wrote, or start "
-                               "afresh in another --output-dir") from None
+                               "afresh in another --out folder") from None
 
     torch.load = load
     try:
@@ -268,7 +268,7 @@ def _load_rng(path: Path) -> dict[str, Any]:
     state = safe_load(path, "random state", older)
     if not isinstance(state, dict) or not {"python", "numpy", "torch"} <= set(state):
         raise MLBenchError("refused the checkpoint's random state: not the layout this toolkit writes", str(path),
-                           "start afresh in another --output-dir")
+                           "start afresh in another --out folder")
     return state
 
 

@@ -22,7 +22,6 @@ import contextlib
 import hashlib
 import json
 import math
-import os
 import shutil
 import sys
 import time
@@ -34,19 +33,54 @@ if __package__ in (None, "") and sys.path and Path(sys.path[0]).resolve() == Pat
     # (config.py, data.py, ...) cannot shadow other packages; they are imported from the installed namespace.
     sys.path.pop(0)
 
+from mlbench_kit.progress import Progress, bars_only_on_tty
+
+if __name__ == "__main__":
+    bars_only_on_tty()  # before transformers, peft and accelerate import tqdm: no library bars in a log
+
+import importlib.util
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from peft import PeftModel
+from transformers import AutoConfig, AutoModelForCausalLM, get_scheduler
+
 from mlbench_kit.config import rename_old_keys, with_old_names
-from mlbench_kit.deprecation import deprecated_flag
 from mlbench_kit.errors import MLBenchError
+from mlbench_kit.hf import fingerprint, load_tokenizer, model_positions
 from mlbench_kit.io import AppendLog, atomic_dir, claim_run_folder, honour_umask, write_json_atomic
-from mlbench_kit.train.config import (
-    OLD_FLAGS,
-    SHORTCUTS,
+from mlbench_kit.train.checkpoint import (
+    PREEMPTED_EXIT,
+    Preemption,
+    TrainState,
+    check_resumable,
+    is_deepspeed,
+    latest_checkpoint,
+    load_checkpoint,
+    rank_position,
+    regroup,
+    rng_state,
+    save_checkpoint,
+)
+from mlbench_kit.train.cli import add_arguments, run
+from mlbench_kit.train.data import collate, epoch_batches, load_examples, split_eval, varlen_kwargs
+from mlbench_kit.train.distributed import deepspeed_on_cpu_kwargs, deepspeed_requested, enable_fsdp_on_cpu
+from mlbench_kit.train.flops import PACKED_PATH, ModelShape, detect_gpu_peak, rows_from_positions, step_flops
+from mlbench_kit.train.loss import micro_batch_losses
+from mlbench_kit.train.model import (
+    DTYPES,
+    add_lora,
+    apply_levers,
+    load_base,
+    nf4_config,
+    resolve_attention,
+    resolve_precision,
+)
+from mlbench_kit.train_config import (
     TrainConfig,
-    load_train_config,
     save_resolved,
 )
-
-DEFAULT_CONFIG = "configs/train/codellama-7b-instruct.yaml"  # the paper's main open model (the card's command)
 
 
 class LoRAFinetuneRecipe:
@@ -79,44 +113,43 @@ class LoRAFinetuneRecipe:
 
     # -- setup ---------------------------------------------------------------------------------------------------
 
-    def setup(self) -> bool:
-        """Build everything; False when this run folder already holds a finished adapter."""
-        self._setup_accelerator()
-        if (self.final_adapter / "adapter_config.json").is_file() and self.resume != "none":
-            if self.main:
-                print(f"train: already finished: {self.final_adapter}", file=sys.stderr)
-            return False
+    def finished(self) -> bool:
+        """Whether this run folder already holds the finished adapter (``--resume none`` trains again)."""
+        return (self.final_adapter / "adapter_config.json").is_file() and self.resume != "none"
+
+    def setup(self) -> None:
+        """Build everything, in order: accelerator, resume point, tokenizer, data, model, optimizer, state, logs."""
+        self.accelerator = self._setup_accelerator()
+        self.main = self.accelerator.is_main_process
+        self.world, self.rank = self.accelerator.num_processes, self.accelerator.process_index
         if self.main:
             claim_run_folder(self.out / "run.json", self.run_settings(),
                              upgrade=lambda old: rename_old_keys(TrainConfig, old.get("config")))
             save_resolved(self.cfg, self.out / "config.yaml")
-        from accelerate.utils import set_seed
         set_seed(self.cfg.seed)
         self._setup_resume()
-        self._setup_tokenizer_and_context()
-        self._setup_data()
-        self._setup_model()
-        self._setup_optimizer()
+        self.tok = self._setup_tokenizer()
+        self.model_config = AutoConfig.from_pretrained(self.base_model)
+        self.seq_len, positions, self.context_note = context_budget(self.cfg, self.model_config)
+        _check_prep_budget(self.cfg, positions)
+        self.train_set, self.eval_set, self.notes = self._setup_data()
+        self.steps_per_epoch = math.ceil(len(self._epoch_batches(0)) / self.grad_accum)
+        o = self.cfg.optim
+        self.total_steps = o.max_steps if o.max_steps > 0 else self.steps_per_epoch * o.epochs
+        self.model = self._setup_model()
+        self.optimizer, self.scheduler = self._setup_optimizer()
         self._prepare()
-        self._setup_state()
-        self._setup_logging()
-        return True
+        self.state = self._setup_state()
+        self.preempt = Preemption()
+        self.log = self._setup_logging()
 
-    def _setup_accelerator(self) -> None:
-        import torch
-        from accelerate import Accelerator
-
-        from mlbench_kit.train.distributed import (
-            deepspeed_on_cpu_kwargs,
-            deepspeed_requested,
-            enable_fsdp_on_cpu,
-        )
-        from mlbench_kit.train.model import resolve_attention, resolve_precision
+    def _setup_accelerator(self) -> Any:
+        """The accelerator (and the precision, attention kernel and trackers it was made for)."""
         self.precision = resolve_precision(self.cfg.precision)
         self.attention = resolve_attention(self.cfg.attn_implementation)
         self.trackers = _trackers(self.cfg)
         cuda = torch.cuda.is_available()
-        self.accelerator = Accelerator(
+        accelerator = Accelerator(
             **deepspeed_on_cpu_kwargs(cuda),
             mixed_precision={"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[self.precision],
             gradient_accumulation_steps=self.cfg.optim.grad_accum, log_with=self.trackers or None,
@@ -124,20 +157,12 @@ class LoRAFinetuneRecipe:
             # one scheduler step per optimizer step: by default accelerate steps it once per process, for loops
             # whose dataloader it split, which would run the LR schedule world_size times too fast here
             step_scheduler_with_optimizer=False)
-        enable_fsdp_on_cpu(self.accelerator)
-        self.main = self.accelerator.is_main_process
-        self.world, self.rank = self.accelerator.num_processes, self.accelerator.process_index
+        enable_fsdp_on_cpu(accelerator)
+        return accelerator
 
     def _setup_resume(self) -> None:
         """Which checkpoint to resume, and the gradient accumulation that keeps its micro-batches per optimizer
         step when this launch has another number of processes (refused where that is impossible)."""
-        from mlbench_kit.train.checkpoint import (
-            TrainState,
-            check_resumable,
-            is_deepspeed,
-            latest_checkpoint,
-            regroup,
-        )
         self.ckpt_dir = self.out / "checkpoints"
         self.resume_from = latest_checkpoint(self.ckpt_dir) if self.resume == "auto" else (
             None if self.resume == "none" else Path(self.resume))
@@ -155,35 +180,26 @@ class LoRAFinetuneRecipe:
             self.resume_note = (f"resumed {old.world_size} processes' checkpoint on {self.world}: grad_accum "
                                 f"{self.grad_accum} keeps {per_step} micro-batches per optimizer step")
 
-    def _setup_tokenizer_and_context(self) -> None:
-        from transformers import AutoConfig
+    def _setup_tokenizer(self) -> Any:
+        tok = load_tokenizer(self.base_model, "--model")
+        if tok.pad_token_id is None:
+            tok.pad_token = tok.eos_token  # padding is masked and never counted, so EOS is safe here
+        return tok
 
-        from mlbench_kit.hf import load_tokenizer
-        self.tok = load_tokenizer(self.base_model, "--model")
-        if self.tok.pad_token_id is None:
-            self.tok.pad_token = self.tok.eos_token  # padding is masked and never counted, so EOS is safe here
-        self.model_config = AutoConfig.from_pretrained(self.base_model)
-        self.seq_len, positions, self.context_note = context_budget(self.cfg, self.model_config)
-        _check_prep_budget(self.cfg, positions)
-
-    def _setup_data(self) -> None:
-        from mlbench_kit.train.data import load_examples, split_eval
-        examples, self.notes = load_examples(self.cfg.data_file(), self.tok, self.cfg.template, self.seq_len)
+    def _setup_data(self) -> tuple[list, list, list[str]]:
+        """``(training examples, held-out examples, notes)`` from the prep records (+ ``data.extra``)."""
+        examples, notes = load_examples(self.cfg.data_file(), self.tok, self.cfg.template, self.seq_len)
         if self.context_note:
-            self.notes.append(self.context_note)
-        self.train_set, self.eval_set = split_eval(examples, self.cfg.data.eval_fraction, self.cfg.seed)
+            notes.append(self.context_note)
+        train_set, eval_set = split_eval(examples, self.cfg.data.eval_fraction, self.cfg.seed)
         for extra in self.cfg.data.extra:  # added to training only: the held-out set stays the split's own rows
-            more, notes = load_examples(Path(extra), self.tok, self.cfg.template, self.seq_len)
-            self.train_set += more
-            self.notes += [f"{extra}: {len(more)} extra training records"] + notes
-        per_rank = len(self._epoch_batches(0))
-        self.steps_per_epoch = math.ceil(per_rank / self.grad_accum)
-        o = self.cfg.optim
-        self.total_steps = o.max_steps if o.max_steps > 0 else self.steps_per_epoch * o.epochs
+            more, more_notes = load_examples(Path(extra), self.tok, self.cfg.template, self.seq_len)
+            train_set += more
+            notes += [f"{extra}: {len(more)} extra training records"] + more_notes
+        return train_set, eval_set, notes
 
     def _all_batches(self, epoch: int) -> list[list[list[int]]]:
         """Every rank's micro-batches of ``epoch``, in order: rank r takes r, r + world, ..."""
-        from mlbench_kit.train.data import epoch_batches
         d = self.cfg.data
         return epoch_batches(self.train_set, d.batching, d.micro_batch_size, self.seq_len, self.cfg.seed, epoch)
 
@@ -196,29 +212,27 @@ class LoRAFinetuneRecipe:
                                str(self.cfg.data_file()), "use fewer processes or a smaller micro_batch_size")
         return batches[self.rank::self.world][:per_rank]
 
-    def _setup_model(self) -> None:
-        from mlbench_kit.train.flops import ModelShape, detect_gpu_peak
-        from mlbench_kit.train.model import add_lora, apply_levers, load_base
-        self.model = add_lora(load_base(self.cfg, self.precision, self.attention), self.cfg)
-        self.levers = apply_levers(self.model, self.cfg)
+    def _setup_model(self) -> Any:
+        """The base model with LoRA adapters and the speed levers on (and its facts for the logs)."""
+        model = add_lora(load_base(self.cfg, self.precision, self.attention), self.cfg)
+        self.levers = apply_levers(model, self.cfg)
         self.shape = ModelShape.from_config(self.model_config)
         self.device_name, self.peak = detect_gpu_peak()
-        self.n_trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        self.n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         self.n_4bit = sum(type(m).__module__.startswith("bitsandbytes") and type(m).__name__ == "Linear4bit"
-                          for m in self.model.modules())
+                          for m in model.modules())
+        return model
 
-    def _setup_optimizer(self) -> None:
-        import torch
-        from transformers import get_scheduler
+    def _setup_optimizer(self) -> tuple[Any, Any]:
+        """AdamW over the trainable (LoRA) parameters and its learning-rate schedule."""
         o = self.cfg.optim
-        self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=o.lr,
-                                           weight_decay=o.weight_decay)
-        self.scheduler = get_scheduler(o.scheduler, self.optimizer,
-                                       num_warmup_steps=int(o.warmup_ratio * self.total_steps),
-                                       num_training_steps=self.total_steps)
+        optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=o.lr,
+                                      weight_decay=o.weight_decay)
+        scheduler = get_scheduler(o.scheduler, optimizer, num_warmup_steps=int(o.warmup_ratio * self.total_steps),
+                                  num_training_steps=self.total_steps)
+        return optimizer, scheduler
 
     def _prepare(self) -> None:
-        from mlbench_kit.train.checkpoint import is_deepspeed
         if is_deepspeed(self.accelerator):
             # no dataloader goes through prepare(), so the engine's batch sizes, accumulation and clipping are
             # set here; the engine then steps optimizer and scheduler once per optimizer step, not per micro-batch
@@ -233,45 +247,42 @@ class LoRAFinetuneRecipe:
                                                                               self.scheduler)
         self.attention_ran = _attention(self.accelerator, self.model)
 
-    def _setup_state(self) -> None:
-        from mlbench_kit.hf import fingerprint
-        from mlbench_kit.train.checkpoint import (
-            Preemption,
-            TrainState,
-            load_checkpoint,
-            rank_position,
-        )
+    def _setup_state(self) -> TrainState:
+        """The training state: fresh, or the resumed checkpoint's (weights and optimizer loaded into place)."""
         d = self.cfg.data
         self.meta = {"base_model": self.cfg.model, "base_fingerprint": fingerprint(self.model_config.to_dict()),
                      "template": self.cfg.template, "task": d.task, "split": d.split, "seed": self.cfg.seed,
                      "data_file": str(self.cfg.data_file()), "precision": self.precision,
                      "max_context_tokens": self.seq_len}
-        self.state = TrainState(world_size=self.world, grad_accum=self.grad_accum, config_sha=self.config_sha)
         resume_from = self.resume_from
         if self.main:
             (self.out / "PREEMPTED").unlink(missing_ok=True)
-        if resume_from is not None:
-            s = self.state = load_checkpoint(self.accelerator, self.model, self.optimizer, self.scheduler, resume_from)
-            # the position is per rank: carry the global one over to this number of processes
-            s.micro = rank_position(s.micro, s.world_size, self.world, len(self._all_batches(s.epoch)))
-            s.world_size, s.grad_accum, s.config_sha = self.world, self.grad_accum, self.config_sha
-            if self.main:
-                print(f"train: resumed from {resume_from} (step {s.step})", file=sys.stderr)
-                if self.resume_note:
-                    print(f"train: {self.resume_note}", file=sys.stderr)
-                    self.notes.append(self.resume_note)
-        self.preempt = Preemption()
+        if resume_from is None:
+            return TrainState(world_size=self.world, grad_accum=self.grad_accum, config_sha=self.config_sha)
+        s = load_checkpoint(self.accelerator, self.model, self.optimizer, self.scheduler, resume_from)
+        # the position is per rank: carry the global one over to this number of processes
+        s.micro = rank_position(s.micro, s.world_size, self.world, len(self._all_batches(s.epoch)))
+        s.world_size, s.grad_accum, s.config_sha = self.world, self.grad_accum, self.config_sha
+        if self.main:
+            print(f"train: resumed from {resume_from} (step {s.step})", file=sys.stderr)
+            if self.resume_note:
+                print(f"train: {self.resume_note}", file=sys.stderr)
+                self.notes.append(self.resume_note)
+        return s
 
-    def _setup_logging(self) -> None:
+    def _setup_logging(self) -> AppendLog | None:
+        """The trackers started and ``metrics.jsonl`` opened (main process only), with the run's first record."""
         if self.trackers:
             o, d = self.cfg.optim, self.cfg.data
             self.accelerator.init_trackers("tb", config={"task": d.task, "split": d.split, "lr": o.lr})
-        self.log = AppendLog(self.out / "metrics.jsonl") if self.main else None
-        if self.main and self.resume_from is not None:
-            self._event({"event": "resumed", "step": self.state.step, "checkpoint": str(self.resume_from),
+        if not self.main:
+            return None
+        log = AppendLog(self.out / "metrics.jsonl")
+        if self.resume_from is not None:
+            log.append({"event": "resumed", "step": self.state.step, "checkpoint": str(self.resume_from),
                          "world_size": self.world, "grad_accum": self.grad_accum, "note": self.resume_note})
-        if self.main and self.state.step == 0:
-            self._event({"event": "start", "train_samples": len(self.train_set),
+        if self.state.step == 0:
+            log.append({"event": "start", "train_samples": len(self.train_set),
                          "eval_samples": len(self.eval_set), "trainable_params": self.n_trainable,
                          "linear_4bit_modules": self.n_4bit, "world_size": self.world,
                          "distributed": _distribution(self.accelerator, self.model), "precision": self.precision,
@@ -280,12 +291,12 @@ class LoRAFinetuneRecipe:
                          "device": self.device_name, "gpu": self.peak.label if self.peak else None,
                          "peak_tflops": self.peak.flops / 1e12 if self.peak else None,
                          "steps": self.total_steps, "notes": self.notes})
+        return log
 
     def _attention_record(self) -> dict[str, str]:
         """The kernel that runs (the loaded model's resolved ``config._attn_implementation``, not the request) and
         how packed rows reach it: varlen (FA2/FA3 from position ids), a flex BlockMask, or a dense
         block-diagonal mask that sdpa/eager compute every block of."""
-        from mlbench_kit.train.flops import PACKED_PATH
         ran = self.attention_ran
         packed = PACKED_PATH.get(ran, "unknown") if self.cfg.data.batching == "packing" else "unpacked"
         return {"attention": ran, "attention_requested": self.cfg.attn_implementation, "attention_packed": packed}
@@ -294,7 +305,6 @@ class LoRAFinetuneRecipe:
 
     def train(self) -> int:
         """Run optimizer steps until the configured number; 0 when done, PREEMPTED_EXIT after a signal."""
-        from mlbench_kit.progress import Progress
         s = self.state
         # a bar on a terminal, else a line every 30 s (no \r in a log); the main process only
         bar = Progress(self.total_steps if self.main else 0, "train", "step", initial=s.step)
@@ -305,7 +315,6 @@ class LoRAFinetuneRecipe:
             bar.close()
 
     def _loop(self, bar: Any) -> int:
-        from mlbench_kit.train.checkpoint import PREEMPTED_EXIT, rng_state
         s = self.state
         while s.step < self.total_steps:
             mine = self._epoch_batches(s.epoch)
@@ -333,11 +342,6 @@ class LoRAFinetuneRecipe:
         """One optimizer step over the micro-batches of ``group``: the loss is the token mean over all of them on
         all ranks. Gradients are synchronised (all-reduce, reduce-scatter, ZeRO reduction) on the last
         micro-batch only. None when preemption was agreed before the step finished."""
-        import torch
-
-        from mlbench_kit.train.data import collate, varlen_kwargs
-        from mlbench_kit.train.flops import PACKED_PATH, rows_from_positions, step_flops
-        from mlbench_kit.train.loss import micro_batch_losses
         acc, model = self.accelerator, self.model
         batches = [collate(self.train_set, rows, self.tok.pad_token_id) for rows in group]
         flops = step_flops(self.shape, [r for b in batches for r in rows_from_positions(b["position_ids"],
@@ -417,14 +421,11 @@ class LoRAFinetuneRecipe:
     def save_checkpoint(self, rng: dict[str, Any], on_saved: Any = None) -> Path:
         """A complete checkpoint of the current step (collective); ``on_saved(path)`` runs on the main process
         before the checkpoint's last barrier."""
-        from mlbench_kit.train.checkpoint import save_checkpoint
         return save_checkpoint(self.accelerator, self.model, self.optimizer, self.scheduler, self.ckpt_dir,
                                self.state, rng, self.tok, {**self.meta, "steps": self.state.step},
                                self.cfg.checkpoint.keep, on_saved)
 
     def _save_preempted(self, rng: dict[str, Any]) -> None:
-        from mlbench_kit.train.checkpoint import PREEMPTED_EXIT
-
         def mark(path: Path) -> None:
             self._event({"event": "preempted", "step": self.state.step, "signal": self.preempt.signum,
                          "checkpoint": str(path)})
@@ -440,7 +441,6 @@ class LoRAFinetuneRecipe:
 
     def publish(self) -> None:
         """Save the last checkpoint, publish its adapter as ``OUT/adapter`` and write the run's summary."""
-        from mlbench_kit.train.checkpoint import rng_state
         last = self.save_checkpoint(rng_state())
         if not self.main:
             return
@@ -469,10 +469,6 @@ class LoRAFinetuneRecipe:
 def evaluate(accelerator: Any, model: Any, examples: list, pad_id: int, chunk: int = 4096,
              linear_loss: Any = None) -> float | None:
     """Mean answer-token loss on the held-out examples (sharded over ranks), through the training loss's path."""
-    import torch
-
-    from mlbench_kit.train.data import collate
-    from mlbench_kit.train.loss import micro_batch_losses
     if not examples:
         return None
     model.eval()
@@ -502,12 +498,6 @@ def merge_weights(base: str, adapter: Path, out: Path, precision: str = "bf16", 
     base loaded in NF4 exactly as training loaded it and dequantized (``PreTrainedModel.dequantize``, transformers'
     bitsandbytes 4-bit quantizer), so the merged model computes what training computed. Serving a QLoRA adapter on
     the bf16 base instead (``mlbench infer --adapter``) adds each weight's quantization error."""
-    import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    from mlbench_kit.hf import load_tokenizer
-    from mlbench_kit.train.model import DTYPES, nf4_config
     dtype = DTYPES[precision]
     device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
     kwargs: dict[str, Any] = {"dtype": dtype, "device_map": {"": device}}
@@ -525,7 +515,6 @@ def merge_weights(base: str, adapter: Path, out: Path, precision: str = "bf16", 
 def context_budget(cfg: TrainConfig, model_config: Any) -> tuple[int, int | None, str | None]:
     """``(tokens per example, the model's positions, a note when the config asked for more)``:
     ``data.max_context_tokens`` capped at the model's positions (:func:`mlbench_kit.hf.model_positions`)."""
-    from mlbench_kit.hf import model_positions
     positions = model_positions(model_config)
     asked = cfg.data.max_context_tokens
     if positions and asked > positions:
@@ -569,7 +558,6 @@ def _scalar(x: Any) -> float | None:
 
 
 def _trackers(cfg: TrainConfig) -> list[str]:
-    import importlib.util
     out = []
     if cfg.logging.tensorboard and importlib.util.find_spec("tensorboard"):
         out.append("tensorboard")
@@ -581,71 +569,12 @@ def _trackers(cfg: TrainConfig) -> list[str]:
     return out
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of ``mlbench train`` and ``train/lora.py``."""
-    p.add_argument("--config", help=f"configs/train/<model>.yaml (default: {DEFAULT_CONFIG})")
-    types = {"task": int, "lr": float, "epochs": int, "max_steps": int, "seed": int, "max_context_tokens": int,
-             "grad_accum": int, "micro_batch_size": int}
-    for key in SHORTCUTS:
-        p.add_argument(f"--{key.replace('_', '-')}", dest=key, type=types.get(key, str), help=f"sets {SHORTCUTS[key]}")
-    for old, new in OLD_FLAGS.items():
-        deprecated_flag(p, f"--{old.replace('_', '-')}", f"--{new.replace('_', '-')}", type=types.get(new, str))
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="any other config key, dotted (e.g. --set lora.r=64 --set quantization=nf4)")
-    p.add_argument("--resume", default="auto", help="auto (newest complete checkpoint, default), none, or a path")
-
-
-def default_config() -> Path:
-    """``configs/train/codellama-7b-instruct.yaml``: in the working folder, else beside this checkout's code."""
-    here = Path(DEFAULT_CONFIG)
-    return here if here.is_file() else Path(__file__).resolve().parents[1] / DEFAULT_CONFIG
-
-
-def preflight(cfg: TrainConfig) -> None:
-    """What a run needs before anything is written: a model that can be loaded, then the prep records."""
-    from mlbench_kit.hf import check_model_available
-    check_model_available(str(cfg.model), "--model")
-    data = cfg.data_file()
-    if not data.is_file():
-        d = cfg.data
-        raise MLBenchError(f"no prep records for the {d.split} split, task {d.task}", str(data),
-                           f"run `mlbench prep --tasks {d.task} --template {cfg.template} --tokenizer {cfg.model} "
-                           f"--out {d.prep_dir} ...` first (see docs/prep.md), or pass --prep-dir DIR")
-
-
-def resolve_config(args: argparse.Namespace) -> TrainConfig:
-    """The run's config: ``--config`` (else the default), the shortcut flags, then ``--set``."""
-    return load_train_config(args.config or default_config(), {k: getattr(args, k, None) for k in SHORTCUTS},
-                             args.set)
-
-
-def run(args: argparse.Namespace) -> int:
-    """Entry point shared by `accelerate launch train/lora.py` and `mlbench train`."""
-    path = args.config or default_config()
-    cfg = resolve_config(args)
-    if os.environ.get("RANK", "0") == "0":
-        print(f"train: config {path}{'' if args.config else ' (the default; --config to choose)'}, model "
-              f"{cfg.model}, data {cfg.data_file()}, output {cfg.out}", file=sys.stderr, flush=True)
-    preflight(cfg)
-    recipe = LoRAFinetuneRecipe(cfg, args.resume)
-    if not recipe.setup():
-        return 0
-    try:
-        code = recipe.train()
-        if code == 0:
-            recipe.publish()
-        return code
-    finally:
-        recipe.cleanup()
-
-
 def main(argv: list[str] | None = None) -> int:
-    from mlbench_kit.progress import bars_only_on_tty
     bars_only_on_tty()  # `accelerate launch train/lora.py` skips `mlbench`: no library bars in a log here either
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     try:
-        return run(parser.parse_args(argv))
+        return run(parser.parse_args(argv), LoRAFinetuneRecipe)
     except MLBenchError as exc:
         print(f"error: {exc.render()}", file=sys.stderr)
         return 2

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 
 from mlbench_kit.errors import MLBenchError
+from mlbench_kit.train_config import TrainConfig
 
-from .config import TrainConfig
 from .loss import LinearLoss
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mlbench_kit.cli import _RaisingParser, _stages
+from mlbench_kit.cli import stage_parser
 from mlbench_kit.errors import MLBenchError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,12 +114,9 @@ def parse(stage: str, argv: list[str]) -> None:
     """Parse with the stage's own parser, as `mlbench STAGE` builds it; unknown flags and bad values raise."""
     if stage in ("-h", "--help") and not argv:  # `mlbench --help`
         return
-    stages = _stages()
-    if stage not in stages:
-        raise MLBenchError(f"unknown stage {stage!r}; stages: {sorted(stages)}")
-    parser = _RaisingParser(prog=f"mlbench {stage}", add_help=False)
-    stages[stage][1](parser)
-    parser.parse_args(argv)
+    if stage == "--version" and not argv:
+        return
+    stage_parser(stage, raising=True).parse_args(argv)
 
 
 def shown_commands(paths: list[Path]) -> list[tuple[str, str, list[str]]]:

@@ -145,3 +145,41 @@ def test_the_sandbox_stands_alone(tmp_path):
         "from ..io import write_atomic\n")
     assert sandbox_violations(tmp_path) == ["mlbench_kit/sandbox/box.py:3 imports mlbench_kit.eval.run",
                                             "mlbench_kit/sandbox/box.py:4 imports mlbench_kit.io"]
+
+
+def core_violations(root: Path = ROOT) -> list[str]:
+    """Every import of a stage's module from the core package (mlbench_kit/, the CLI included), as file:line,
+    wherever it sits (a function-local import counts): the core names stages by dotted path only
+    (mlbench_kit/stages.py) and imports them when one runs."""
+    bad = []
+    for f in sorted((root / "mlbench_kit").rglob("*.py")):
+        for line, mod, names in _imports(f, root):
+            for target in _targets(mod, names):
+                parts = target.split(".")
+                if parts[0] == "mlbench_kit" and len(parts) > 1 and parts[1] in STAGES.values():
+                    bad.append(f"{f.relative_to(root)}:{line} imports {target}")
+                    break
+    return bad
+
+
+def test_the_core_imports_no_stage(tmp_path):
+    assert core_violations() == []
+    (tmp_path / "mlbench_kit").mkdir()
+    (tmp_path / "mlbench_kit" / "cli.py").write_text(
+        "from .errors import MLBenchError\n\ndef f():\n    from mlbench_kit.train import lora\n"
+        "    from . import infer\n    import mlbench_kit.eval.run\n")
+    assert core_violations(tmp_path) == ["mlbench_kit/cli.py:4 imports mlbench_kit.train",
+                                         "mlbench_kit/cli.py:5 imports mlbench_kit.infer",
+                                         "mlbench_kit/cli.py:6 imports mlbench_kit.eval.run"]
+
+
+def test_every_stage_entry_and_config_exists():
+    # the table names them by dotted path: a typo would surface only when that stage runs
+    from mlbench_kit.stages import STAGES as TABLE
+    assert {s.name for s in TABLE} >= {"prep", "train", "infer", "agent", "eval", "report", "env", "sweep"}
+    for st in TABLE:
+        module = st.module()
+        assert callable(module.add_arguments) and callable(module.run), st.name
+        if st.config is not None:
+            assert callable(module.resolve_config), st.name
+            assert st.config_class() is not None

@@ -74,11 +74,11 @@ def test_prep_train_infer_and_the_sweep_check_agree_on_a_model_s_positions(model
 
     from mlbench_kit.data_prep import prepare
     from mlbench_kit.infer.run import context_length
-    from mlbench_kit.infer.sampling import load_config
+    from mlbench_kit.infer_config import load_config
     from mlbench_kit.slurm.render import check_jobs, jobs
     from mlbench_kit.slurm.spec import load_sweep
-    from mlbench_kit.train.config import load_train_config
     from mlbench_kit.train.lora import context_budget
+    from mlbench_kit.train_config import load_train_config
     # prep: the budget (4,096 asked) and the room for new tokens, both from the model's 700 positions
     p = argparse.ArgumentParser()
     prepare.add_arguments(p)

@@ -66,7 +66,7 @@ def _train_file(tmp_path: Path, key: str, value: int) -> Path:
 
 
 def test_train_config_max_seq_len_is_max_context_tokens(tmp_path, capsys):
-    from mlbench_kit.train.config import load_train_config
+    from mlbench_kit.train_config import load_train_config
     new = load_train_config(_train_file(tmp_path, "max_context_tokens", 768), {"model": "m"})
     assert _warnings(capsys.readouterr().err) == []
     f = _train_file(tmp_path, "max_seq_len", 768)
@@ -87,13 +87,13 @@ def test_train_config_max_seq_len_is_max_context_tokens(tmp_path, capsys):
 
 
 def test_train_flag_max_seq_len_is_max_context_tokens(capsys):
-    from mlbench_kit.train import lora
+    from mlbench_kit.train import cli
     p = argparse.ArgumentParser()
-    lora.add_arguments(p)
-    new = lora.resolve_config(p.parse_args(["--config", "configs/train/tiny-cpu.yaml", "--model", "m",
+    cli.add_arguments(p)
+    new = cli.resolve_config(p.parse_args(["--config", "configs/train/tiny-cpu.yaml", "--model", "m",
                                             "--max-context-tokens", "640"]))
     assert _warnings(capsys.readouterr().err) == []
-    old = lora.resolve_config(p.parse_args(["--config", "configs/train/tiny-cpu.yaml", "--model", "m",
+    old = cli.resolve_config(p.parse_args(["--config", "configs/train/tiny-cpu.yaml", "--model", "m",
                                             "--max-seq-len", "640"]))
     _one_warning(capsys, "--max-seq-len", "--max-context-tokens")
     assert old == new and new.data.max_context_tokens == 640
@@ -101,7 +101,7 @@ def test_train_flag_max_seq_len_is_max_context_tokens(capsys):
 
 
 def test_infer_config_max_tokens_is_max_new_tokens(tmp_path, capsys):
-    from mlbench_kit.infer.sampling import load_config
+    from mlbench_kit.infer_config import load_config
     text = (REPO_ROOT / "configs/infer/paper.yaml").read_text()
     assert "  max_new_tokens: 1024\n" in text
     new = load_config(REPO_ROOT / "configs/infer/paper.yaml", {})
@@ -142,9 +142,9 @@ def test_a_sweep_with_the_old_names_plans_and_warns_once_per_name(tmp_path, caps
     prep_line = next(i for i, ln in enumerate(lines, 1) if ln.startswith("  max_tokens: 1024"))
     infer_line = next(i for i, ln in enumerate(lines, 1) if ln.startswith("  max_tokens: 32"))
     assert got == [f"warning: {f}:{prep_line}: --max-tokens is deprecated, use --max-context-tokens (--max-tokens "
-                   "still works in this release and goes in the next)",
+                   "still works in this release and is removed in 0.2.0)",
                    f"warning: {f}:{infer_line}: --max-tokens is deprecated, use --max-new-tokens (--max-tokens "
-                   "still works in this release and goes in the next)"]
+                   "still works in this release and is removed in 0.2.0)"]
     assert sum(u.argv.count("--max-tokens") for j in all_jobs for u in j.units) == 2 + 4
 
 
@@ -152,10 +152,10 @@ def test_records_written_under_the_old_names_still_load(tmp_path, capsys):
     """What older runs wrote: prep's manifest (max_tokens), an infer folder's infer.json (sampling.max_tokens), a
     training run's run.json and checkpoint hash (data.max_seq_len)."""
     from mlbench_kit.config import rename_old_keys, with_old_names
-    from mlbench_kit.infer.sampling import InferConfig, Sampling
+    from mlbench_kit.infer_config import InferConfig, Sampling
     from mlbench_kit.io import claim_run_folder
-    from mlbench_kit.train.config import SPEED_KEYS, TrainConfig, load_train_config
     from mlbench_kit.train.lora import LoRAFinetuneRecipe, _check_prep_budget
+    from mlbench_kit.train_config import SPEED_KEYS, TrainConfig, load_train_config
     # train reads the budget of a manifest from before the rename
     prep = tmp_path / "prep"
     prep.mkdir()

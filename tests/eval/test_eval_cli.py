@@ -2,6 +2,7 @@ import json
 import shutil
 
 import pytest
+import yaml
 from conftest import REPO_ROOT, assert_shared_modes
 
 from mlbench_kit.cli import main
@@ -123,3 +124,26 @@ def test_libraries_without_bytecode_are_named_before_scoring(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "warm-up: toylib" in err and "(not compiled)" in err and "toybench's libraries have no bytecode" in err
     assert "; compile them once: " in err and " -m compileall -q DIR" in err  # the environment's own interpreter
+
+
+def test_limit_scores_only_the_first_rows(tmp_path):
+    # --limit means what it means in infer and agent: the first N rows (a smoke run), here of the data
+    rows = [json.loads(x) for x in SAMPLE.open()]
+    assert main(["eval", "--data", str(SAMPLE), "--gold", "--envs", str(ENVS), "--limit", "3",
+                 "--out", str(tmp_path / "g")]) == 0
+    results = [json.loads(x) for x in (tmp_path / "g" / "results.jsonl").read_text().splitlines()]
+    assert {(r["github_id"], r["id"]) for r in results} == {(r["github_id"], r["id"]) for r in rows[:3]}
+    assert json.loads((tmp_path / "g" / "summary.json").read_text())["metrics"]["overall"]["samples"] == 3
+
+
+def test_a_run_replays_from_the_config_it_wrote(tmp_path, capsys):
+    out = tmp_path / "g"
+    assert main(["eval", "--data", str(SAMPLE), "--gold", "--envs", str(ENVS), "--limit", "2", "--mode", "strict",
+                 "--out", str(out)]) == 0
+    first = json.loads((out / "summary.json").read_text())
+    written = yaml.safe_load((out / "config.yaml").read_text())
+    assert written["limit"] == 2 and written["mode"] == "strict" and written["gold"] is True
+    capsys.readouterr()
+    assert main(["eval", "--config", str(out / "config.yaml")]) == 0  # the same run: resumed, nothing re-executed
+    again = json.loads((out / "summary.json").read_text())
+    assert again["metrics"] == first["metrics"] and "eval: executed 0" in capsys.readouterr().err

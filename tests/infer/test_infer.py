@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import REPO_ROOT, run_cli
 
 from mlbench_kit.parse import parse_response
@@ -133,6 +134,9 @@ def test_hf_backend_same_format_same_seed_and_resume(tmp_path, tiny_model_dir, r
     again = tmp_path / "hf2"
     assert _infer(tiny_model_dir, real_prep, again, "--backend", "hf", "--limit", "6").returncode == 0
     assert [x["raw"] for x in _rows(again / "task3.jsonl")] == [x["raw"] for x in _rows(out / "task3.jsonl")]
+    # the run's resolved options beside its outputs: `--config` that file alone replays it (here: nothing to do)
+    r = run_cli("mlbench", "infer", "--config", again / "config.yaml")
+    assert r.returncode == 0 and "nothing to do" in r.stderr, r.stderr[-3000:]
     r = _infer(tiny_model_dir, real_prep, out, "--backend", "hf", "--limit", "6", "--temperature", "0.5")
     assert r.returncode == 2 and "other settings" in r.stderr
 
@@ -175,6 +179,8 @@ def test_openai_backend_against_a_real_vllm_server(tmp_path, tiny_model_dir, rea
         assert r.returncode == 0, r.stderr[-3000:]
         rows = _rows(out / "task3.jsonl")
         assert len(rows) == 4 and all(len(x["raw"]) == 5 and x["backend"] == "openai" for x in rows)
+        written = yaml.safe_load((out / "config.yaml").read_text())  # the run's every option, to replay it
+        assert (written["limit"], written["tasks"], written["sampling"]["max_new_tokens"]) == (4, [3], 12)
         assert all(sum(x["n_tokens"]) > 0 for x in rows)
         # token-id prompts and per-prompt seeds: the server samples what the offline engine sampled
         offline = {(x["github_id"], x["id"]): x["raw"] for x in _rows(vllm_runs / "base" / "task3.jsonl")}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -73,16 +74,62 @@ def test_every_cell_of_the_shipped_sweeps_passes_its_stage_s_own_checks(path: Pa
     assert units["prep"] == len(sweep.models) and units["report"] == 1
 
 
+@pytest.mark.parametrize("path", sorted((REPO_ROOT / "configs/sweeps").glob("*.yaml")), ids=lambda p: p.stem)
+def test_each_unit_s_command_resolves_to_the_config_the_sweep_checked(path: Path, monkeypatch) -> None:
+    # the sweep checks a unit's options as typed configs; the job runs them as a command line: the two agree
+    from mlbench_kit.cli import stage_parser
+    from mlbench_kit.stages import load_stage_config, stage
+    sweep = load_sweep(path, REPO_ROOT)
+    monkeypatch.chdir(REPO_ROOT)  # where the jobs run
+    for job in jobs(sweep):
+        if job.stage == "report":
+            continue
+        for unit in job.units[:3]:
+            checked = load_stage_config(stage(job.stage), unit.opts, lambda key: key, REPO_ROOT)
+            argv = unit.argv[1:] if job.stage == "train" else unit.argv[4:]
+            args = stage_parser(job.stage, raising=True).parse_args(argv)
+            assert stage(job.stage).module().resolve_config(args) == checked, (job.name, unit.key)
+
+
+def test_a_unit_replays_from_its_written_config(tmp_path: Path, monkeypatch) -> None:
+    # `sweep plan --scripts` writes each unit's resolved config beside the sbatch scripts; the job runs
+    # `mlbench STAGE --config unit.yaml`, and so can a person replaying one cell by hand
+    from mlbench_kit.cli import stage_parser
+    from mlbench_kit.stages import stage
+    monkeypatch.chdir(REPO_ROOT)
+    r = run_cli("mlbench", "sweep", "plan", REPO_ROOT / "configs/sweeps/paper.yaml", "--root", REPO_ROOT,
+                "--scripts", tmp_path)
+    assert r.returncode == 0, r.stderr
+    sweep = load_sweep(REPO_ROOT / "configs/sweeps/paper.yaml", REPO_ROOT)
+    all_jobs = jobs(sweep)
+    check_jobs(sweep, all_jobs)
+    for job in all_jobs:
+        if job.stage == "report":
+            continue
+        text = (tmp_path / f"{job.name}.sbatch").read_text()
+        for unit in job.units:
+            written = tmp_path / job.name / f"{unit.key}.yaml"
+            assert shlex.quote(str(written)) in text, (job.name, unit.key)
+            argv = ["--config", str(written)]
+            args = stage_parser(job.stage, raising=True).parse_args(argv)
+            assert stage(job.stage).module().resolve_config(args) == unit.config, (job.name, unit.key)
+    assert "--max-context-tokens" not in (tmp_path / "prep.sbatch").read_text()  # the options live in the files
+
+
 def test_a_stage_option_typo_fails_at_plan_with_its_line(tmp_path: Path) -> None:
     # `mdoe: strict` used to pass `sweep plan` and fail only when the eval jobs started, after prep, train and infer
     text = (REPO_ROOT / "configs/sweeps/paper.yaml").read_text()
-    cases = [("  workers: 16\n", "  workers: 16\n  mdoe: strict\n", "  mdoe:", "unrecognized arguments: --mdoe"),
+    cases = [("  workers: 16\n", "  workers: 16\n  mdoe: strict\n", "  mdoe:", "eval has no option 'mdoe'"),
              # a rule across options, checked by eval's own config (EvalConfig.check), not only its parser
              ("  workers: 16\n", "  workers: 16\n  timeout_pass: true\n", "  timeout_pass:", "strict-mode rule"),
              ("  max_context_tokens: 8192\n", "  max_context_tokens: 8192\n  tasks: [4]\n", "  tasks: [4]",
-              "invalid choice: 4"),
+              "`tasks` are among [1, 2, 3], got [4]"),
              ("  config: configs/infer/paper.yaml\n", "  config: configs/infer/paper.yaml\n  temperature: hot\n",
-              "  temperature:", "invalid float value: 'hot'"),
+              "  temperature:", "sampling.temperature must be float, got 'hot'"),
+             ("  reference: configs/report/paper-rows.yaml\n", "  refrence: configs/report/paper-rows.yaml\n",
+              "  refrence:", "report has no option 'refrence'"),
+             ("  envs: configs/eval/mlbench.yaml\n", "  envs: configs/eval/mlbench.yaml\n  no_ci: 1\n", "  no_ci:",
+              "no_ci is true or false, got 1"),
              # Llama-2: 4,096 positions; prep must leave infer's 1,024 new tokens free, or every task-1 prompt fails
              ("max_new_tokens: 1024}", "max_new_tokens: 512}", "    prep: {max_context_tokens",
               "infer generates up to 1024 new tokens, but prep left room for 512")]

@@ -16,9 +16,9 @@ from test_train import _launch, _steps
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mlbench_kit.errors import MLBenchError
-from mlbench_kit.train.config import LoraConfig, TrainConfig
 from mlbench_kit.train.loss import LinearLoss, micro_batch_losses
 from mlbench_kit.train.model import add_lora, checkpointed_layers, choose_attention, compile_layers, load_base
+from mlbench_kit.train_config import LoraConfig, TrainConfig
 
 VOCAB, SEQ, CHUNK, HIDDEN = 384, 96, 32, 64
 

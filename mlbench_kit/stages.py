@@ -1,0 +1,158 @@
+"""The stages, declared once: name, help, typed config and entry. ``mlbench`` builds its sub-commands from this
+table and ``mlbench sweep`` checks a cell's stage options against the same configs.
+
+Entries and configs are named by dotted path (``module`` or ``module:Name``), as torchtune's recipe registry
+does, so the core imports no stage (``tests/core/test_layout.py`` checks it): a stage's module is imported only
+when that stage runs.
+
+A stage's entry module has ``add_arguments(parser)`` and ``run(args) -> int``; a stage with a config also has
+``resolve_config(args)`` (its config from ``--config`` and the flags). A config class lists the options that set
+its keys in ``FLAGS`` (option name -> dotted key): the command line and a sweep file's stage section use the same
+names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from .config import load, parse_set
+from .deprecation import warn_renamed
+from .errors import MLBenchError
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of the toolkit."""
+
+    name: str
+    help: str
+    entry: str  # module with add_arguments(parser) and run(args)
+    config: str | None = None  # "module:Class": the stage's typed options (None: the stage takes flags only)
+
+    def module(self) -> ModuleType:
+        """The stage's entry module (imported now: the first time the stage is needed)."""
+        return importlib.import_module(self.entry)
+
+    def config_class(self) -> type | None:
+        """The stage's config dataclass, or None."""
+        if self.config is None:
+            return None
+        module, _, name = self.config.partition(":")
+        return typing.cast(type, getattr(importlib.import_module(module), name))
+
+    def flags(self) -> dict[str, str]:
+        """Option name (``max_new_tokens``) -> the config key it sets (``sampling.max_new_tokens``)."""
+        cls = self.config_class()
+        return dict(getattr(cls, "FLAGS", {})) if cls is not None else {}
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("prep", "render tasks 1-3 into prompts", "mlbench_kit.data_prep.prepare",
+          "mlbench_kit.prep_config:PrepConfig"),
+    Stage("train", "LoRA/QLoRA fine-tuning, one process (multi-GPU: accelerate launch train/lora.py)",
+          "mlbench_kit.train.cli", "mlbench_kit.train_config:TrainConfig"),
+    Stage("infer", "sample n responses per prompt (vLLM, HF or an OpenAI-compatible endpoint)",
+          "mlbench_kit.infer.run", "mlbench_kit.infer_config:InferConfig"),
+    Stage("agent", "ML-Agent episodes per row (README ranking, then code) -> generations eval scores",
+          "mlbench_kit.agent.run", "mlbench_kit.agent.config:AgentConfig"),
+    Stage("eval", "execute generations in a sandbox and score them", "mlbench_kit.eval.run",
+          "mlbench_kit.eval_config:EvalConfig"),
+    Stage("report", "eval runs side by side: markdown, CSV, PNG", "mlbench_kit.eval.report.cli"),
+    Stage("env", "build, check and gold-validate the repositories' execution environments", "mlbench_kit.eval.envcli"),
+    Stage("sweep", "plan, submit and follow a Slurm sweep (train -> infer -> eval -> report)",
+          "mlbench_kit.slurm.sweep"),
+)
+
+
+def stage(name: str) -> Stage:
+    """The stage called ``name``; an unknown name is an error listing the stages."""
+    for s in STAGES:
+        if s.name == name:
+            return s
+    raise MLBenchError(f"unknown stage {name!r}", None, f"stages: {', '.join(s.name for s in STAGES)}")
+
+
+def flag(option: str) -> str:
+    """An option's command-line spelling: ``max_new_tokens`` -> ``--max-new-tokens``."""
+    return "--" + option.replace("_", "-")
+
+
+def option_overrides(st: Stage, options: dict[str, Any], where: typing.Callable[[str], str]
+                     ) -> dict[str, tuple[Any, str]]:
+    """Stage options written in a file (a sweep's stage section: ``{max_new_tokens: 512, set: [lora.r=64]}``) as
+    the config's dotted overrides, each located by ``where(option)``. An option the stage does not have is an
+    error at its line."""
+    flags = st.flags()
+    renamed = dict(getattr(st.config_class(), "OLD_FLAGS", {}))
+    negated = {spelled.lstrip("-").replace("-", "_"): name
+               for name, spelled in getattr(st.config_class(), "FLAG_SPELLING", {}).items()}
+    out: dict[str, tuple[Any, str]] = {}
+    for old, value in options.items():
+        name = old
+        if name in renamed and renamed[name] in flags:
+            warn_renamed(flag(name), flag(renamed[name]), where(name))
+            if renamed[name] in options:
+                raise MLBenchError(f"{name} and {renamed[name]} are both set ({name} is the old name)", where(name),
+                                   f"keep only {renamed[name]}")
+            name = renamed[name]
+        if name == "set" and "set" in flags:
+            for k, (v, _) in parse_set(value if isinstance(value, list) else [value]).items():
+                out[k] = (v, where(old))
+        elif name in negated:  # `no_hf: true` is --no-hf, which sets hf: false
+            if not isinstance(value, bool):
+                raise MLBenchError(f"{name} is true or false, got {value!r}", where(old))
+            out[flags[negated[name]]] = (not value, where(old))
+        elif name in flags:
+            out[flags[name]] = (value, where(old))
+        elif name != "config":
+            known = sorted({n for n in flags if n not in ("set", *negated.values())} | set(negated))
+            raise MLBenchError(f"{st.name} has no option {name!r}", where(old), f"its options: {', '.join(known)} "
+                               f"(`mlbench {st.name} --help`)")
+    return out
+
+
+def load_stage_config(st: Stage, options: dict[str, Any], where: typing.Callable[[str], str],
+                      root: Path | None = None, default_config: str | Path | None = None) -> Any:
+    """The stage's typed config from options written in a file (``config:`` names its YAML, relative to ``root``),
+    as the stage itself would resolve them; every mistake is one error at the option's (or the YAML's) line."""
+    cls = st.config_class()
+    if cls is None:
+        raise MLBenchError(f"{st.name} has no typed config", None)
+    over = option_overrides(st, options, where)
+    path = options.get("config") or default_config
+    if path is not None:
+        p = Path(path)
+        if root is not None and not p.is_absolute():
+            p = root / p
+        if not p.is_file():
+            raise MLBenchError(f"{st.name} config not found: {path}", where("config"),
+                               f"check the path (relative to {root or 'here'})")
+        return load(cls, p, over)
+    return load(cls, None, over)
+
+
+def args_overrides(cls: type, args: Any) -> dict[str, tuple[Any, str]]:
+    """The parsed flags (``args``) that set keys of ``cls`` (its ``FLAGS``), as overrides whose origin is the
+    flag."""
+    names = getattr(cls, "FLAGS", {})
+    spelled = getattr(cls, "FLAG_SPELLING", {})
+    return {key: (getattr(args, name), spelled.get(name, flag(name))) for name, key in names.items()
+            if name != "set" and getattr(args, name, None) is not None}
+
+
+def config_fields(cls: type, prefix: str = "") -> dict[str, dataclasses.Field]:
+    """Every dotted key of a config dataclass and its field (nested sections walked)."""
+    out: dict[str, dataclasses.Field] = {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        out[key] = f
+        if dataclasses.is_dataclass(hints[f.name]):
+            out.update(config_fields(hints[f.name], key + "."))
+    return out
