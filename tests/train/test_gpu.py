@@ -11,9 +11,9 @@ import torch
 from test_speed import VOCAB, _packed_batch, assert_grads_close
 
 from mlbench_kit.errors import MLBenchError
-from mlbench_kit.train_config import LoraConfig, TrainConfig
 from mlbench_kit.train.loss import micro_batch_losses
 from mlbench_kit.train.model import add_lora, load_base
+from mlbench_kit.train_config import LoraConfig, TrainConfig
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
