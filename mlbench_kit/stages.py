@@ -59,7 +59,7 @@ STAGES: tuple[Stage, ...] = (
           "mlbench_kit.train.cli", "mlbench_kit.train_config:TrainConfig"),
     Stage("infer", "sample n responses per prompt (vLLM, HF or an OpenAI-compatible endpoint)",
           "mlbench_kit.infer.run", "mlbench_kit.infer_config:InferConfig"),
-    Stage("agent", "ML-Agent episodes per row (README ranking, then code) -> generations eval scores",
+    Stage("agent", "agent episodes per row (ML-Agent, or bash actions in the sandbox) -> generations to score",
           "mlbench_kit.agent.run", "mlbench_kit.agent.config:AgentConfig"),
     Stage("eval", "execute generations in a sandbox and score them", "mlbench_kit.eval.run",
           "mlbench_kit.eval_config:EvalConfig"),
