@@ -34,6 +34,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from mlbench_kit.dataset import Sample
+from mlbench_kit.escape import visible
 from mlbench_kit.sandbox import Env, ExecResult, Job, Limits, Sandbox
 
 from .config import AgentConfig
@@ -61,7 +62,6 @@ FORMAT = ("\nYou work in a Linux shell without network access. Reply with a shor
 FORMAT_ERROR = ("Format error: {why}. Reply with a short thought and exactly ONE ```bash code block holding your "
                 "next command.")
 _BLOCK = re.compile(r"```(?:bash|sh|shell)[ \t]*\n(.*?)```", re.DOTALL)
-_CTRL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
 def parse_action(text: str) -> str:
@@ -76,9 +76,10 @@ def parse_action(text: str) -> str:
 
 
 def observation(res: ExecResult, chars: int) -> str:
-    """What the model sees of one execution: its exit status and output, escaped (control characters as ``\\xNN``;
-    nothing it prints can close the ``<output>`` element) and cut to ``chars`` (head and tail)."""
-    out = _CTRL.sub(lambda m: f"\\x{ord(m.group()):02x}", res.log).replace("</output>", "<\\/output>")
+    """What the model sees of one execution: its exit status and output, escaped (control characters but newlines and
+    tabs shown as escapes, :func:`mlbench_kit.escape.visible`; nothing it prints can close the ``<output>``
+    element) and cut to ``chars`` (head and tail)."""
+    out = visible(res.log, keep="\n\t").replace("</output>", "<\\/output>")
     if len(out) > chars:
         half = chars // 2
         out = f"{out[:half]}\n[... {len(out) - 2 * half} characters elided ...]\n{out[-half:]}"
