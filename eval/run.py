@@ -19,9 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from mlbench_kit.config import to_dict
+from mlbench_kit.config import save_resolved
 from mlbench_kit.dataset import Sample, load_samples
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.escape import visible
@@ -281,11 +279,6 @@ def gold_ceiling(samples: list[Sample]) -> dict[str, dict[str, int]]:
     return dict(sorted(out.items(), key=lambda kv: (kv[0] == "ALL", kv[0])))
 
 
-def write_config(cfg: Any, path: Path) -> None:
-    """The resolved options beside the outputs: ``mlbench eval --config path`` replays (resumes) the run."""
-    write_atomic(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
-
-
 def _config(cfg: EvalConfig, threads: int) -> dict[str, Any]:
     """What run.json records: the options a run folder's verdicts depend on (threads resolved)."""
     keys = ("data", "split", "generations", "gold", "mode", "backend", "parser", "timeout", "timeout_pass",
@@ -454,7 +447,7 @@ def score(cfg: EvalConfig) -> int:
     summary["faults"] = n_faults
     summary["unscored"] = unscored
     write_json_atomic(out / "summary.json", summary)
-    write_config(cfg, out / "config.yaml")
+    save_resolved(cfg, out / "config.yaml")  # `mlbench eval --config` on it replays (resumes) the run
     write_atomic(out / "report.md", render_run_report(summary))
     o = summary["metrics"]["overall"]
     print(f"eval: {o['samples']} samples" + (f" ({len(unscored)} unscored, apart)" if unscored else "") + ", "

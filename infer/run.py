@@ -14,9 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from mlbench_kit.config import rename_old_keys, to_dict
+from mlbench_kit.config import rename_old_keys, save_resolved
 from mlbench_kit.deprecation import deprecated_flag
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.hf import (
@@ -26,7 +24,7 @@ from mlbench_kit.hf import (
     model_positions,
 )
 from mlbench_kit.infer_config import InferConfig, Sampling, load_config
-from mlbench_kit.io import AppendLog, claim_run_folder, read_jsonl_tolerant, write_atomic
+from mlbench_kit.io import AppendLog, claim_run_folder, read_jsonl_tolerant
 from mlbench_kit.parse import PARSERS, parse_response
 from mlbench_kit.progress import Console, Progress, logs_to_file
 from mlbench_kit.records import TASKS, GenerationRecord
@@ -241,7 +239,7 @@ def _run(cfg: InferConfig, todo_targets: list[tuple[str | None, str | None, Path
             if todo:
                 plan.append((name if path else None, ident, todo, out / f"task{t}.jsonl", f"{label}task {t}"))
     # the resolved options beside the outputs: `mlbench infer --config OUT/config.yaml` replays (resumes) the run
-    write_atomic(Path(str(cfg.out)) / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    save_resolved(cfg, Path(str(cfg.out)) / "config.yaml")
     if not plan:
         con.say(f"infer: nothing to do; generations in {cfg.out}")
         return 0

@@ -338,3 +338,10 @@ def to_dict(obj: Any) -> dict[str, Any]:
 
 
 Check = Callable[[str], str]  # what ``check(self, at)`` receives: a key -> its location
+
+
+def save_resolved(cfg: Any, path: Path) -> None:
+    """A stage's resolved config beside its outputs (written atomically, under the umask): ``mlbench STAGE --config
+    path`` replays the run."""
+    from .io import write_atomic
+    write_atomic(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))

@@ -10,12 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-import yaml
-
 from .config import Check, load, parse_set, to_dict
 from .deprecation import renamed_from
 from .errors import MLBenchError
-from .io import write_atomic
 from .records import TASKS
 
 SPLIT_DIRS = {"id": "id_train", "ood": "ood_train"}
@@ -189,6 +186,3 @@ def load_train_config(path: str | Path | None, shortcuts: dict[str, Any], sets: 
     return load(TrainConfig, path, over)
 
 
-def save_resolved(cfg: TrainConfig, path: Path) -> None:
-    """The resolved config, beside the run."""
-    write_atomic(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))

@@ -46,7 +46,7 @@ from accelerate.utils import set_seed
 from peft import PeftModel
 from transformers import AutoConfig, AutoModelForCausalLM, get_scheduler
 
-from mlbench_kit.config import rename_old_keys, with_old_names
+from mlbench_kit.config import rename_old_keys, save_resolved, with_old_names
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.hf import fingerprint, load_tokenizer, model_positions
 from mlbench_kit.io import AppendLog, atomic_dir, claim_run_folder, honour_umask, write_json_atomic
@@ -79,7 +79,6 @@ from mlbench_kit.train.model import (
 )
 from mlbench_kit.train_config import (
     TrainConfig,
-    save_resolved,
 )
 
 
