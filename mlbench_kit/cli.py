@@ -10,7 +10,8 @@ from typing import NoReturn
 
 from . import __version__
 from .errors import MLBenchError
-from .stages import STAGES, stage
+from .flags import add_options
+from .stages import STAGES, Stage, stage
 
 # the shipped configs: configs/ beside the package (an editable install, the way setup.sh installs)
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -32,8 +33,17 @@ def stage_parser(name: str, raising: bool = False) -> argparse.ArgumentParser:
         return parser
     st = stage(name)
     parser = cls(prog=f"mlbench {name}", description=st.help, add_help=not raising)
-    st.module().add_arguments(parser)
+    add_stage_options(parser, st)
     return parser
+
+
+def add_stage_options(parser: argparse.ArgumentParser, st: Stage) -> None:
+    """A stage's options: generated from its config declaration (:mod:`mlbench_kit.flags`; no stage imported),
+    or its own ``add_arguments`` for a stage without a config."""
+    if st.config is not None:
+        add_options(parser, st)
+    else:
+        st.module().add_arguments(parser)
 
 
 def shipped_configs() -> list[Path]:
@@ -91,7 +101,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     for st in STAGES:
         p = sub.add_parser(st.name, help=st.help, description=st.help)
         if only is None or only == st.name:
-            st.module().add_arguments(p)
+            add_stage_options(p, st)
     _configs_args(sub.add_parser("configs", help=CONFIGS_HELP, description=CONFIGS_HELP))
     return parser
 
