@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mlbench_kit.config import save_resolved
 from mlbench_kit.dataset import Sample, load_samples
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.flags import resolve
@@ -208,7 +209,8 @@ def prepare(cfg: PrepConfig) -> int:
 def _write(cfg: PrepConfig, renderer: Renderer, splits: dict[str, list[Sample]], out: Path, tokenizer: Any,
            budget: int, asked: int, positions: int | None, max_prompt: int | None, root: str | None
            ) -> dict[tuple[str, int], list[dict[str, Any]]]:
-    """Render and write every split and task, the stats, and the manifest last, into ``out`` (the staging folder)."""
+    """Render and write every split and task, the stats, the resolved config and the manifest last, into ``out``
+    (the staging folder)."""
     by: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for name, samples in splits.items():
         for task in cfg.tasks:
@@ -228,6 +230,7 @@ def _write(cfg: PrepConfig, renderer: Renderer, splits: dict[str, list[Sample]],
                 + (f" Prompts of the evaluation splits: at most {max_prompt} tokens, leaving {cfg.max_new_tokens} "
                    "for generation." if max_prompt is not None and max_prompt < budget else ""))
     write_atomic(out / "stats.md", prompt_stats_markdown(stats, tokenizer is not None, note))
+    save_resolved(cfg, out / "config.yaml")  # `mlbench prep --config OUT/config.yaml` replays this run
     write_json_atomic(out / "manifest.json", {
         "data": str(cfg.data), "splits": {n: len(s) for n, s in splits.items()}, "tasks": cfg.tasks,
         # max_context_tokens: the budget prep cut to (written as max_tokens before; train reads either)

@@ -67,7 +67,7 @@ def test_a_failure_while_writing_leaves_the_old_folder_as_it_was(shared: Path, t
     args = ["prep", "--data", str(shared / "full.jsonl"), "--splits", "full", "--readmes", str(shared / "readmes"),
             "--tasks", "1", "3", "--no-hf", "--splitter", "regex", "--out", str(out)]
     assert main(args) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["full", "manifest.json", "stats.json", "stats.md"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "full", "manifest.json", "stats.json", "stats.md"]
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
 
     real = prepare.Renderer.render_task

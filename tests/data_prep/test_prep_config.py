@@ -65,3 +65,25 @@ def test_the_shipped_prep_config_loads() -> None:
     cfg = _resolve("--config", str(REPO / "configs/prep/paper.yaml"), "--out", "o")
     assert (cfg.template, cfg.splitter, cfg.max_context_tokens, cfg.max_new_tokens) == ("paper", "punkt", 8192, 1024)
 
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_prep_writes_its_resolved_config_and_replays_from_it(tmp_path: Path, capsys) -> None:
+    # OUT/config.yaml is the whole resolved config (defaults, the file and the flags in one), and
+    # `mlbench prep --config OUT/config.yaml` redoes the same run: byte-identical outputs
+    from mlbench_kit.cli import main
+    sample = REPO / "examples" / "sample"
+    opts = tmp_path / "opts.yaml"
+    opts.write_text("template: llama-inst\nsplitter: regex\n")
+    out = tmp_path / "prep"
+    assert main(["prep", "--config", str(opts), "--data", str(sample / "samples.jsonl"), "--readmes",
+                 str(sample / "repos"), "--tasks", "1", "3", "--no-hf", "--set", "seed=7", "--out", str(out)]) == 0
+    written = (out / "config.yaml").read_text()
+    assert {"template: llama-inst", "splitter: regex", "hf: false", "seed: 7", f"out: {out}"} <= set(
+        written.splitlines()), written
+    first = _files(out)
+    out.rename(tmp_path / "first")
+    assert main(["prep", "--config", str(tmp_path / "first" / "config.yaml")]) == 0
+    assert _files(out) == first
