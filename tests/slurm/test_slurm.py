@@ -118,6 +118,23 @@ def test_a_unit_replays_from_its_written_config(tmp_path: Path, monkeypatch) -> 
     assert "--max-context-tokens" not in (tmp_path / "prep.sbatch").read_text()  # the options live in the files
 
 
+def test_a_sweep_s_infer_split_defaults_to_infer_s_own(tmp_path: Path, monkeypatch) -> None:
+    # the sweep had its own infer default (split: test) while `mlbench infer` reads full: one default, the config's
+    from mlbench_kit.eval_config import EvalConfig
+    from mlbench_kit.infer_config import InferConfig
+    text = (REPO_ROOT / "configs/sweeps/tiny-cpu.yaml").read_text()
+    section = text[text.index("\ninfer:"):text.index("\neval:")]
+    assert "\n  split: test\n" in section
+    f = tmp_path / "s.yaml"
+    f.write_text(text.replace(section, ""))  # no infer section: every infer option at its default
+    monkeypatch.chdir(REPO_ROOT)
+    sweep = load_sweep(f, REPO_ROOT)
+    all_jobs = jobs(sweep)
+    check_jobs(sweep, all_jobs)
+    splits = {(j.stage, u.config.split) for j in all_jobs if j.stage in ("infer", "eval") for u in j.units}
+    assert splits == {("infer", InferConfig().split), ("eval", EvalConfig().split)} and InferConfig().split == "full"
+
+
 def test_a_stage_option_typo_fails_at_plan_with_its_line(tmp_path: Path) -> None:
     # `mdoe: strict` used to pass `sweep plan` and fail only when the eval jobs started, after prep, train and infer
     text = (REPO_ROOT / "configs/sweeps/paper.yaml").read_text()
