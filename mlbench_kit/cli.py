@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import shutil
+import os
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -82,10 +82,18 @@ def _configs(args: argparse.Namespace) -> int:
     dest = Path(args.dest)
     if dest.is_dir():
         dest = dest / name.name
-    if dest.exists():
-        raise MLBenchError("the destination exists", str(dest), "choose another name, or remove it first")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(CONFIGS / name, dest)
+    data = (CONFIGS / name).read_bytes()
+    try:  # O_EXCL: a file that appears at dest at any moment before this is never overwritten
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies
+    except FileExistsError:
+        raise MLBenchError("the destination exists", str(dest), "choose another name, or remove it first") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    except BaseException:
+        dest.unlink(missing_ok=True)  # ours (O_EXCL made it): no half-written copy is left
+        raise
     print(f"configs: copied {name} to {dest}", file=sys.stderr)
     return 0
 

@@ -139,3 +139,19 @@ def test_configs_ls_and_cp(tmp_path: Path, capsys) -> None:
     assert main(["configs", "cp", "train/nope.yaml", str(tmp_path / "x.yaml")]) == 2
     assert "no shipped config 'train/nope.yaml'" in capsys.readouterr().err
 
+
+def test_configs_cp_never_overwrites_a_file_that_appears_after_the_check(tmp_path: Path, monkeypatch,
+                                                                        capsys) -> None:
+    # the destination is created between any check and the copy (here: every existence check says "no"): the
+    # copy is refused, and the file that appeared keeps its content
+    dest = tmp_path / "mine.yaml"
+    dest.write_text("my edits\n")
+    real_exists = Path.exists
+    monkeypatch.setattr(Path, "exists", lambda self, *a, **kw: False if self == dest else real_exists(self, *a, **kw))
+    assert main(["configs", "cp", "train/tiny-cpu.yaml", str(dest)]) == 2
+    assert "the destination exists" in capsys.readouterr().err
+    assert dest.read_text() == "my edits\n"
+    # a link at the destination is not followed, even one whose target does not exist yet
+    (tmp_path / "link.yaml").symlink_to(tmp_path / "elsewhere.yaml")
+    assert main(["configs", "cp", "train/tiny-cpu.yaml", str(tmp_path / "link.yaml")]) == 2
+    assert not (tmp_path / "elsewhere.yaml").exists()
