@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
-from .config import Check, load, option
+from .config import Check, option
 from .dataset import HUB_ID
 from .errors import MLBenchError
 from .records import TASKS
@@ -86,7 +86,3 @@ class PrepConfig:
 
 PrepConfig.FLAGS = {f.name: f.name for f in fields(PrepConfig)}
 
-
-def load_prep_config(path: str | Path | None, overrides: dict[str, tuple[Any, str]] | None = None) -> PrepConfig:
-    """A :class:`PrepConfig` from an optional YAML file plus ``{key: (value, origin)}`` overrides."""
-    return load(PrepConfig, path, overrides)
