@@ -140,9 +140,8 @@ def add_options(parser: argparse.ArgumentParser, st: Stage) -> None:
     if cls is not None:
         default = f"default {st.default_config}" if st.default_config else "default: none, the defaults shown here"
         parser.add_argument("--config", metavar="FILE", default=None,
-                            help=f"YAML of {st.name}'s config keys: a shipped one (`mlbench configs ls {st.name}`), "
-                                 f"or the config.yaml a run wrote beside its outputs, which replays it ({default}); "
-                                 "the flags win over it")
+                            help=f"YAML of {st.name}'s config keys, e.g. a shipped one (`mlbench configs ls "
+                                 f"{st.name}`; {default}); the flags win over it")
         for name, key in st.flags().items():
             if typing.get_origin(field_type(cls, key)) is dict:
                 continue  # a mapping: through --set KEY.SUB=VALUE or the file
