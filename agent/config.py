@@ -7,9 +7,9 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from mlbench_kit.config import Check, load
+from mlbench_kit.config import Check, load, option
 from mlbench_kit.errors import MLBenchError
 
 
@@ -18,21 +18,21 @@ class AgentSampling:
     """One completion per turn. Defaults: the benchmark's open-model sampling (temperature 1.0, top_p 1.0, top_k
     50, seed 42); 512 new tokens per turn (a step's JSON answer)."""
 
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 50
-    max_new_tokens: int = 512  # per turn
-    seed: int = 42
+    temperature: float = option(1.0, "sampling temperature")
+    top_p: float = option(1.0, "nucleus sampling: the smallest set of tokens holding this probability")
+    top_k: int = option(50, "sample among the k likeliest tokens")
+    max_new_tokens: int = option(512, "new tokens per turn")
+    seed: int = option(42, "sampling seed")
 
 
 @dataclass
 class AgentLimits:
     """Hard limits, counted by the harness (never by the model); the one hit is recorded as the episode's exit."""
 
-    max_turns: int = 10  # model calls per episode (OpenHands' ML-Agent-Bench: 10 iterations)
-    max_episode_tokens: int = 4096  # new tokens summed over an episode's turns
-    max_episode_seconds: float = 600.0  # generation wall time summed over an episode's turns (as recorded)
-    max_format_errors: int = 3  # consecutive unparseable replies
+    max_turns: int = option(10, "model calls per episode (OpenHands' ML-Agent-Bench: 10 iterations)")
+    max_episode_tokens: int = option(4096, "new tokens summed over an episode's turns")
+    max_episode_seconds: float = option(600.0, "generation wall time summed over an episode's turns (as recorded)")
+    max_format_errors: int = option(3, "consecutive unparseable replies")
 
 
 @dataclass
@@ -40,10 +40,10 @@ class AgentRead:
     """What the harness shows of the (untrusted) repository: every text it inserts is capped in characters, and
     the cut is said in the text the model sees. Reads are confined to the checkout; links are never followed."""
 
-    max_index_chars: int = 6000  # the directory index (files, one per line): the task folder's first
-    max_readme_chars: int = 8000
-    max_file_chars: int = 8000  # a file the model asked to read (step 4's FILE)
-    max_file_bytes: int = 1_000_000  # larger files are refused unread
+    max_index_chars: int = option(6000, "the directory index (files, one per line): the task folder's first")
+    max_readme_chars: int = option(8000, "a README as the model sees it")
+    max_file_chars: int = option(8000, "a file the model asked to read (step 4's FILE)")
+    max_file_bytes: int = option(1_000_000, "larger files are refused unread")
 
 
 @dataclass
@@ -51,45 +51,54 @@ class AgentBash:
     """The ``bash`` policy (ML-Agent-Bench offline): each action is one sandboxed execution in the row's
     environment, network off, with the episode's files kept in a disk-capped layer between actions."""
 
-    sandbox: Literal["bwrap", "podman"] = "bwrap"  # engines the stage script starts (they keep the layer)
-    action_wall_s: float = 60.0  # one action's wall time
-    action_mem_mb: int = 4096
-    action_pids: int = 256
-    disk_mb: int = 1024  # the episode's writable layer (files persist between actions) plus home
-    observation_chars: int = 4000  # an action's output as the model sees it: head and tail, cut in the middle
-    # the OpenHands rule at the episode's end (its ML-Bench harness): `timeout 120 bash run.sh` in the task folder
-    # of the episode's final files; exit 0 or 124, or KeyboardInterrupt printed = success
-    openhands_check: bool = True
-    openhands_timeout_s: int = 120
+    # engines the stage script starts (they keep the layer)
+    sandbox: Literal["bwrap", "podman"] = option("bwrap", "the sandbox actions run in")
+    action_wall_s: float = option(60.0, "one action's wall time")
+    action_mem_mb: int = option(4096, "one action's memory")
+    action_pids: int = option(256, "one action's processes at once")
+    disk_mb: int = option(1024, "the episode's writable layer (files persist between actions) plus home")
+    observation_chars: int = option(4000, "an action's output as the model sees it: head and tail, cut in the "
+                                    "middle")
+    # OpenHands' ML-Bench harness: `timeout 120 bash run.sh` in the task folder of the episode's final files
+    openhands_check: bool = option(True, "the OpenHands rule at the episode's end: exit 0 or 124, or "
+                                   "KeyboardInterrupt printed = success")
+    openhands_timeout_s: int = option(120, "that check's time limit")
 
 
 @dataclass
 class AgentConfig:
-    """Everything `mlbench agent` needs besides its inputs (model, rows, repositories, output folder)."""
+    """Everything `mlbench agent` needs besides its inputs (model, rows, repositories, output folder: the stage's
+    extra flags, mlbench_kit.stages)."""
 
-    # ml-agent: the paper's agent (reads files, executes nothing); bash: ML-Agent-Bench offline (acts in a sandbox)
-    policy: Literal["ml-agent", "bash"] = "ml-agent"
+    FLAGS: ClassVar[dict[str, str]] = {  # option -> key (mlbench_kit.stages)
+        "policy": "policy", "backend": "backend", "episodes": "episodes", "seed": "sampling.seed",
+        "max_turns": "limits.max_turns", "max_new_tokens": "sampling.max_new_tokens", "max_model_len": "max_model_len"}
+
+    policy: Literal["ml-agent", "bash"] = option("ml-agent", "ml-agent (the paper's agent: reads files, executes "
+                                                 "nothing) or bash (ML-Agent-Bench offline: actions run in the "
+                                                 "sandbox)")
     # steps the episode runs: "3-4" is what the benchmark's evaluation ran (its eval.py -> run_choose_repo.py):
     # the row's own repository, README ranking, then the code loop.
     # "1-4": keywords (Table 20) and repository ranking (Table 21) over the local repositories first (no web
     # search: each candidate is its URL and its main README's first paragraph), then step 3 on the ranked
     # repositories in turn (a No moves to the next one)
-    steps: Literal["3-4", "1-4"] = "3-4"
-    backend: Literal["vllm", "hf"] = "vllm"
-    episodes: int = 5  # k: answers per row (the paper's Pass@1/2/5 on ML-Agent: 5 episodes)
-    template: Literal["auto", "chat", "plain"] = "auto"  # auto: the model's chat template when it has one
+    steps: Literal["3-4", "1-4"] = option("3-4", "the agent steps an episode runs (3-4: the benchmark's "
+                                          "evaluation; 1-4: keyword search and repository ranking first)")
+    backend: Literal["vllm", "hf"] = option("vllm", "engine")
+    episodes: int = option(5, "k: episodes (answers) per row (the paper's Pass@1/2/5 on ML-Agent: 5)")
+    template: Literal["auto", "chat", "plain"] = option("auto", "auto: the model's chat template when it has one")
     # The released agent listed the README files to sort after the task (step3_function_repo.yml's
     # "readme_files need to be sorted:{}"); the paper's Table 22 prints the prompt without that line.
-    list_readmes: bool = True
+    list_readmes: bool = option(True, "list the README files to sort after the task (the released agent)")
     sampling: AgentSampling = field(default_factory=AgentSampling)
     limits: AgentLimits = field(default_factory=AgentLimits)
     read: AgentRead = field(default_factory=AgentRead)
     bash: AgentBash = field(default_factory=AgentBash)
-    max_model_len: int | None = None  # default: the model's positions
-    # a prompt over the context has its repository texts (README, index, file) cut further to fit; the task
-    # never (off: such a prompt ends the episode as context_exceeded)
-    fit_context: bool = True
-    gpu_memory_utilization: float = 0.9
+    max_model_len: int | None = option(None, "context: prompt + new tokens (default: the model's positions)")
+    fit_context: bool = option(True, "a prompt over the context has its repository texts (README, index, file) "
+                               "cut further to fit, the task never (off: such a prompt ends the episode as "
+                               "context_exceeded)")
+    gpu_memory_utilization: float = option(0.9, "share of the GPU's memory vLLM may take")
 
     def check(self, at: Check) -> None:
         if self.steps == "1-4" and self.policy != "ml-agent":

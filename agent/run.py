@@ -31,52 +31,18 @@ from mlbench_kit.dataset import Sample, load_samples
 from mlbench_kit.engine import Engine, GenParams, GenRequest
 from mlbench_kit.envspec import EnvConfig
 from mlbench_kit.errors import MLBenchError
+from mlbench_kit.flags import resolve
 from mlbench_kit.io import AppendLog, claim_run_folder, read_jsonl_tolerant, write_json_atomic
 from mlbench_kit.sandbox import Sandbox, check_backend
+from mlbench_kit.stages import stage
 from mlbench_kit.untar import safe_extract
 
 from .bash import BashEpisode
-from .config import AgentConfig, load_agent_config
+from .config import AgentConfig
 from .episode import Episode, sha
 from .repo import RepoView
 
 LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="base model folder or hub id")
-    p.add_argument("--adapter", help="PEFT LoRA adapter folder (from train/)")
-    p.add_argument("--tokenizer", help="tokenizer folder or id (default: the model's)")
-    p.add_argument("--data", required=True, help="ML-Bench rows (file, folder or hub id)")
-    p.add_argument("--split", default="full", help="split of --data (default full)")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--repos-dir", help="folder holding one pristine checkout per repository (<repo>/)")
-    src.add_argument("--tarballs", help="folder of <repo>.tar.gz checkouts, unpacked into OUT/checkouts/")
-    p.add_argument("--envs", help="policy bash: the environments file (envs.yaml of `mlbench env build`) whose "
-                   "environments the actions run in (default: each repository's checkout with the base interpreter)")
-    p.add_argument("--repos", nargs="+", help="only these repositories' rows")
-    p.add_argument("--limit", type=int, help="only the first N rows (after --repos)")
-    p.add_argument("--config", help="configs/agent/*.yaml (default: configs/agent/ml-agent.yaml's values)")
-    p.add_argument("--out", required=True, help="run folder")
-    p.add_argument("--policy", choices=["ml-agent", "bash"], help="ml-agent (the paper's agent) or bash "
-                   "(ML-Agent-Bench offline: actions run in the sandbox)")
-    p.add_argument("--backend", choices=["vllm", "hf"], help="engine (default vllm)")
-    p.add_argument("--episodes", type=int, help="k: episodes (answers) per row")
-    p.add_argument("--seed", type=int, help="sampling seed")
-    p.add_argument("--max-turns", type=int, help="limits.max_turns")
-    p.add_argument("--max-new-tokens", type=int, help="sampling.max_new_tokens (per turn)")
-    p.add_argument("--max-model-len", type=int, help="context: prompt + new tokens (default: the model's positions)")
-
-
-_FLAGS = {"policy": "policy", "backend": "backend", "episodes": "episodes", "seed": "sampling.seed",
-          "max_turns": "limits.max_turns", "max_new_tokens": "sampling.max_new_tokens",
-          "max_model_len": "max_model_len"}
-
-
-def resolve_config(args: argparse.Namespace) -> AgentConfig:
-    over = {key: (getattr(args, a), f"--{a.replace('_', '-')}") for a, key in _FLAGS.items()
-            if getattr(args, a, None) is not None}
-    return load_agent_config(args.config, over)
 
 
 def _identity(path: str | None) -> dict[str, Any] | None:
@@ -170,7 +136,7 @@ def make_engine(args: argparse.Namespace, cfg: AgentConfig, tokenizer: Any, max_
 def run(args: argparse.Namespace) -> int:
     """The `mlbench agent` command."""
     from mlbench_kit.hf import check_model_available, load_tokenizer, model_positions
-    cfg = resolve_config(args)
+    cfg = resolve(stage("agent"), args)
     check_model_available(args.model, "--model")
     tokenizer = load_tokenizer(args.tokenizer or args.model, "--tokenizer" if args.tokenizer else "--model",
                                fast=False)

@@ -12,9 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mlbench_kit.config import save_resolved
 from mlbench_kit.dataset import Sample, load_samples
-from mlbench_kit.deprecation import deprecated_flag
 from mlbench_kit.errors import MLBenchError
+from mlbench_kit.flags import resolve
 from mlbench_kit.hf import check_model_available, load_tokenizer, model_positions
 from mlbench_kit.io import (
     atomic_dir,
@@ -22,60 +23,14 @@ from mlbench_kit.io import (
     write_json_atomic,
     write_jsonl_atomic,
 )
-from mlbench_kit.prep_config import PrepConfig, load_prep_config
-from mlbench_kit.records import TASKS
-from mlbench_kit.stages import args_overrides
+from mlbench_kit.prep_config import PrepConfig
+from mlbench_kit.stages import stage
 
 from .corpus import ReadmeCorpus, checkout_repos
 from .render import Renderer
 from .retrieval import check_punkt, get_splitter
 from .splits import build_splits, check_no_leak
 from .stats import prompt_stats, prompt_stats_markdown
-from .templates import TEMPLATES
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of ``mlbench prep``: each overrides the same key of ``--config`` (defaults: :class:`PrepConfig`)."""
-    d = PrepConfig()
-    p.add_argument("--config", help="YAML of prep options (keys: the flags' names, e.g. max_context_tokens: 4096); "
-                                    "flags win")
-    p.add_argument("--data", help=f"hub id, .jsonl/.parquet file or save_to_disk folder (default {d.data})")
-    p.add_argument("--splits", nargs="+",
-                   help="splits to load (hub/DatasetDict: full quarter id_train ood_train; a file holds one; "
-                        "default full)")
-    p.add_argument("--readmes", help="folder of READMEs laid out as DIR/<repo>/<path>/README.md")
-    p.add_argument("--repos-dir", help="folder of repository checkouts (DIR/<repo>); with --checkout, cloned there")
-    p.add_argument("--checkout", metavar="REPOS_JSON",
-                   help="clone repositories of this repos.json at their pinned commits")
-    p.add_argument("--tasks", nargs="+", type=int, choices=TASKS, help="tasks to render (default 1 2 3)")
-    p.add_argument("--template", choices=TEMPLATES, help=f"prompt template (default {d.template})")
-    p.add_argument("--tokenizer", help="tokenizer folder or hub id; without it nothing is truncated")
-    p.add_argument("--max-context-tokens", type=int,
-                   help=f"budget for prompt + answer + EOS, capped at the model's positions (default "
-                        f"{d.max_context_tokens})")
-    deprecated_flag(p, "--max-tokens", "--max-context-tokens", type=int)
-    p.add_argument("--max-new-tokens", type=int,
-                   help="room left for generation in the splits inference reads (all but *train*): their prompts "
-                        f"are cut to the model's positions minus this (default {d.max_new_tokens}, the benchmark's; "
-                        "0: off)")
-    p.add_argument("--splitter", choices=["punkt", "regex"],
-                   help="sentence splitter for task 2 (punkt, the default, is the paper's; regex is an explicit "
-                        "fallback)")
-    p.add_argument("--build-splits", action="store_true", default=None,
-                   help="build test/id_train/ood_train from the loaded rows (see --ood-repos)")
-    p.add_argument("--ood-repos", nargs="*", help="repositories held out for ood_train")
-    p.add_argument("--repos", nargs="+", metavar="REPO",
-                   help="only these repositories' rows (e.g. those whose environments are built); default: all")
-    p.add_argument("--id-test-fraction", type=float, help=f"default {d.id_test_fraction}")
-    p.add_argument("--seed", type=int, help=f"default {d.seed}")
-    p.add_argument("--no-hf", dest="hf", action="store_false", default=None,
-                   help="write JSONL only, no datasets folders")
-    p.add_argument("--out", help="output folder")
-
-
-def resolve_config(args: argparse.Namespace) -> PrepConfig:
-    """The run's options: ``--config`` (else the defaults), then every flag given."""
-    return load_prep_config(args.config, args_overrides(PrepConfig, args))
 
 
 def _load(cfg: PrepConfig) -> dict[str, list[Sample]]:
@@ -109,8 +64,9 @@ def _save_hf(records: list[dict[str, Any]], folder: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``mlbench prep``: the options resolved into a :class:`PrepConfig`, then :func:`prepare`."""
-    return prepare(resolve_config(args))
+    """``mlbench prep``: the options resolved into a :class:`PrepConfig` (:func:`mlbench_kit.flags.resolve`), then
+    :func:`prepare`."""
+    return prepare(resolve(stage("prep"), args))
 
 
 def _check_out(out: Path) -> None:
@@ -253,7 +209,8 @@ def prepare(cfg: PrepConfig) -> int:
 def _write(cfg: PrepConfig, renderer: Renderer, splits: dict[str, list[Sample]], out: Path, tokenizer: Any,
            budget: int, asked: int, positions: int | None, max_prompt: int | None, root: str | None
            ) -> dict[tuple[str, int], list[dict[str, Any]]]:
-    """Render and write every split and task, the stats, and the manifest last, into ``out`` (the staging folder)."""
+    """Render and write every split and task, the stats, the resolved config and the manifest last, into ``out``
+    (the staging folder)."""
     by: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for name, samples in splits.items():
         for task in cfg.tasks:
@@ -273,6 +230,7 @@ def _write(cfg: PrepConfig, renderer: Renderer, splits: dict[str, list[Sample]],
                 + (f" Prompts of the evaluation splits: at most {max_prompt} tokens, leaving {cfg.max_new_tokens} "
                    "for generation." if max_prompt is not None and max_prompt < budget else ""))
     write_atomic(out / "stats.md", prompt_stats_markdown(stats, tokenizer is not None, note))
+    save_resolved(cfg, out / "config.yaml")  # `mlbench prep --config OUT/config.yaml` replays this run
     write_json_atomic(out / "manifest.json", {
         "data": str(cfg.data), "splits": {n: len(s) for n, s in splits.items()}, "tasks": cfg.tasks,
         # max_context_tokens: the budget prep cut to (written as max_tokens before; train reads either)

@@ -15,19 +15,20 @@ from pathlib import Path
 from typing import Any
 
 from mlbench_kit.config import rename_old_keys, save_resolved
-from mlbench_kit.deprecation import deprecated_flag
 from mlbench_kit.errors import MLBenchError
+from mlbench_kit.flags import resolve
 from mlbench_kit.hf import (
     TRAIN_META,
     check_model_available,
     load_tokenizer,
     model_positions,
 )
-from mlbench_kit.infer_config import InferConfig, Sampling, load_config
+from mlbench_kit.infer_config import Dtype, InferConfig, Sampling
 from mlbench_kit.io import AppendLog, claim_run_folder, read_jsonl_tolerant
-from mlbench_kit.parse import PARSERS, parse_response
+from mlbench_kit.parse import parse_response
 from mlbench_kit.progress import Console, Progress, logs_to_file
-from mlbench_kit.records import TASKS, GenerationRecord
+from mlbench_kit.records import GenerationRecord
+from mlbench_kit.stages import stage
 
 from .adapters import (
     adapter_config,
@@ -39,57 +40,7 @@ from .adapters import (
 from .backends import Backend
 from .prompts import PromptItem, encode, load_prompts, task_file
 
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of ``mlbench infer``: each sets the same key of ``--config``'s file (:class:`InferConfig`)."""
-    d = InferConfig()
-    p.add_argument("--config", default=None,
-                   help="YAML of infer options (configs/infer/*.yaml; default: the benchmark's settings); flags win")
-    p.add_argument("--model", help="base model: local folder or hub id (for openai: the served name); required")
-    p.add_argument("--adapter", help="PEFT LoRA adapter folder (from train/)")
-    p.add_argument("--adapters", nargs="+", metavar="NAME=DIR",
-                   help="several adapters of the same base in one engine: writes OUT/NAME/ per adapter")
-    p.add_argument("--with-base", action="store_true", default=None,
-                   help="with --adapters: the base model too, in OUT/base/")
-    p.add_argument("--tokenizer", help="tokenizer folder or id (default: the model's)")
-    p.add_argument("--prompts", help="`mlbench prep` output folder, or one task .jsonl file; required")
-    p.add_argument("--split", help=f"split folder inside --prompts, by prep's name (default {d.split})")
-    p.add_argument("--tasks", "--task", dest="tasks", type=int, nargs="+", choices=TASKS,
-                   help="tasks to generate for (default 1 2 3; --task is the same option)")
-    p.add_argument("--out", help="output folder; required")
-    p.add_argument("--backend", choices=["vllm", "hf", "openai"], help=f"engine (default {d.backend})")
-    s = d.sampling
-    for name, typ, help_ in (
-            ("n", int, f"samples per prompt (sampling.n, default {s.n})"),
-            ("temperature", float, f"sampling.temperature (default {s.temperature})"),
-            ("top-p", float, f"sampling.top_p (default {s.top_p})"),
-            ("top-k", int, f"sampling.top_k (default {s.top_k})"),
-            ("max-new-tokens", int, f"new tokens per sample (sampling.max_new_tokens, default {s.max_new_tokens})"),
-            ("seed", int, f"sampling.seed (default {s.seed})"),
-            ("batch-size", int, f"prompts handed to the engine at once (default {d.batch_size})"),
-            ("max-model-len", int, "vLLM's context: prompt + new tokens (default: the longest prompt + "
-                                   "max_new_tokens, capped at the model's positions)"),
-            ("tensor-parallel-size", int, f"GPUs one vLLM engine spans (default {d.tensor_parallel_size})"),
-            ("max-lora-rank", int, "vLLM's max_lora_rank (default: the adapter's own rank)")):
-        p.add_argument(f"--{name}", type=typ, help=help_)
-    deprecated_flag(p, "--max-tokens", "--max-new-tokens", type=int)
-    p.add_argument("--stop", action="append", help="stop string (repeatable; overrides the config's list)")
-    p.add_argument("--parser", choices=PARSERS, help="code extraction (default compat: the benchmark's)")
-    p.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"],
-                   help="engine precision (default auto: the adapters' training precision, else the model's)")
-    p.add_argument("--limit", type=int, help="only the first N prompts per task (smoke runs)")
-    p.add_argument("--allow-base-mismatch", action="store_true", default=None,
-                   help="skip the adapter/base model check")
-    p.add_argument("--verbose", action="store_true", default=None,
-                   help=f"the engine's and libraries' logs on the terminal (default: in OUT/{ENGINE_LOG})")
-
-
 ENGINE_LOG = "logs/engine.log"  # under --out: vLLM's / transformers' own output unless --verbose
-
-
-def resolve_config(args: argparse.Namespace) -> InferConfig:
-    """The run's config: ``--config`` (else the benchmark's settings), then the flags."""
-    return load_config(args.config, {name: getattr(args, name, None) for name in InferConfig.FLAGS})
 
 
 def _load_tokenizer(name: str, backend: str, flag: str) -> Any:
@@ -124,18 +75,18 @@ def check_lengths(items: list[PromptItem], cfg: InferConfig, max_model_len: int)
                            "README context to leave that room), or lower --max-new-tokens")
 
 
-def engine_dtype(cfg: InferConfig, adapters: list[str]) -> str:
+def engine_dtype(cfg: InferConfig, adapters: list[str]) -> Dtype:
     """auto: the precision the adapters were trained in (bf16 stays bf16: vLLM's own auto serves Llama-2 in fp16),
     else the model config's. One engine has one dtype, so adapters trained in different precisions need
     ``--dtype``."""
     if cfg.dtype != "auto" or not adapters:
         return cfg.dtype
     import json
-    found = {}
+    found: dict[str, Dtype] = {}
     for adapter in adapters:
         meta = Path(adapter) / TRAIN_META
         precision = json.loads(meta.read_text()).get("precision") if meta.is_file() else ""
-        found[adapter] = {"bf16": "bfloat16", "fp16": "float16"}.get(precision, "auto")
+        found[adapter] = "bfloat16" if precision == "bf16" else "float16" if precision == "fp16" else "auto"
     if len(set(found.values())) > 1:
         listed = ", ".join(f"{a}: {d}" for a, d in found.items())
         raise MLBenchError(f"the adapters were trained in different precisions ({listed}); one engine serves them "
@@ -189,7 +140,7 @@ def targets(cfg: InferConfig) -> list[tuple[str | None, str | None, Path]]:
 def run(args: argparse.Namespace) -> int:
     """Run the infer stage; returns the exit status. The terminal gets one line per step and a progress line; the
     engine's and libraries' own output goes to ``OUT/logs/engine.log`` (``--verbose``: to the terminal)."""
-    cfg = resolve_config(args)
+    cfg = resolve(stage("infer"), args)
     cfg.require_inputs(args.config)
     todo_targets = targets(cfg)
     log = None if cfg.verbose else Path(str(cfg.out)) / ENGINE_LOG

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import shutil
+import os
 import sys
 from pathlib import Path
 from typing import NoReturn
 
 from . import __version__
 from .errors import MLBenchError
-from .stages import STAGES, stage
+from .flags import add_options
+from .stages import STAGES, Stage, stage
 
 # the shipped configs: configs/ beside the package (an editable install, the way setup.sh installs)
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -32,8 +33,17 @@ def stage_parser(name: str, raising: bool = False) -> argparse.ArgumentParser:
         return parser
     st = stage(name)
     parser = cls(prog=f"mlbench {name}", description=st.help, add_help=not raising)
-    st.module().add_arguments(parser)
+    add_stage_options(parser, st)
     return parser
+
+
+def add_stage_options(parser: argparse.ArgumentParser, st: Stage) -> None:
+    """A stage's options: generated from its config declaration (:mod:`mlbench_kit.flags`; no stage imported),
+    or its own ``add_arguments`` for a stage without a config."""
+    if st.config is not None:
+        add_options(parser, st)
+    else:
+        st.module().add_arguments(parser)
 
 
 def shipped_configs() -> list[Path]:
@@ -72,10 +82,18 @@ def _configs(args: argparse.Namespace) -> int:
     dest = Path(args.dest)
     if dest.is_dir():
         dest = dest / name.name
-    if dest.exists():
-        raise MLBenchError("the destination exists", str(dest), "choose another name, or remove it first")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(CONFIGS / name, dest)
+    data = (CONFIGS / name).read_bytes()
+    try:  # O_EXCL: a file that appears at dest at any moment before this is never overwritten
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies
+    except FileExistsError:
+        raise MLBenchError("the destination exists", str(dest), "choose another name, or remove it first") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    except BaseException:
+        dest.unlink(missing_ok=True)  # ours (O_EXCL made it): no half-written copy is left
+        raise
     print(f"configs: copied {name} to {dest}", file=sys.stderr)
     return 0
 
@@ -91,7 +109,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     for st in STAGES:
         p = sub.add_parser(st.name, help=st.help, description=st.help)
         if only is None or only == st.name:
-            st.module().add_arguments(p)
+            add_stage_options(p, st)
     _configs_args(sub.add_parser("configs", help=CONFIGS_HELP, description=CONFIGS_HELP))
     return parser
 

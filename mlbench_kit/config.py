@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union
 
 import yaml
 
-from .deprecation import warn_renamed
+from .deprecation import renamed_from, warn_renamed
 from .errors import MLBenchError
 
 if TYPE_CHECKING:
@@ -338,6 +338,17 @@ def to_dict(obj: Any) -> dict[str, Any]:
 
 
 Check = Callable[[str], str]  # what ``check(self, at)`` receives: a key -> its location
+
+
+def option(default: Any = dataclasses.MISSING, help: str = "", *, factory: Callable[[], Any] | None = None,
+           renamed: tuple[str, ...] = (), **meta: Any) -> Any:
+    """A config field with its help (what ``--help`` and :mod:`mlbench_kit.flags` show): ``option(5, "samples per
+    prompt")``; ``factory`` for a list's default, ``renamed`` its old names (:func:`renamed_from`), ``meta`` the
+    option's ``choices``, ``metavar`` or ``nargs`` where the type does not say them."""
+    metadata = {"help": help, **meta, **(renamed_from(*renamed) if renamed else {})}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 def save_resolved(cfg: Any, path: Path) -> None:

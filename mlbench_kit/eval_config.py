@@ -9,11 +9,11 @@ command line wins over the file, the file over the defaults below.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from .config import Check, load
+from .config import Check, load, option
 from .errors import MLBenchError
 
 # The sandbox backends (mlbench_kit/sandbox's engines register exactly these)
@@ -32,35 +32,39 @@ class EvalConfig:
     FLAGS: ClassVar[dict[str, str]] = {}
     FLAG_SPELLING: ClassVar[dict[str, str]] = {"ci": "--no-ci"}
 
-    data: str | None = None  # ML-Bench rows the generations answer (file, folder or hub id)
-    split: str = "full"
-    generations: str | None = None  # generations JSONL ({github_id, id, output: [n strings]} per line)
-    gold: bool = False  # score the dataset's own `output` column instead
-    out: str | None = None  # run folder (results.jsonl, summary.json, report.md)
-    mode: Literal["compat", "strict"] = "compat"
-    backend: Literal["bwrap", "podman", "docker", "apptainer", "local"] = "bwrap"
-    unsafe_local: bool = False  # consent to the local backend (no isolation)
-    envs: str | None = None  # environments file (configs/eval/*.yaml)
-    repos_dir: str | None = None  # folder holding one checkout per repository
-    parser: Literal["compat", "fenced"] = "compat"
-    n: int | None = None  # outputs per sample (None: the most common count)
-    k: list[int] = field(default_factory=lambda: [1, 2, 5])
-    workers: int = 2
-    timeout: float | None = None  # wall-clock limit per execution (None: the benchmark's)
-    timeout_pass: bool = False  # strict mode: a timeout counts as a pass
-    static_gate: bool = False  # strict mode: fail outputs with unknown options or invalid choices
-    mem_mb: int = 8192
-    pids: int = 512
-    cpus: float | None = None
-    threads: int | None = None  # None: the --cpus quota, else the usable cores / workers
-    disk_mb: int = 2048
-    sandbox_uid: int | None = None
-    require_cgroups: bool = False
-    repos: list[str] | None = None  # score only these repositories' rows
-    limit: int | None = None  # only the first N rows (after repos): smoke runs, as infer's and agent's --limit
-    validation: str | None = None  # validation.json of `mlbench env validate`
-    rescore: bool = False  # recompute metrics from results.jsonl only
-    ci: bool = True  # bootstrap confidence intervals
+    data: str | None = option(None, "ML-Bench rows the generations answer (file, folder or hub id)")
+    split: str = option("full", "split of --data")
+    generations: str | None = option(None, "generations JSONL: {github_id, id, output: [n strings]} per line")
+    gold: bool = option(False, "score the dataset's own `output` column instead")
+    out: str | None = option(None, "run folder (results.jsonl, summary.json, report.md)")
+    mode: Literal["compat", "strict"] = option("compat", "compat: exactly the benchmark's checker; strict: its "
+                                               "known holes closed")
+    backend: Literal["bwrap", "podman", "docker", "apptainer", "local"] = option("bwrap", "sandbox")
+    unsafe_local: bool = option(False, "allow --backend local (no isolation)")
+    envs: str | None = option(None, "YAML of per-repository environments (configs/eval/*.yaml)")
+    repos_dir: str | None = option(None, "folder holding one checkout per repository")
+    parser: Literal["compat", "fenced"] = option("compat", "code parser for `raw` lines")
+    n: int | None = option(None, "outputs per sample (default: the most common count)")
+    k: list[int] = option(help="Pass@k", factory=lambda: [1, 2, 5])
+    workers: int = option(2, "executions at once")
+    timeout: float | None = option(None, "wall-clock limit per execution (default: the benchmark's)")
+    timeout_pass: bool = option(False, "strict mode: count a timeout as a pass")
+    static_gate: bool = option(False, "strict mode: fail outputs whose CLI check finds unknown options or invalid "
+                               "choices")
+    mem_mb: int = option(8192, "memory of one execution, its whole process tree")
+    pids: int = option(512, "processes of one execution at once")
+    cpus: float | None = option(None, "CPU quota of one execution in cores (default: none)")
+    threads: int | None = option(None, "OMP/MKL threads of one execution (default: the --cpus quota, else the "
+                                 "cores this process may use divided by --workers)")
+    disk_mb: int = option(2048, "what one execution may write into the repository and its home")
+    sandbox_uid: int | None = option(None, "run as root: the uid untrusted code runs as (default 65534)")
+    require_cgroups: bool = option(False, "refuse to run when memory/process limits could only hold per process")
+    repos: list[str] | None = option(None, "score only these repositories' rows")
+    limit: int | None = option(None, "only the first N rows of the data (after --repos): smoke runs")
+    validation: str | None = option(None, "validation.json of `mlbench env validate`: also report Pass@k on the "
+                                    "gold-valid rows, and which rows are excluded and why")
+    rescore: bool = option(False, "recompute metrics from results.jsonl only")
+    ci: bool = option(True, "bootstrap confidence intervals (--no-ci: skip them)")
 
     def check(self, at: Check) -> None:
         missing = [f"--{k}" for k in ("data", "out") if getattr(self, k) is None]

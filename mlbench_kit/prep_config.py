@@ -7,13 +7,12 @@ Every key of the file is a flag's name with ``_`` for ``-`` (``--max-context-tok
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
-from .config import Check, load
+from .config import Check, option
 from .dataset import HUB_ID
-from .deprecation import renamed_from
 from .errors import MLBenchError
 from .records import TASKS
 
@@ -27,25 +26,34 @@ class PrepConfig:
     FLAG_SPELLING: ClassVar[dict[str, str]] = {"hf": "--no-hf"}
     OLD_FLAGS: ClassVar[dict[str, str]] = {"max_tokens": "max_context_tokens"}
 
-    data: str = HUB_ID  # hub id, .jsonl/.parquet file or save_to_disk folder
-    splits: list[str] = field(default_factory=lambda: ["full"])
-    readmes: str | None = None  # folder of READMEs laid out as DIR/<repo>/<path>/README.md
-    repos_dir: str | None = None  # folder of checkouts (DIR/<repo>); with checkout, cloned there
-    checkout: str | None = None  # a repos.json: clone its repositories at their pinned commits
-    tasks: list[int] = field(default_factory=lambda: list(TASKS))
-    template: Literal["paper", "llama-inst", "chat"] = "paper"  # data_prep.templates.TEMPLATES
-    tokenizer: str | None = None  # without one nothing is truncated
-    # prompt + answer + EOS, capped at the model's positions
-    max_context_tokens: int = field(default=8192, metadata=renamed_from("max_tokens"))
-    max_new_tokens: int = 1024  # room the evaluation splits' prompts leave for generation (0: off)
-    splitter: Literal["punkt", "regex"] = "punkt"
-    build_splits: bool = False  # test/id_train/ood_train from the loaded rows
-    ood_repos: list[str] = field(default_factory=list)
-    repos: list[str] | None = None  # only these repositories' rows
-    id_test_fraction: float = 0.5
-    seed: int = 0
-    hf: bool = True  # also datasets folders beside the JSONL
-    out: str | None = None
+    data: str = option(HUB_ID, "hub id, .jsonl/.parquet file or save_to_disk folder")
+    splits: list[str] = option(help="splits to load (hub/DatasetDict: full quarter id_train ood_train; a file "
+                               "holds one)", factory=lambda: ["full"])
+    readmes: str | None = option(None, "folder of READMEs laid out as DIR/<repo>/<path>/README.md")
+    repos_dir: str | None = option(None, "folder of repository checkouts (DIR/<repo>); with --checkout, cloned "
+                                   "there")
+    checkout: str | None = option(None, "clone the repositories of this repos.json at their pinned commits",
+                                  metavar="REPOS_JSON")
+    tasks: list[int] = option(help="tasks to render", factory=lambda: list(TASKS), choices=TASKS)
+    # data_prep.templates.TEMPLATES
+    template: Literal["paper", "llama-inst", "chat"] = option("paper", "prompt template")
+    tokenizer: str | None = option(None, "tokenizer folder or hub id; without it nothing is truncated")
+    max_context_tokens: int = option(8192, "budget for prompt + answer + EOS, capped at the model's positions",
+                                     renamed=("max_tokens",))
+    max_new_tokens: int = option(1024, "room left for generation in the splits inference reads (all but *train*): "
+                                 "their prompts are cut to the model's positions minus this (the benchmark's; "
+                                 "0: off)")
+    splitter: Literal["punkt", "regex"] = option("punkt", "sentence splitter for task 2 (punkt is the paper's; "
+                                                 "regex an explicit fallback)")
+    build_splits: bool = option(False, "build test/id_train/ood_train from the loaded rows (see --ood-repos)")
+    ood_repos: list[str] = option(help="repositories held out for ood_train", factory=list, nargs="*")
+    repos: list[str] | None = option(None, "only these repositories' rows (e.g. those whose environments are "
+                                     "built); default: all", metavar="REPO")
+    id_test_fraction: float = option(0.5, "with --build-splits: the share of the ID repositories' rows kept for "
+                                     "test")
+    seed: int = option(0, "seed of --build-splits' shuffle")
+    hf: bool = option(True, "datasets folders beside the JSONL (--no-hf: JSONL only)")
+    out: str | None = option(None, "output folder (required)")
 
     def check(self, at: Check) -> None:
         if self.out is None:
@@ -78,7 +86,3 @@ class PrepConfig:
 
 PrepConfig.FLAGS = {f.name: f.name for f in fields(PrepConfig)}
 
-
-def load_prep_config(path: str | Path | None, overrides: dict[str, tuple[Any, str]] | None = None) -> PrepConfig:
-    """A :class:`PrepConfig` from an optional YAML file plus ``{key: (value, origin)}`` overrides."""
-    return load(PrepConfig, path, overrides)

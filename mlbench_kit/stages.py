@@ -5,10 +5,13 @@ Entries and configs are named by dotted path (``module`` or ``module:Name``), as
 does, so the core imports no stage (``tests/core/test_layout.py`` checks it): a stage's module is imported only
 when that stage runs.
 
-A stage's entry module has ``add_arguments(parser)`` and ``run(args) -> int``; a stage with a config also has
-``resolve_config(args)`` (its config from ``--config`` and the flags). A config class lists the options that set
-its keys in ``FLAGS`` (option name -> dotted key): the command line and a sweep file's stage section use the same
-names.
+A stage with a typed config declares its options as data: the config class lists the options that set its keys in
+``FLAGS`` (option name -> dotted key), their old names in ``OLD_FLAGS`` (old -> new, warned), other spellings in
+``ALIASES`` (alias -> option) and negated switches in ``FLAG_SPELLING`` (``hf`` -> ``--no-hf``); each field carries
+its help (:func:`mlbench_kit.config.option`). Options that set no key are :class:`Flag` rows of the stage. The
+command line (:mod:`mlbench_kit.flags` generates it) and a sweep file's stage section use the same names. The
+entry module has ``run(args) -> int`` (``mlbench_kit.flags.resolve(stage, args)`` gives its config); a stage
+without a config has ``add_arguments(parser)`` too.
 """
 
 from __future__ import annotations
@@ -27,13 +30,30 @@ from .errors import MLBenchError
 
 
 @dataclass(frozen=True)
+class Flag:
+    """A command-line option of a stage that sets no config key (the run's inputs, ``--resume``)."""
+
+    name: str  # repos_dir: --repos-dir, args.repos_dir
+    help: str
+    type: Any = str  # bool: a switch
+    default: Any = None
+    nargs: str | None = None
+    choices: tuple[Any, ...] | None = None
+    metavar: str | None = None
+    required: bool = False
+
+
+@dataclass(frozen=True)
 class Stage:
     """One stage of the toolkit."""
 
     name: str
     help: str
-    entry: str  # module with add_arguments(parser) and run(args)
+    entry: str  # module with run(args) (and add_arguments(parser) when the stage has no config)
     config: str | None = None  # "module:Class": the stage's typed options (None: the stage takes flags only)
+    extra: tuple[Flag, ...] = ()  # options that set no config key
+    one_of: tuple[tuple[tuple[str, ...], bool], ...] = ()  # (options, required): at most (exactly) one of them
+    default_config: str | None = None  # the config file read without --config (relative to the checkout)
 
     def module(self) -> ModuleType:
         """The stage's entry module (imported now: the first time the stage is needed)."""
@@ -52,17 +72,35 @@ class Stage:
         return dict(getattr(cls, "FLAGS", {})) if cls is not None else {}
 
 
+AGENT_INPUTS = (
+    Flag("model", "base model folder or hub id", required=True),
+    Flag("adapter", "PEFT LoRA adapter folder (from train/)"),
+    Flag("tokenizer", "tokenizer folder or id (default: the model's)"),
+    Flag("data", "ML-Bench rows (file, folder or hub id)", required=True),
+    Flag("split", "split of --data (default full)", default="full"),
+    Flag("repos_dir", "folder holding one pristine checkout per repository (<repo>/)"),
+    Flag("tarballs", "folder of <repo>.tar.gz checkouts, unpacked into OUT/checkouts/"),
+    Flag("envs", "policy bash: the environments file (envs.yaml of `mlbench env build`) whose environments the "
+         "actions run in (default: each repository's checkout with the base interpreter)"),
+    Flag("repos", "only these repositories' rows", nargs="+"),
+    Flag("limit", "only the first N rows (after --repos)", type=int),
+    Flag("out", "run folder", required=True),
+)
+
 STAGES: tuple[Stage, ...] = (
     Stage("prep", "render tasks 1-3 into prompts", "mlbench_kit.data_prep.prepare",
           "mlbench_kit.prep_config:PrepConfig"),
     Stage("train", "LoRA/QLoRA fine-tuning, one process (multi-GPU: accelerate launch train/lora.py)",
-          "mlbench_kit.train.cli", "mlbench_kit.train_config:TrainConfig"),
+          "mlbench_kit.train.cli", "mlbench_kit.train_config:TrainConfig",
+          extra=(Flag("resume", "auto (newest complete checkpoint, default), none, or a path", default="auto"),),
+          default_config="configs/train/codellama-7b-instruct.yaml"),  # the paper's main open model (the card's)
     Stage("infer", "sample n responses per prompt (vLLM, HF or an OpenAI-compatible endpoint)",
           "mlbench_kit.infer.run", "mlbench_kit.infer_config:InferConfig"),
     Stage("agent", "agent episodes per row (ML-Agent, or bash actions in the sandbox) -> generations to score",
-          "mlbench_kit.agent.run", "mlbench_kit.agent.config:AgentConfig"),
+          "mlbench_kit.agent.run", "mlbench_kit.agent.config:AgentConfig", extra=AGENT_INPUTS,
+          one_of=((("repos_dir", "tarballs"), True),)),
     Stage("eval", "execute generations in a sandbox and score them", "mlbench_kit.eval.run",
-          "mlbench_kit.eval_config:EvalConfig"),
+          "mlbench_kit.eval_config:EvalConfig", one_of=((("generations", "gold"), False),)),
     Stage("report", "eval runs side by side: markdown, CSV, PNG", "mlbench_kit.eval.report.cli"),
     Stage("env", "build, check and gold-validate the repositories' execution environments", "mlbench_kit.eval.envcli"),
     Stage("sweep", "plan, submit and follow a Slurm sweep (train -> infer -> eval -> report)",
@@ -90,18 +128,19 @@ def option_overrides(st: Stage, options: dict[str, Any], where: typing.Callable[
     error at its line."""
     flags = st.flags()
     renamed = dict(getattr(st.config_class(), "OLD_FLAGS", {}))
+    aliases = dict(getattr(st.config_class(), "ALIASES", {}))
     negated = {spelled.lstrip("-").replace("-", "_"): name
                for name, spelled in getattr(st.config_class(), "FLAG_SPELLING", {}).items()}
     out: dict[str, tuple[Any, str]] = {}
     for old, value in options.items():
-        name = old
+        name = aliases.get(old, old)
         if name in renamed and renamed[name] in flags:
             warn_renamed(flag(name), flag(renamed[name]), where(name))
             if renamed[name] in options:
                 raise MLBenchError(f"{name} and {renamed[name]} are both set ({name} is the old name)", where(name),
                                    f"keep only {renamed[name]}")
             name = renamed[name]
-        if name == "set" and "set" in flags:
+        if name == "set":
             for k, (v, _) in parse_set(value if isinstance(value, list) else [value]).items():
                 out[k] = (v, where(old))
         elif name in negated:  # `no_hf: true` is --no-hf, which sets hf: false
@@ -111,7 +150,7 @@ def option_overrides(st: Stage, options: dict[str, Any], where: typing.Callable[
         elif name in flags:
             out[flags[name]] = (value, where(old))
         elif name != "config":
-            known = sorted({n for n in flags if n not in ("set", *negated.values())} | set(negated))
+            known = sorted({n for n in flags if n not in negated.values()} | set(negated) | {"set"})
             raise MLBenchError(f"{st.name} has no option {name!r}", where(old), f"its options: {', '.join(known)} "
                                f"(`mlbench {st.name} --help`)")
     return out
@@ -135,15 +174,6 @@ def load_stage_config(st: Stage, options: dict[str, Any], where: typing.Callable
                                f"check the path (relative to {root or 'here'})")
         return load(cls, p, over)
     return load(cls, None, over)
-
-
-def args_overrides(cls: type, args: Any) -> dict[str, tuple[Any, str]]:
-    """The parsed flags (``args``) that set keys of ``cls`` (its ``FLAGS``), as overrides whose origin is the
-    flag."""
-    names = getattr(cls, "FLAGS", {})
-    spelled = getattr(cls, "FLAG_SPELLING", {})
-    return {key: (getattr(args, name), spelled.get(name, flag(name))) for name, key in names.items()
-            if name != "set" and getattr(args, name, None) is not None}
 
 
 def config_fields(cls: type, prefix: str = "") -> dict[str, dataclasses.Field]:

@@ -10,30 +10,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from .config import Check, load, parse_set, to_dict
-from .deprecation import renamed_from
+from .config import Check, load, option, parse_set, to_dict
 from .errors import MLBenchError
 from .records import TASKS
 
 SPLIT_DIRS = {"id": "id_train", "ood": "ood_train"}
-# the training splits by prep's names (the same as every stage's --split), or short
-SPLITS = ("id_train", "ood_train", "id", "ood")
 
 
 @dataclass
 class DataConfig:
-    prep_dir: str = "prep"
-    task: int = 3
-    # the prep split trained on: id_train (or id) / ood_train (or ood); recorded by its short name
-    split: Literal["id_train", "ood_train", "id", "ood"] = "id"
-    path: str | None = None  # a prep .jsonl file instead of prep_dir/<split>/task<t>.jsonl
-    extra: list[str] = field(default_factory=list)  # more prep .jsonl files for training only (never held out)
-    eval_fraction: float = 0.05
-    # prompt + answer + EOS of one example (a packed row holds several), capped at the model's positions; was
-    # max_seq_len (still read, with a warning, for one release)
-    max_context_tokens: int = field(default=8192, metadata=renamed_from("max_seq_len"))
-    batching: Literal["packing", "grouped", "padding"] = "packing"
-    micro_batch_size: int = 1
+    prep_dir: str = option("prep", "`mlbench prep --out` folder holding <split>/task<t>.jsonl")
+    task: int = option(3, "the task to train on, one per run", choices=TASKS)
+    # recorded by its short name
+    split: Literal["id_train", "ood_train", "id", "ood"] = option(
+        "id", "the prep split to train on: id_train (ID) or ood_train (OOD); id and ood are short for them")
+    path: str | None = option(None, "a prep .jsonl file instead of prep_dir/<split>/task<t>.jsonl")
+    extra: list[str] = option(help="more prep .jsonl files for training only (never held out)", factory=list)
+    eval_fraction: float = option(0.05, "share of the records held out for the eval loss")
+    # a packed row holds several examples; was max_seq_len (still read, with a warning, for one release)
+    max_context_tokens: int = option(8192, "prompt + answer + EOS of one example, capped at the model's positions",
+                                     renamed=("max_seq_len",))
+    batching: Literal["packing", "grouped", "padding"] = option("packing", "how records become micro-batches")
+    micro_batch_size: int = option(1, "rows per micro-batch")
 
     def check(self, at: Check) -> None:
         self.split = {"id_train": "id", "ood_train": "ood"}.get(self.split, self.split)  # type: ignore[assignment]
@@ -48,11 +46,11 @@ class DataConfig:
 
 @dataclass
 class LoraConfig:
-    r: int = 16
-    alpha: int = 32
-    dropout: float = 0.05
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                                               "up_proj", "down_proj"])
+    r: int = option(16, "LoRA rank")
+    alpha: int = option(32, "LoRA scale numerator (the update is scaled by alpha / r)")
+    dropout: float = option(0.05, "dropout on the LoRA input")
+    target_modules: list[str] = option(help="the linear layers that get adapters", factory=lambda: [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
 
     def check(self, at: Check) -> None:
         if self.r < 1 or not self.target_modules:
@@ -61,14 +59,14 @@ class LoraConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = 2e-4
-    weight_decay: float = 0.0
-    warmup_ratio: float = 0.03
-    scheduler: str = "cosine"
-    epochs: int = 3
-    max_steps: int = -1  # > 0: stop there, whatever the epochs
-    grad_accum: int = 8
-    max_grad_norm: float = 1.0
+    lr: float = option(2e-4, "learning rate")
+    weight_decay: float = option(0.0, "AdamW weight decay")
+    warmup_ratio: float = option(0.03, "share of the steps spent warming the learning rate up")
+    scheduler: str = option("cosine", "transformers' learning-rate schedule name")
+    epochs: int = option(3, "passes over the data")
+    max_steps: int = option(-1, "stop after N optimizer steps (> 0; whatever the epochs)")
+    grad_accum: int = option(8, "micro-batches per optimizer step")
+    max_grad_norm: float = option(1.0, "gradient clipping norm")
 
     def check(self, at: Check) -> None:
         if self.grad_accum < 1:
@@ -77,16 +75,16 @@ class OptimConfig:
 
 @dataclass
 class CheckpointConfig:
-    every_steps: int = 100
-    keep: int = 2
+    every_steps: int = option(100, "optimizer steps between checkpoints")
+    keep: int = option(2, "checkpoints kept (the newest)")
 
 
 @dataclass
 class LoggingConfig:
-    every_steps: int = 1
-    tensorboard: bool = True
-    wandb: bool = False
-    wandb_project: str = "mlbench-kit"
+    every_steps: int = option(1, "optimizer steps between log lines")
+    tensorboard: bool = option(True, "TensorBoard logs (when tensorboard is installed)")
+    wandb: bool = option(False, "Weights & Biases logs (needs wandb)")
+    wandb_project: str = option("mlbench-kit", "Weights & Biases project")
 
 
 @dataclass
@@ -95,38 +93,42 @@ class TrainConfig:
 
     FLAGS: ClassVar[dict[str, str]] = {}  # option -> key (mlbench_kit.stages), set below from SHORTCUTS
     OLD_FLAGS: ClassVar[dict[str, str]] = {}
+    ALIASES: ClassVar[dict[str, str]] = {"task": "tasks"}  # the card's `accelerate launch train/lora.py --task 3`
 
-    model: str | None = None  # hub id or local folder
-    family: str | None = None  # codellama | deepseek-coder | llama2 | tiny: names the output folder
-    template: Literal["paper", "llama-inst", "chat"] = "llama-inst"  # what prep rendered the records with
+    model: str | None = option(None, "base model: hub id or local folder")
+    family: str | None = option(None, "codellama | deepseek-coder | llama2 | tiny: names the output folder")
+    template: Literal["paper", "llama-inst", "chat"] = option("llama-inst", "what prep rendered the records with")
     data: DataConfig = field(default_factory=DataConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
-    quantization: Literal["nf4"] | None = None  # nf4: QLoRA (NF4, double quantization)
+    quantization: Literal["nf4"] | None = option(None, "nf4: QLoRA (NF4, double quantization)")
     optim: OptimConfig = field(default_factory=OptimConfig)
-    gradient_checkpointing: bool = True
-    # checkpoint one decoder layer in every n (transformers' every_n_layers): 1 = all; larger trades the memory
-    # that full checkpointing frees, when it goes unused, for fewer recomputed layers (selective checkpointing)
-    gradient_checkpointing_every_n_layers: int = 1
-    # torch.compile each decoder layer (torchtune's per-layer compile): the first steps pay the compile
-    compile: bool = False
+    gradient_checkpointing: bool = option(True, "recompute activations in the backward pass")
+    # larger trades the memory that full checkpointing frees, when it goes unused, for fewer recomputed layers
+    gradient_checkpointing_every_n_layers: int = option(
+        1, "checkpoint one decoder layer in every n (transformers' every_n_layers; 1: all)")
+    compile: bool = option(False, "torch.compile each decoder layer (torchtune's per-layer compile): the first "
+                           "steps pay the compile")
     # auto: flash_attention_3 on Hopper when installed, else flash_attention_2 on Ampere+ when installed (packed
     # batches then run varlen), else sdpa (train/model.py: choose_attention)
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2", "flash_attention_3",
-                                 "flex_attention"] = "auto"
-    # auto: bf16 on GPUs that have it, fp16 with loss scaling on those that do not, fp32 on CPU
-    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
-    loss_chunk_tokens: int = 4096  # cross-entropy in chunks of this many tokens: no full fp32 [T, vocab] logits
-    # lm_head inside those chunks (train/loss.py: LinearLoss, a torch-native fused linear cross-entropy): no
-    # [T, vocab] logits at all, nor accelerate's fp32 copy of them
-    fused_linear_loss: bool = False
-    # Liger-Kernel's Triton RMSNorm, SwiGLU and RoPE in place of transformers' (CUDA only; the liger-kernel
-    # package, in the gpu extra): fewer kernel launches and saved activations per layer (train/model.py: add_lora)
-    liger_kernels: bool = False
-    seed: int = 42
+                                 "flex_attention"] = option("auto", "attention kernel (auto: the fastest installed "
+                                                                    "one this GPU runs, else sdpa)")
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = option(
+        "auto", "auto: bf16 on GPUs that have it, fp16 with loss scaling on those that do not, fp32 on CPU")
+    loss_chunk_tokens: int = option(4096, "cross-entropy in chunks of this many tokens: no full fp32 [T, vocab] "
+                                    "logits")
+    # train/loss.py: LinearLoss, a torch-native fused linear cross-entropy
+    fused_linear_loss: bool = option(False, "lm_head inside those chunks: no [T, vocab] logits at all, nor "
+                                     "accelerate's fp32 copy of them")
+    # the liger-kernel package, in the gpu extra; train/model.py: add_lora
+    liger_kernels: bool = option(False, "Liger-Kernel's Triton RMSNorm, SwiGLU and RoPE in place of transformers' "
+                                 "(CUDA only): fewer kernel launches and saved activations per layer")
+    seed: int = option(42, "seed of the data order, init and sampling")
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
-    merge: bool = False  # also write merged full weights at the end
-    output_dir: str = "runs/train/{family}-task{task}-{split}-s{seed}"
+    merge: bool = option(False, "also write merged full weights at the end")
+    output_dir: str = option("runs/train/{family}-task{task}-{split}-s{seed}", "output folder ({family}, {task}, "
+                             "{split} and {seed} are filled in)")
 
     def check(self, at: Check) -> None:
         if not self.model:
@@ -163,23 +165,23 @@ SPEED_KEYS = frozenset({"gradient_checkpointing_every_n_layers", "compile", "fus
 
 
 # Short command-line options for the keys people change most (option -> key); anything else goes through
-# --set a.b=value. `tasks` takes one task here (a run trains on one); `task` is the same option.
-SHORTCUTS = {"tasks": "data.task", "task": "data.task", "split": "data.split", "lr": "optim.lr",
+# --set a.b=value. `tasks` takes one task here (a run trains on one); `--task` is the same option (ALIASES).
+SHORTCUTS = {"tasks": "data.task", "split": "data.split", "lr": "optim.lr",
              "epochs": "optim.epochs", "max_steps": "optim.max_steps", "seed": "seed", "model": "model",
              "out": "output_dir", "batching": "data.batching", "max_context_tokens": "data.max_context_tokens",
              "prep_dir": "data.prep_dir", "grad_accum": "optim.grad_accum",
              "micro_batch_size": "data.micro_batch_size"}
 # Renamed options keep their old spelling for one release (mlbench_kit.deprecation): old -> new.
 OLD_FLAGS = {"max_seq_len": "max_context_tokens", "output_dir": "out"}
-TrainConfig.FLAGS = {**SHORTCUTS, "set": "set"}
+TrainConfig.FLAGS = dict(SHORTCUTS)
 TrainConfig.OLD_FLAGS = OLD_FLAGS
 
 
 def load_train_config(path: str | Path | None, shortcuts: dict[str, Any], sets: list[str] | None = None
                       ) -> TrainConfig:
     """The config of one run: the file, the shortcut flags, then ``--set``."""
-    over = {SHORTCUTS[k]: (v, f"--{k.replace('_', '-')}") for k, v in shortcuts.items()
-            if v is not None and k in SHORTCUTS}
+    names = {**SHORTCUTS, **{a: SHORTCUTS[o] for a, o in TrainConfig.ALIASES.items()}}
+    over = {names[k]: (v, f"--{k.replace('_', '-')}") for k, v in shortcuts.items() if v is not None and k in names}
     over |= parse_set(sets or [])
     if path is not None and not Path(path).is_file():
         raise MLBenchError("config not found", str(path), "pass one of configs/train/*.yaml")

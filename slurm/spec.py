@@ -89,7 +89,7 @@ class SweepConfig:
     seeds: list[int] = field(default_factory=lambda: [42])
     prep: dict[str, Any] = field(default_factory=dict)
     train: dict[str, Any] = field(default_factory=dict)
-    infer: dict[str, Any] = field(default_factory=lambda: {"split": "test"})
+    infer: dict[str, Any] = field(default_factory=dict)  # defaults: InferConfig's (split: full, as eval's)
     eval: dict[str, Any] = field(default_factory=dict)
     report: dict[str, Any] = field(default_factory=dict)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)

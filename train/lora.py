@@ -48,8 +48,10 @@ from transformers import AutoConfig, AutoModelForCausalLM, get_scheduler
 
 from mlbench_kit.config import rename_old_keys, save_resolved, with_old_names
 from mlbench_kit.errors import MLBenchError
+from mlbench_kit.flags import add_options
 from mlbench_kit.hf import fingerprint, load_tokenizer, model_positions
 from mlbench_kit.io import AppendLog, atomic_dir, claim_run_folder, honour_umask, write_json_atomic
+from mlbench_kit.stages import stage
 from mlbench_kit.train.checkpoint import (
     PREEMPTED_EXIT,
     Preemption,
@@ -63,7 +65,7 @@ from mlbench_kit.train.checkpoint import (
     rng_state,
     save_checkpoint,
 )
-from mlbench_kit.train.cli import add_arguments, run
+from mlbench_kit.train.cli import run
 from mlbench_kit.train.data import collate, epoch_batches, load_examples, split_eval, varlen_kwargs
 from mlbench_kit.train.distributed import deepspeed_on_cpu_kwargs, deepspeed_requested, enable_fsdp_on_cpu
 from mlbench_kit.train.flops import PACKED_PATH, ModelShape, detect_gpu_peak, rows_from_positions, step_flops
@@ -571,7 +573,7 @@ def _trackers(cfg: TrainConfig) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     bars_only_on_tty()  # `accelerate launch train/lora.py` skips `mlbench`: no library bars in a log here either
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
+    add_options(parser, stage("train"))
     try:
         return run(parser.parse_args(argv), LoRAFinetuneRecipe)
     except MLBenchError as exc:

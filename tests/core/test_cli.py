@@ -3,6 +3,9 @@ option of a stage with a typed config sets a key of it, and the shared names (--
 same everywhere."""
 
 import argparse
+import dataclasses
+import types
+import typing
 from pathlib import Path
 
 import pytest
@@ -36,19 +39,70 @@ def test_the_walk_sees_an_option_without_help() -> None:
     assert [a.option_strings for _, a in _walk(p, "p") if not a.help] == [["--bare"]]
 
 
+def _annotation(cls: type, key: str):
+    *parents, last = key.split(".")
+    for part in parents:
+        cls = typing.get_type_hints(cls)[part]
+    tp = typing.get_type_hints(cls)[last]
+    inner = [a for a in typing.get_args(tp) if a is not type(None)]
+    return inner[0] if typing.get_origin(tp) in (typing.Union, types.UnionType) and len(inner) == 1 else tp
+
+
 @pytest.mark.parametrize("st", [s for s in STAGES if s.config], ids=lambda s: s.name)
-def test_a_stage_s_options_are_its_config_s_keys(st) -> None:
-    flags, keys = st.flags(), config_fields(st.config_class())
-    if not flags:
-        pytest.skip(f"{st.name} declares no FLAGS")
-    for option, key in flags.items():
-        assert key in keys or key == "set", (st.name, option, key)
-    renamed = getattr(st.config_class(), "OLD_FLAGS", {})
-    for action in stage_parser(st.name)._actions:
-        if not action.option_strings or action.dest in ("help", "config", "resume"):
+def test_every_field_of_a_stage_config_carries_its_help(st) -> None:
+    bare = [key for key, f in config_fields(st.config_class()).items()
+            if not dataclasses.is_dataclass(_annotation(st.config_class(), key)) and not f.metadata.get("help")]
+    assert bare == [], f"{st.config}: fields without help"
+
+
+@pytest.mark.parametrize("st", [s for s in STAGES if s.config], ids=lambda s: s.name)
+def test_a_stage_s_options_are_its_declared_config_keys(st) -> None:
+    # every option of `mlbench STAGE` walked: its name, help, choices and defaults are the config's declaration
+    cls = st.config_class()
+    fields_ = config_fields(cls)
+    spelled, aliases = getattr(cls, "FLAG_SPELLING", {}), getattr(cls, "ALIASES", {})
+    renamed = getattr(cls, "OLD_FLAGS", {})
+    actions = [a for a in stage_parser(st.name)._actions if a.option_strings]
+    shown = {a.dest: a for a in actions if a.help != argparse.SUPPRESS}
+    for name, key in st.flags().items():
+        f, tp = fields_[key], _annotation(cls, key)
+        if typing.get_origin(tp) is dict:  # a mapping: --set KEY.SUB=VALUE
+            assert name not in shown, name
             continue
-        dest = renamed.get(action.dest, action.dest)
-        assert dest in flags, f"mlbench {st.name} {action.option_strings[0]} sets no key of {st.config}"
+        a = shown.pop(name)
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        both = tp is bool and name not in spelled and default is not False  # on (or unset) by default: --x/--no-x
+        assert a.option_strings == [spelled.get(name, "--" + name.replace("_", "-")),
+                                    *(["--no-" + name.replace("_", "-")] if both else []),
+                                    *("--" + alias for alias, target in aliases.items() if target == name)], name
+        assert f.metadata["help"] and a.help.startswith(f.metadata["help"]), (name, a.help)
+        assert a.default is None, name  # an option not given leaves the --config file's value
+        says_default = "(default " in a.help or "(default: " in a.help
+        if st.default_config is not None:  # train: the default config file's values, not the dataclass's
+            assert not says_default or "(default" in f.metadata["help"], (name, a.help)
+        elif default not in (None, [], False) and "default" not in f.metadata["help"]:
+            text = " ".join(map(str, default)) if isinstance(default, list) else (
+                {True: "on", False: "off"}[default] if isinstance(default, bool) else str(default))
+            assert a.help.endswith(f"(default {text})"), (name, a.help)
+        item = typing.get_args(tp)[0] if typing.get_origin(tp) is list else tp
+        if typing.get_origin(item) is typing.Literal:
+            assert tuple(a.choices) == typing.get_args(item), name
+        else:
+            assert tuple(a.choices or ()) == tuple(f.metadata.get("choices", ())), name
+        if tp is bool:
+            assert a.nargs == 0, name  # a switch
+        elif typing.get_origin(tp) is list:
+            assert a.nargs in ("+", "*") and a.type is (int if item is int else str), name
+        else:
+            assert a.nargs is None and a.type is (tp if tp in (int, float) else str), name
+    hidden = {a.option_strings[0]: a for a in actions if a.help == argparse.SUPPRESS}
+    for old, new in renamed.items():  # the old spelling: hidden, into the new option
+        assert hidden.pop("--" + old.replace("_", "-")).dest == new, old
+    assert hidden == {}
+    extra = {f.name: f for f in st.extra}
+    assert set(shown) == {"help", "config", "set", *extra}, f"mlbench {st.name}: options that set no config key"
+    for name, f in extra.items():
+        assert (shown[name].help, shown[name].default, shown[name].required) == (f.help, f.default, f.required)
 
 
 def test_one_vocabulary() -> None:
@@ -84,3 +138,20 @@ def test_configs_ls_and_cp(tmp_path: Path, capsys) -> None:
     assert "the destination exists" in capsys.readouterr().err
     assert main(["configs", "cp", "train/nope.yaml", str(tmp_path / "x.yaml")]) == 2
     assert "no shipped config 'train/nope.yaml'" in capsys.readouterr().err
+
+
+def test_configs_cp_never_overwrites_a_file_that_appears_after_the_check(tmp_path: Path, monkeypatch,
+                                                                        capsys) -> None:
+    # the destination is created between any check and the copy (here: every existence check says "no"): the
+    # copy is refused, and the file that appeared keeps its content
+    dest = tmp_path / "mine.yaml"
+    dest.write_text("my edits\n")
+    real_exists = Path.exists
+    monkeypatch.setattr(Path, "exists", lambda self, *a, **kw: False if self == dest else real_exists(self, *a, **kw))
+    assert main(["configs", "cp", "train/tiny-cpu.yaml", str(dest)]) == 2
+    assert "the destination exists" in capsys.readouterr().err
+    assert dest.read_text() == "my edits\n"
+    # a link at the destination is not followed, even one whose target does not exist yet
+    (tmp_path / "link.yaml").symlink_to(tmp_path / "elsewhere.yaml")
+    assert main(["configs", "cp", "train/tiny-cpu.yaml", str(tmp_path / "link.yaml")]) == 2
+    assert not (tmp_path / "elsewhere.yaml").exists()

@@ -11,6 +11,7 @@ import pytest
 import yaml
 from conftest import REPO_ROOT
 
+from mlbench_kit.cli import stage_parser
 from mlbench_kit.errors import MLBenchError
 
 SAMPLE = REPO_ROOT / "examples" / "sample" / "samples.jsonl"
@@ -68,7 +69,6 @@ def test_model_positions_reads_configs_folders_and_says_none_when_unknown(model_
 
 def test_prep_train_infer_and_the_sweep_check_agree_on_a_model_s_positions(model_700, tmp_path,
                                                                              capsys) -> None:
-    import argparse
 
     from transformers import AutoConfig
 
@@ -80,8 +80,7 @@ def test_prep_train_infer_and_the_sweep_check_agree_on_a_model_s_positions(model
     from mlbench_kit.train.lora import context_budget
     from mlbench_kit.train_config import load_train_config
     # prep: the budget (4,096 asked) and the room for new tokens, both from the model's 700 positions
-    p = argparse.ArgumentParser()
-    prepare.add_arguments(p)
+    p = stage_parser("prep")
     out = tmp_path / "prep"
     assert prepare.run(p.parse_args(["--data", str(SAMPLE), "--splits", "full", "--tasks", "3", "--template",
                                      "llama-inst", "--tokenizer", str(model_700), "--max-context-tokens", "4096",

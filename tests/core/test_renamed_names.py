@@ -4,7 +4,6 @@ the new name, and one warning that names the new name (and, in a config file, th
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -13,7 +12,10 @@ import yaml
 from conftest import REPO_ROOT
 
 from mlbench_kit import deprecation
+from mlbench_kit.cli import stage_parser
 from mlbench_kit.errors import MLBenchError
+from mlbench_kit.flags import resolve
+from mlbench_kit.stages import stage
 
 SAMPLE = REPO_ROOT / "examples" / "sample" / "samples.jsonl"
 
@@ -39,8 +41,7 @@ def _one_warning(capsys, old: str, new: str, where: str | None = None) -> None:
 
 def _prep(out: Path, tokenizer: Path, *budget: str) -> dict:
     from mlbench_kit.data_prep import prepare
-    p = argparse.ArgumentParser()
-    prepare.add_arguments(p)
+    p = stage_parser("prep")
     args = p.parse_args(["--data", str(SAMPLE), "--splits", "full", "--tasks", "3", "--template", "llama-inst",
                          "--tokenizer", str(tokenizer), *budget, "--splitter", "regex", "--no-hf", "--out", str(out)])
     assert prepare.run(args) == 0
@@ -87,13 +88,11 @@ def test_train_config_max_seq_len_is_max_context_tokens(tmp_path, capsys):
 
 
 def test_train_flag_max_seq_len_is_max_context_tokens(capsys):
-    from mlbench_kit.train import cli
-    p = argparse.ArgumentParser()
-    cli.add_arguments(p)
-    new = cli.resolve_config(p.parse_args(["--config", "configs/train/tiny-cpu.yaml", "--model", "m",
+    p, train = stage_parser("train"), stage("train")
+    new = resolve(train, p.parse_args(["--config", "configs/train/tiny-cpu.yaml", "--model", "m",
                                             "--max-context-tokens", "640"]))
     assert _warnings(capsys.readouterr().err) == []
-    old = cli.resolve_config(p.parse_args(["--config", "configs/train/tiny-cpu.yaml", "--model", "m",
+    old = resolve(train, p.parse_args(["--config", "configs/train/tiny-cpu.yaml", "--model", "m",
                                             "--max-seq-len", "640"]))
     _one_warning(capsys, "--max-seq-len", "--max-context-tokens")
     assert old == new and new.data.max_context_tokens == 640
@@ -115,13 +114,11 @@ def test_infer_config_max_tokens_is_max_new_tokens(tmp_path, capsys):
 
 
 def test_infer_flag_max_tokens_is_max_new_tokens(capsys):
-    from mlbench_kit.infer import run
-    p = argparse.ArgumentParser()
-    run.add_arguments(p)
+    p, infer = stage_parser("infer"), stage("infer")
     base = ["--model", "m", "--prompts", "p", "--out", "o", "--config", "configs/infer/paper.yaml"]
-    new = run.resolve_config(p.parse_args([*base, "--max-new-tokens", "32"]))
+    new = resolve(infer, p.parse_args([*base, "--max-new-tokens", "32"]))
     assert _warnings(capsys.readouterr().err) == []
-    old = run.resolve_config(p.parse_args([*base, "--max-tokens", "32"]))
+    old = resolve(infer, p.parse_args([*base, "--max-tokens", "32"]))
     _one_warning(capsys, "--max-tokens", "--max-new-tokens")
     assert old == new and new.sampling.max_new_tokens == 32
 

@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from mlbench_kit.cli import main
+from mlbench_kit.cli import main, stage_parser
 from mlbench_kit.data_prep import prepare
 from mlbench_kit.errors import MLBenchError
+from mlbench_kit.flags import resolve
+from mlbench_kit.stages import stage
 
 
 def _no_punkt_env(tmp_path: Path) -> dict[str, str]:
@@ -48,17 +50,15 @@ def test_a_row_without_readme_fails_before_writing(shared: Path, tmp_path: Path)
                     else [])
     out = tmp_path / "prep"
     with pytest.raises(MLBenchError) as e:
-        prepare.prepare(prepare.resolve_config(_args(shared, readmes, out, ["1", "3"])))
+        prepare.prepare(resolve(stage("prep"), _args(shared, readmes, out, ["1", "3"])))
     assert "no README found for" in e.value.what and "esm" in e.value.what and e.value.where == str(readmes)
     assert not out.exists() and list(tmp_path.iterdir()) == [readmes]
 
 
 def _args(shared: Path, readmes: Path, out: Path, tasks: list[str]):
-    import argparse
-    p = argparse.ArgumentParser()
-    prepare.add_arguments(p)
-    return p.parse_args(["--data", str(shared / "full.jsonl"), "--splits", "full", "--readmes", str(readmes),
-                         "--tasks", *tasks, "--no-hf", "--splitter", "regex", "--out", str(out)])
+    return stage_parser("prep").parse_args(["--data", str(shared / "full.jsonl"), "--splits", "full", "--readmes",
+                                            str(readmes), "--tasks", *tasks, "--no-hf", "--splitter", "regex",
+                                            "--out", str(out)])
 
 
 def test_a_failure_while_writing_leaves_the_old_folder_as_it_was(shared: Path, tmp_path: Path,
@@ -67,7 +67,7 @@ def test_a_failure_while_writing_leaves_the_old_folder_as_it_was(shared: Path, t
     args = ["prep", "--data", str(shared / "full.jsonl"), "--splits", "full", "--readmes", str(shared / "readmes"),
             "--tasks", "1", "3", "--no-hf", "--splitter", "regex", "--out", str(out)]
     assert main(args) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["full", "manifest.json", "stats.json", "stats.md"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "full", "manifest.json", "stats.json", "stats.md"]
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
 
     real = prepare.Renderer.render_task

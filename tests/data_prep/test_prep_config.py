@@ -1,23 +1,22 @@
 """`mlbench prep`'s options as one typed config (issue 23): flags override a --config file, which overrides the
 defaults; a bad key, value or combination is one error with its file:line or flag, before anything is written."""
 
-import argparse
 from pathlib import Path
 
 import pytest
 
-from mlbench_kit.data_prep import prepare
+from mlbench_kit.cli import stage_parser
 from mlbench_kit.data_prep.templates import TEMPLATES
 from mlbench_kit.errors import MLBenchError
+from mlbench_kit.flags import resolve
 from mlbench_kit.prep_config import PrepConfig
+from mlbench_kit.stages import stage
 
 REPO = Path(__file__).parents[2]
 
 
 def _resolve(*argv: str) -> PrepConfig:
-    p = argparse.ArgumentParser()
-    prepare.add_arguments(p)
-    return prepare.resolve_config(p.parse_args(list(argv)))
+    return resolve(stage("prep"), stage_parser("prep").parse_args(list(argv)))
 
 
 def test_flags_override_the_file_which_overrides_the_defaults(tmp_path: Path) -> None:
@@ -65,3 +64,26 @@ def test_the_config_s_templates_are_the_stage_s() -> None:
 def test_the_shipped_prep_config_loads() -> None:
     cfg = _resolve("--config", str(REPO / "configs/prep/paper.yaml"), "--out", "o")
     assert (cfg.template, cfg.splitter, cfg.max_context_tokens, cfg.max_new_tokens) == ("paper", "punkt", 8192, 1024)
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_prep_writes_its_resolved_config_and_replays_from_it(tmp_path: Path, capsys) -> None:
+    # OUT/config.yaml is the whole resolved config (defaults, the file and the flags in one), and
+    # `mlbench prep --config OUT/config.yaml` redoes the same run: byte-identical outputs
+    from mlbench_kit.cli import main
+    sample = REPO / "examples" / "sample"
+    opts = tmp_path / "opts.yaml"
+    opts.write_text("template: llama-inst\nsplitter: regex\n")
+    out = tmp_path / "prep"
+    assert main(["prep", "--config", str(opts), "--data", str(sample / "samples.jsonl"), "--readmes",
+                 str(sample / "repos"), "--tasks", "1", "3", "--no-hf", "--set", "seed=7", "--out", str(out)]) == 0
+    written = (out / "config.yaml").read_text()
+    assert {"template: llama-inst", "splitter: regex", "hf: false", "seed: 7", f"out: {out}"} <= set(
+        written.splitlines()), written
+    first = _files(out)
+    out.rename(tmp_path / "first")
+    assert main(["prep", "--config", str(tmp_path / "first" / "config.yaml")]) == 0
+    assert _files(out) == first

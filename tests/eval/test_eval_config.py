@@ -1,21 +1,19 @@
 """`mlbench eval`'s options as one typed config (issue 23): flags, a --config file and gold validation build the
 same EvalConfig, every mistake is one error with its file:line or flag, and nothing mutates the options."""
 
-import argparse
 import dataclasses
 from pathlib import Path
 
 import pytest
 
+from mlbench_kit.cli import stage_parser
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.eval import run as eval_run
 from mlbench_kit.eval_config import BACKENDS, EvalConfig
 
 
 def _resolve(*argv: str):
-    p = argparse.ArgumentParser()
-    eval_run.add_arguments(p)
-    args = p.parse_args(list(argv))
+    args = stage_parser("eval").parse_args(list(argv))
     return args, eval_run.resolve_config(args)
 
 

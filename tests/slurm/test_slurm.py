@@ -78,6 +78,7 @@ def test_every_cell_of_the_shipped_sweeps_passes_its_stage_s_own_checks(path: Pa
 def test_each_unit_s_command_resolves_to_the_config_the_sweep_checked(path: Path, monkeypatch) -> None:
     # the sweep checks a unit's options as typed configs; the job runs them as a command line: the two agree
     from mlbench_kit.cli import stage_parser
+    from mlbench_kit.flags import resolve
     from mlbench_kit.stages import load_stage_config, stage
     sweep = load_sweep(path, REPO_ROOT)
     monkeypatch.chdir(REPO_ROOT)  # where the jobs run
@@ -88,13 +89,14 @@ def test_each_unit_s_command_resolves_to_the_config_the_sweep_checked(path: Path
             checked = load_stage_config(stage(job.stage), unit.opts, lambda key: key, REPO_ROOT)
             argv = unit.argv[1:] if job.stage == "train" else unit.argv[4:]
             args = stage_parser(job.stage, raising=True).parse_args(argv)
-            assert stage(job.stage).module().resolve_config(args) == checked, (job.name, unit.key)
+            assert resolve(stage(job.stage), args) == checked, (job.name, unit.key)
 
 
 def test_a_unit_replays_from_its_written_config(tmp_path: Path, monkeypatch) -> None:
     # `sweep plan --scripts` writes each unit's resolved config beside the sbatch scripts; the job runs
     # `mlbench STAGE --config unit.yaml`, and so can a person replaying one cell by hand
     from mlbench_kit.cli import stage_parser
+    from mlbench_kit.flags import resolve
     from mlbench_kit.stages import stage
     monkeypatch.chdir(REPO_ROOT)
     r = run_cli("mlbench", "sweep", "plan", REPO_ROOT / "configs/sweeps/paper.yaml", "--root", REPO_ROOT,
@@ -112,8 +114,25 @@ def test_a_unit_replays_from_its_written_config(tmp_path: Path, monkeypatch) -> 
             assert shlex.quote(str(written)) in text, (job.name, unit.key)
             argv = ["--config", str(written)]
             args = stage_parser(job.stage, raising=True).parse_args(argv)
-            assert stage(job.stage).module().resolve_config(args) == unit.config, (job.name, unit.key)
+            assert resolve(stage(job.stage), args) == unit.config, (job.name, unit.key)
     assert "--max-context-tokens" not in (tmp_path / "prep.sbatch").read_text()  # the options live in the files
+
+
+def test_a_sweep_s_infer_split_defaults_to_infer_s_own(tmp_path: Path, monkeypatch) -> None:
+    # the sweep had its own infer default (split: test) while `mlbench infer` reads full: one default, the config's
+    from mlbench_kit.eval_config import EvalConfig
+    from mlbench_kit.infer_config import InferConfig
+    text = (REPO_ROOT / "configs/sweeps/tiny-cpu.yaml").read_text()
+    section = text[text.index("\ninfer:"):text.index("\neval:")]
+    assert "\n  split: test\n" in section
+    f = tmp_path / "s.yaml"
+    f.write_text(text.replace(section, ""))  # no infer section: every infer option at its default
+    monkeypatch.chdir(REPO_ROOT)
+    sweep = load_sweep(f, REPO_ROOT)
+    all_jobs = jobs(sweep)
+    check_jobs(sweep, all_jobs)
+    splits = {(j.stage, u.config.split) for j in all_jobs if j.stage in ("infer", "eval") for u in j.units}
+    assert splits == {("infer", InferConfig().split), ("eval", EvalConfig().split)} and InferConfig().split == "full"
 
 
 def test_a_stage_option_typo_fails_at_plan_with_its_line(tmp_path: Path) -> None:
