@@ -5,8 +5,8 @@ from conftest import REPO_ROOT
 from mlbench_kit.dataset import load_samples
 from mlbench_kit.eval.checks import check_output, param_hits_compat, param_hits_strict
 from mlbench_kit.eval.metrics import paper_pass_at_k, unbiased_pass_at_k
-from mlbench_kit.eval.run import gold_ceiling
 from mlbench_kit.eval.static_cli import check_command
+from mlbench_kit.eval.summary import gold_ceiling
 from mlbench_kit.parse import parse_compat, parse_fenced
 
 REPO = REPO_ROOT / "examples" / "sample" / "repos" / "toybench"
