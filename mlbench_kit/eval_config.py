@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Literal
 
 from .config import Check, load
 from .errors import MLBenchError
+from .sandbox.spec import Limits
 
 # The sandbox backends (mlbench_kit/sandbox's engines register exactly these)
 BACKENDS = ("bwrap", "podman", "docker", "apptainer", "local")
@@ -49,11 +50,12 @@ class EvalConfig:
     timeout: float | None = None  # wall-clock limit per execution (None: the benchmark's)
     timeout_pass: bool = False  # strict mode: a timeout counts as a pass
     static_gate: bool = False  # strict mode: fail outputs with unknown options or invalid choices
-    mem_mb: int = 8192
-    pids: int = 512
-    cpus: float | None = None
+    # one execution's limits: the sandbox's own defaults (Limits), defined there only
+    mem_mb: int = Limits.mem_mb
+    pids: int = Limits.pids
+    cpus: float | None = Limits.cpus
     threads: int | None = None  # None: the --cpus quota, else the usable cores / workers
-    disk_mb: int = 2048
+    disk_mb: int = Limits.disk_mb
     sandbox_uid: int | None = None
     require_cgroups: bool = False
     repos: list[str] | None = None  # score only these repositories' rows
