@@ -15,6 +15,7 @@ import pytest
 from conftest import REPO_ROOT
 
 from mlbench_kit.cli import main
+from mlbench_kit.eval.execution import resume
 from mlbench_kit.records import EvalResult, read_eval_results
 
 SAMPLE = REPO_ROOT / "examples" / "sample" / "samples.jsonl"
@@ -74,6 +75,17 @@ def test_an_old_run_folder_resumes(tmp_path: Path, capsys: pytest.CaptureFixture
     assert redone == sorted(map(same, lines[-4:]), key=lambda r: r["idx"])
     assert _eval(out) == 0
     assert "executed 0 (reused 0); 0/0 new generations passed; 30 done before" in capsys.readouterr().err
+
+
+def test_a_rebuilt_environment_s_verdicts_are_dropped_and_the_rest_kept_as_written(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "results.jsonl"
+    shutil.copy(OLD_RESULTS, path)
+    done = resume(path, {"toybench": "a-new-recipe-hash", "toyvision": None})  # toybench rebuilt since
+    keep = [x for x in _old_lines() if '"repo": "toyvision"' in x]
+    assert len(keep) == 5 and path.read_text(encoding="utf-8") == "".join(x + "\n" for x in keep)
+    assert done == {(r["github_id"], r["id"], r["idx"]) for r in map(json.loads, keep)}
+    assert "25 result(s) of toybench came from an older build of the environment" in capsys.readouterr().err
 
 
 GOOD = _old_lines()[1]
