@@ -25,6 +25,26 @@ class Generations:
     tasks: set[int] = field(default_factory=set)  # the `task` field of infer's records, when present
     invalid_unicode: list[tuple[int, int]] = field(default_factory=list)  # rows with text no UTF-8 can hold
 
+    @classmethod
+    def gold(cls, samples: dict[tuple[int, int], Sample]) -> Generations:
+        """The dataset's own answers, one output per sample (``mlbench eval --gold``)."""
+        return cls({k: [s.output] for k, s in samples.items()}, 1)
+
+    def select(self, samples: dict[tuple[int, int], Sample], repos: list[str] | None, limit: int | None) -> None:
+        """Keep only the rows of ``repos`` (when given), then only the first ``limit`` rows of the data."""
+        if repos:
+            unknown = sorted(set(repos) - {s.repo for s in samples.values()})
+            if unknown:
+                raise MLBenchError(f"no rows of repositories {unknown} in the data", "--repos",
+                                   f"repositories here: {sorted({s.repo for s in samples.values()})}")
+            self.outputs = {k: v for k, v in self.outputs.items() if samples[k].repo in repos}
+            self.missing = [k for k in self.missing if samples[k].repo in repos]
+        if limit:
+            first = {k for k in samples if repos is None or samples[k].repo in repos}
+            first = set(sorted(first, key=list(samples).index)[:limit])
+            self.outputs = {k: v for k, v in self.outputs.items() if k in first}
+            self.missing = [k for k in self.missing if k in first]
+
 
 def valid_text(text: str) -> str:
     """``text`` with every code point UTF-8 cannot encode (a lone surrogate such as ``"\\ud800"``, which JSON

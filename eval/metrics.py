@@ -9,6 +9,8 @@ from collections.abc import Callable
 from math import comb
 from typing import Any
 
+from mlbench_kit.records import EvalResult
+
 
 def paper_pass_at_k(passed: list[bool], k: int) -> float:
     """The paper's Pass@k: 1 if any of the first k outputs passes."""
@@ -41,22 +43,21 @@ def _group_metrics(samples: list[dict[str, Any]], ks: list[int], ci: bool) -> di
             out[f"pass@{k}_ci95"] = _bootstrap(vals)
         ub = [v for v in (unbiased_pass_at_k(s["passed"], k) for s in samples) if v is not None]
         out[f"unbiased_pass@{k}"] = round(sum(ub) / len(ub), 4) if ub else None
-    gens = [g for s in samples for g in s["gens"]]
-    hits = [h for g in gens for h in g["param_hits"].values()]
+    gens: list[EvalResult] = [g for s in samples for g in s["gens"]]
+    hits = [h for g in gens for h in g.param_hits.values()]
     out["param_hit_precision"] = round(sum(hits) / len(hits), 4) if hits else None
-    out["param_all_hit_rate"] = round(sum(g["params_ok"] for g in gens) / len(gens), 4) if gens else None
-    out["type_accuracy"] = round(sum(g["type_ok"] for g in gens) / len(gens), 4) if gens else None
-    out["error_classes"] = dict(Counter(g["error_class"] for g in gens if g["error_class"]))
+    out["param_all_hit_rate"] = round(sum(g.params_ok for g in gens) / len(gens), 4) if gens else None
+    out["type_accuracy"] = round(sum(g.type_ok for g in gens) / len(gens), 4) if gens else None
+    out["error_classes"] = dict(Counter(g.error_class for g in gens if g.error_class))
     return out
 
 
-def score_results(results: list[dict[str, Any]], ks: list[int], ci: bool = True) -> dict[str, Any]:
-    """Metrics from per-generation result records (see ``eval.run``): overall, per repository, per type."""
+def score_results(results: list[EvalResult], ks: list[int], ci: bool = True) -> dict[str, Any]:
+    """Metrics from the verdicts of a run (``results.jsonl``): overall, per repository, per type."""
     per_sample: dict[tuple[int, int], dict[str, Any]] = {}
-    for r in sorted(results, key=lambda r: (r["github_id"], r["id"], r["idx"])):
-        s = per_sample.setdefault((r["github_id"], r["id"]), {"repo": r["repo"], "type": r["type"], "passed": [],
-                                                               "gens": []})
-        s["passed"].append(r["passed"])
+    for r in sorted(results, key=lambda r: (r.github_id, r.id, r.idx)):
+        s = per_sample.setdefault(r.key, {"repo": r.repo, "type": r.type, "passed": [], "gens": []})
+        s["passed"].append(r.passed)
         s["gens"].append(r)
     samples = list(per_sample.values())
 

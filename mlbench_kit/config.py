@@ -16,6 +16,7 @@ warning naming the new name and the old key's file:line; both names at once are 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from collections.abc import Callable
@@ -237,7 +238,7 @@ def build(cls: type[T], raw: Any, lines: Lines, path: tuple[str, ...] = ()) -> T
     here = ".".join(path) or "the file"
     if not isinstance(raw, dict):
         raise MLBenchError(f"{here} must be a mapping, got {type(raw).__name__}", lines.at(path))
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     names = {f.name for f in dataclasses.fields(cls) if f.init}
     for k in raw:
         if k not in names:
@@ -250,6 +251,12 @@ def build(cls: type[T], raw: Any, lines: Lines, path: tuple[str, ...] = ()) -> T
             raise MLBenchError(f"missing key {'.'.join(path + (k,))!r}", lines.at(path), f"add `{k}:`")
     kwargs = {k: _value(hints[k], v, lines, path + (k,)) for k, v in raw.items()}
     return cls(**kwargs)
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """A dataclass's field types, evaluated once (a JSONL file of records builds one per line)."""
+    return typing.get_type_hints(cls)
 
 
 def _describe(tp: Any) -> str:
@@ -269,19 +276,17 @@ def _describe(tp: Any) -> str:
 
 def _value(tp: Any, v: Any, lines: Lines, path: tuple[str, ...]) -> Any:
     """``v`` checked (and built) against the annotation ``tp``."""
-    where, name = lines.at(path), ".".join(path)
-
     def bad() -> MLBenchError:
-        return MLBenchError(f"{name} must be {_describe(tp)}, got {v!r}", where)
+        return MLBenchError(f"{'.'.join(path)} must be {_describe(tp)}, got {v!r}", lines.at(path))
 
     origin = typing.get_origin(tp)
     if tp is Any:
         return v
     if origin in (Union, types.UnionType):
+        if v is None and type(None) in typing.get_args(tp):
+            return None
         for arg in typing.get_args(tp):
             if arg is type(None):
-                if v is None:
-                    return None
                 continue
             try:
                 return _value(arg, v, lines, path)

@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Literal
 
 from .config import Check, load, option
 from .errors import MLBenchError
+from .sandbox.spec import Limits
 
 # The sandbox backends (mlbench_kit/sandbox's engines register exactly these)
 BACKENDS = ("bwrap", "podman", "docker", "apptainer", "local")
@@ -51,12 +52,13 @@ class EvalConfig:
     timeout_pass: bool = option(False, "strict mode: count a timeout as a pass")
     static_gate: bool = option(False, "strict mode: fail outputs whose CLI check finds unknown options or invalid "
                                "choices")
-    mem_mb: int = option(8192, "memory of one execution, its whole process tree")
-    pids: int = option(512, "processes of one execution at once")
-    cpus: float | None = option(None, "CPU quota of one execution in cores (default: none)")
+    # one execution's limits: the sandbox's own defaults (Limits), defined there only
+    mem_mb: int = option(Limits.mem_mb, "memory of one execution, its whole process tree")
+    pids: int = option(Limits.pids, "processes of one execution at once")
+    cpus: float | None = option(Limits.cpus, "CPU quota of one execution in cores (default: none)")
     threads: int | None = option(None, "OMP/MKL threads of one execution (default: the --cpus quota, else the "
                                  "cores this process may use divided by --workers)")
-    disk_mb: int = option(2048, "what one execution may write into the repository and its home")
+    disk_mb: int = option(Limits.disk_mb, "what one execution may write into the repository and its home")
     sandbox_uid: int | None = option(None, "run as root: the uid untrusted code runs as (default 65534)")
     require_cgroups: bool = option(False, "refuse to run when memory/process limits could only hold per process")
     repos: list[str] | None = option(None, "score only these repositories' rows")

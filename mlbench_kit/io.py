@@ -49,6 +49,12 @@ def split_records(text: str) -> list[str]:
 
 def read_jsonl_tolerant(path: str | Path) -> list[dict[str, Any]]:
     """Read an append-only log, ignoring a torn last line left by a killed writer."""
+    return [obj for _, obj in read_log_lines(path)]
+
+
+def read_log_lines(path: str | Path) -> list[tuple[int, Any]]:
+    """``(line number, value)`` of each record of an append-only log: :func:`read_jsonl_tolerant` with the line
+    numbers, for errors that name a record's file:line."""
     path = Path(path)
     if not path.exists():
         return []
@@ -58,7 +64,7 @@ def read_jsonl_tolerant(path: str | Path) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            rows.append((i + 1, json.loads(line)))
         except json.JSONDecodeError:
             if i == len(lines) - 1:
                 break  # torn tail from a kill mid-write: that record is redone

@@ -8,9 +8,10 @@ PARSERS = ("compat", "fenced")
 _FENCE = re.compile(r"```[ \t]*([\w+-]*)[ \t]*\n?(.*?)```", re.DOTALL)
 
 
-def parse_compat(text: str) -> str:
-    """The benchmark's parser: the first ```python block, else ```bash, else ```shell, else the first
-    unlabelled fence (to the closing fence, or the text itself if unclosed), else the whole text."""
+def parse_benchmark(text: str) -> str:
+    """The benchmark's parser (``--parser compat``; not eval's ``--mode compat``): the first ```python block,
+    else ```bash, else ```shell, else the first unlabelled fence (to the closing fence, or the text itself if
+    unclosed), else the whole text."""
     for tag in ("python", "bash", "shell"):
         m = re.search(rf"```{tag}(.*?)```", text, re.DOTALL)
         if m:
@@ -35,10 +36,10 @@ def parse_fenced(text: str) -> str:
     return "\n".join(same)
 
 
-def parse_response(text: str, mode: str = "compat") -> str:
-    """Extract code from a raw response with the named parser."""
-    if mode == "compat":
-        return parse_compat(text)
-    if mode == "fenced":
+def parse_response(text: str, parser: str = "compat") -> str:
+    """Extract code from a raw response with the named parser (one of :data:`PARSERS`)."""
+    if parser == "compat":
+        return parse_benchmark(text)
+    if parser == "fenced":
         return parse_fenced(text)
-    raise ValueError(f"unknown parser {mode!r}; use one of {PARSERS}")
+    raise ValueError(f"unknown parser {parser!r}; use one of {PARSERS}")

@@ -16,8 +16,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .config import Lines, build
 from .errors import MLBenchError
-from .io import read_jsonl
+from .io import read_jsonl, read_log_lines
 
 TASKS = (1, 2, 3)
 
@@ -132,12 +133,52 @@ class EvalResult:
     error_class: str | None = None
     fault: str | None = None
 
+    REQUIRED = ("github_id", "id", "idx", "repo", "type", "output_sha", "mode", "param_hits", "params_ok", "type_ok")
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """The sample it answers: ``(github_id, id)``."""
+        return (self.github_id, self.id)
+
     def to_json(self) -> dict[str, Any]:
+        """The record as ``results.jsonl`` (and ``faults.jsonl``) hold it: every field, ``usage`` and ``fault``
+        only when set."""
         d = asdict(self)
         for k in ("usage", "fault"):
             if d[k] is None:
                 d.pop(k)
         return d
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str) -> EvalResult:
+        """A record read back (:meth:`to_json` of it gives ``obj`` again); a missing column or a value of the wrong
+        type is one error at ``where`` (file:line). Columns this version does not know are left out."""
+        if not isinstance(obj, dict):
+            raise MLBenchError(f"not an eval result: a JSON {type(obj).__name__}, not an object", where, _REDO)
+        missing = [c for c in cls.REQUIRED if c not in obj]
+        if missing:
+            raise MLBenchError(f"not an eval result: missing {', '.join(missing)}", where, _REDO)
+        try:
+            return build(cls, {k: v for k, v in obj.items() if k in _EVAL_FIELDS}, Lines(where))
+        except MLBenchError as exc:
+            raise MLBenchError(f"not an eval result: {exc.what}", where, _REDO) from None
+
+
+_EVAL_FIELDS = frozenset(f.name for f in fields(EvalResult))
+_REDO = "this file is written by `mlbench eval`: delete it (or the line) and run the same command to score it again"
+
+
+def read_eval_results(path: str | Path) -> list[EvalResult]:
+    """The verdicts of a run's ``results.jsonl`` (a torn last line, left by a kill, is ignored: it is redone).
+    Each must be a verdict: ``passed`` true or false, no ``fault``."""
+    out = []
+    for lineno, obj in read_log_lines(path):
+        rec = EvalResult.from_json(obj, f"{path}:{lineno}")
+        if rec.passed is None or rec.fault is not None:
+            raise MLBenchError("not a verdict: `passed` must be true or false, with no `fault`", f"{path}:{lineno}",
+                               _REDO)
+        out.append(rec)
+    return out
 
 
 # what an :class:`EvalResult`'s ``error_class`` means (the run's report and `mlbench report` print it)

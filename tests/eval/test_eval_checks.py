@@ -5,9 +5,9 @@ from conftest import REPO_ROOT
 from mlbench_kit.dataset import load_samples
 from mlbench_kit.eval.checks import check_output, param_hits_compat, param_hits_strict
 from mlbench_kit.eval.metrics import paper_pass_at_k, unbiased_pass_at_k
-from mlbench_kit.eval.run import gold_ceiling
 from mlbench_kit.eval.static_cli import check_command
-from mlbench_kit.parse import parse_compat, parse_fenced
+from mlbench_kit.eval.summary import gold_ceiling
+from mlbench_kit.parse import parse_benchmark, parse_fenced
 
 REPO = REPO_ROOT / "examples" / "sample" / "repos" / "toybench"
 
@@ -20,10 +20,10 @@ def test_gold_ceiling_on_the_real_test_split(shared):
 
 def test_compat_parser_matches_the_benchmark_order():
     text = "Sure:\n```bash\npython a.py\n```\nor\n```python\nprint(1)\n```"
-    assert parse_compat(text) == "\nprint(1)\n"  # python blocks win, wherever they are
-    assert parse_compat("```\nls -l\n```") == "\nls -l\n"
-    assert parse_compat("```\nunclosed") == "```\nunclosed"
-    assert parse_compat("python a.py --x 1") == "python a.py --x 1"
+    assert parse_benchmark(text) == "\nprint(1)\n"  # python blocks win, wherever they are
+    assert parse_benchmark("```\nls -l\n```") == "\nls -l\n"
+    assert parse_benchmark("```\nunclosed") == "```\nunclosed"
+    assert parse_benchmark("python a.py --x 1") == "python a.py --x 1"
     assert parse_fenced("Here:\n```bash\npython a.py\n```\n```bash\necho b\n```") == "python a.py\necho b"
     assert parse_fenced("$ python a.py --lr 1") == "python a.py --lr 1"
 

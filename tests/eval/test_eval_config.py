@@ -8,6 +8,7 @@ import pytest
 
 from mlbench_kit.cli import stage_parser
 from mlbench_kit.errors import MLBenchError
+from mlbench_kit.eval import execution
 from mlbench_kit.eval import run as eval_run
 from mlbench_kit.eval_config import BACKENDS, EvalConfig
 
@@ -28,10 +29,10 @@ def test_flags_override_the_config_file_which_overrides_the_defaults(tmp_path: P
     args, flags = _resolve("--data", "rows.jsonl", "--gold", "--out", "o", "--workers", "8", "--no-ci",
                            "--mode", "strict", "--k", "1", "5", "--timeout-pass", "--mem-mb", "4096")
     assert flags == cfg
-    threads = eval_run.default_threads(flags.cpus, flags.workers)
-    assert eval_run._config(flags, threads) == eval_run._config(cfg, threads)
+    threads = execution.default_threads(flags.cpus, flags.workers)
+    assert execution.run_settings(flags, threads) == execution.run_settings(cfg, threads)
     before = vars(args).copy()
-    eval_run._config(flags, threads)
+    execution.run_settings(flags, threads)
     assert vars(args) == before  # resolving threads no longer writes into the parsed flags
 
 

@@ -11,7 +11,7 @@ import yaml
 from conftest import REPO_ROOT
 
 from mlbench_kit.cli import main
-from mlbench_kit.eval import run as eval_run
+from mlbench_kit.eval import execution
 from mlbench_kit.sandbox import Sandbox
 
 SAMPLE = REPO_ROOT / "examples" / "sample" / "samples.jsonl"
@@ -76,13 +76,13 @@ def test_mid_run_environment_fault_is_not_a_model_failure(tmp_path, capsys, monk
     envs = _envs_with(tmp_path, venv)
     out = tmp_path / "run"
     args = ["eval", "--data", str(SAMPLE), "--gold", "--envs", str(envs), "--out", str(out), "--no-ci"]
-    monkeypatch.setattr(eval_run, "Sandbox", _InterpreterVanishes)
+    monkeypatch.setattr(execution, "Sandbox", _InterpreterVanishes)
     assert main(args) == 3
     err = capsys.readouterr().err
     assert "were not scored (stopped after 10): the environment or the sandbox failed, not the model" in err
     assert "ENV: interpreter" in err
     faults = [json.loads(x) for x in (out / "faults.jsonl").open()]
-    assert eval_run.MAX_FAULTS <= len(faults) <= eval_run.MAX_FAULTS + 2
+    assert execution.MAX_FAULTS <= len(faults) <= execution.MAX_FAULTS + 2
     assert all(f["fault"].startswith("ENV: ") for f in faults)
     scored = [json.loads(x) for x in (out / "results.jsonl").open()] if (out / "results.jsonl").exists() else []
     assert not [r for r in scored if not r["passed"]]  # nothing blamed on the model
