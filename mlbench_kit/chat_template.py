@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from .errors import MLBenchError
@@ -154,6 +155,34 @@ def _watchdog(seconds: float) -> Iterator[dict[str, bool]]:
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid), None)
 
 
+def _template_line(compiled: Any, tb: Any, gen: Any) -> int | None:
+    """The template's line the render was at: the innermost frame of the template's code in the traceback (a
+    budget hook or the watchdog raised there), else where its generator last yielded (the size of the output)."""
+    frames = []
+    while tb is not None:
+        frames.append((tb.tb_frame, tb.tb_lineno))
+        tb = tb.tb_next
+    while gen is not None and getattr(gen, "gi_frame", None) is not None:
+        frames.append((gen.gi_frame, gen.gi_frame.f_lineno))
+        gen = gen.gi_yieldfrom
+    lines = [n for f, n in frames if f.f_code.co_filename == "<template>"]
+    return compiled.get_corresponding_lineno(lines[-1]) if lines else None
+
+
+def _where(tokenizer: Any, template: str, line: int | None) -> str:
+    """The file and line of the chat template: the model folder's ``chat_template.jinja`` (transformers 5 keeps it
+    there) or the ``chat_template`` entry of its ``tokenizer_config.json``."""
+    folder = Path(getattr(tokenizer, "name_or_path", "") or "")
+    jinja = folder / "chat_template.jinja"
+    try:
+        if str(folder) not in ("", ".") and jinja.is_file() and jinja.read_text(encoding="utf-8") == template:
+            return f"{jinja}:{line}" if line else str(jinja)
+    except (OSError, UnicodeDecodeError):
+        pass
+    base = f"{folder / 'tokenizer_config.json'}" if str(folder) not in ("", ".") else "the tokenizer"
+    return f"{base}: chat_template" + (f", line {line}" if line else "")
+
+
 def render_chat(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                 seconds: float = SECONDS, max_chars: int | None = None) -> str:
     """``tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=...)``, the same text, within
@@ -164,24 +193,26 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]], add_generation_p
     limit = max_chars if max_chars is not None else max(4 * size, MIN_CHARS)
     variables = {**tokenizer.special_tokens_map, "messages": messages, "tools": None, "documents": None,
                  "add_generation_prompt": add_generation_prompt}
-    where = f"{getattr(tokenizer, 'name_or_path', '') or 'the tokenizer'}: chat_template"
     out: list[str] = []
     n = 0
     watch = {"fired": False}
+    compiled = gen = None
     _budget.deadline, _budget.max_chars, _budget.why = time.monotonic() + seconds, limit, ""
     try:
         with _watchdog(seconds) as watch:
             compiled = _compile(template)
-            for chunk in compiled.generate(**variables):
+            gen = compiled.generate(**variables)
+            for chunk in gen:
                 n += len(chunk)
                 out.append(chunk)
                 if n > limit:
                     raise _budget.over("size")
                 _budget.check()
-    except _Overrun:
+    except _Overrun as exc:
         what = (f"ran past {seconds:g} s" if watch["fired"] or _budget.why == "time" else
                 f"made more than {limit} characters (4x the messages' text, at least {MIN_CHARS})")
-        raise MLBenchError(f"the chat template {what} while rendering one prompt", where,
+        line = _template_line(compiled, exc.__traceback__, gen) if compiled is not None else None
+        raise MLBenchError(f"the chat template {what} while rendering one prompt", _where(tokenizer, template, line),
                            "the model folder's chat template is unusable: fix or replace it (tokenizer_config.json or "
                            "chat_template.jinja), or use a plain template (--template paper or llama-inst)") from None
     finally:

@@ -53,13 +53,17 @@ class Mounts:
 
 
 def stage_script(m: Mounts, who: Identity, cgroup_procs: list[str], report_fd: int, engine_argv: list[str],
-                 drop: bool = True, seccomp_bpf: Path | None = None) -> str:
+                 drop: bool = True, seccomp_bpf: Path | None = None, shm_mb: int | None = None) -> str:
     """The shell script run in a fresh mount namespace (``unshare --mount``; ``--user`` too when not root).
 
     It joins the execution's cgroups, mounts the size-capped tmpfs over ``scratch``, binds the read-only
     folders, mounts the overlay (relative paths, so ``/proc/self/mountinfo`` shows no host path), moves the
     report pipe to fd 3 and execs the engine, after dropping to the sandbox uid when running as root (``drop``;
     a rootful container engine switches uid itself, with ``--user``).
+
+    ``shm_mb``: where no cgroup counts memory no process maps, the execution's own IPC namespace (``unshare
+    --ipc``, kept by bwrap) holds at most this much SysV shared memory, and a segment is removed as soon as no
+    process of the execution is attached to it or alive to have made it (``shm_rmid_forced``).
     """
     q = shlex.quote
     s = q(str(m.scratch))
@@ -68,6 +72,9 @@ def stage_script(m: Mounts, who: Identity, cgroup_procs: list[str], report_fd: i
     if who.root:  # the runner is never the OOM killer's victim where we may (CAP_SYS_RESOURCE) lower it
         lines.append("echo -1000 2>/dev/null > /proc/self/oom_score_adj || true")
     lines += [f"echo $$ > {q(p)}" for p in cgroup_procs]
+    if shm_mb is not None:
+        lines += ["echo 1 > /proc/sys/kernel/shm_rmid_forced", f"echo {shm_mb * 256} > /proc/sys/kernel/shmall",
+                  f"echo {shm_mb * 2**20} > /proc/sys/kernel/shmmax"]
     lines += [f"mount -t tmpfs -o size={m.disk_mb}m,mode=0700{owner} mlbench {s}",
               f"cd {s}", "mkdir upper ovw work home job ro lower", f"cp -pR {q(str(m.job))}/* job/"]  # 0444, bin/ 0755
     for i, src in enumerate(m.ro_binds):
@@ -98,8 +105,9 @@ def stage_script(m: Mounts, who: Identity, cgroup_procs: list[str], report_fd: i
 
 
 def unshare_argv(who: Identity, script: Path) -> list[str]:
-    """How the host starts the stage script: a private mount namespace (and a user namespace when not root)."""
-    ns = ["--mount"] if who.root else ["--user", "--map-root-user", "--mount"]
+    """How the host starts the stage script: private mount and IPC namespaces (and a user namespace when not
+    root); bwrap keeps that IPC namespace, so the stage script's limits on it hold for the execution."""
+    ns = ["--mount", "--ipc"] if who.root else ["--user", "--map-root-user", "--mount", "--ipc"]
     return ["unshare", *ns, "--propagation", "private", "bash", str(script)]  # bash: fds above 9
 
 
@@ -122,7 +130,9 @@ def bwrap_argv(m: Mounts, tmp_mb: int, runner_python: str, seccomp: bool = True)
     ``/tmp`` is not hidden by the sandbox's own ``/tmp``; the root is remounted read-only last.
     """
     s = str(m.scratch)
-    argv = ["bwrap", "--unshare-all", "--unshare-user", "--uid", "1000", "--gid", "1000", "--disable-userns",
+    # every namespace new but IPC, which is the stage script's own (see unshare_argv), with its limits
+    argv = ["bwrap", "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+            "--uid", "1000", "--gid", "1000", "--disable-userns",
             "--cap-drop", "ALL", "--die-with-parent", "--new-session", "--as-pid-1", "--hostname", "sandbox",
             "--clearenv", *_system_binds(),
             "--ro-bind", f"{s}/job/passwd", "/etc/passwd", "--ro-bind", f"{s}/job/group", "/etc/group",

@@ -84,12 +84,13 @@ def need_image(env: Env, backend: str) -> str:
     return env.image
 
 
-def _staged(x: Launch, engine_argv: list[str], join_cgroup: bool, drop: bool, seccomp_bpf: Path | None) -> list[str]:
+def _staged(x: Launch, engine_argv: list[str], join_cgroup: bool, drop: bool, seccomp_bpf: Path | None,
+            shm_mb: int | None = None) -> list[str]:
     """Write the stage script that prepares the mounts and then execs ``engine_argv``; the command that starts it."""
     script = x.mounts.job / "stage.sh"
     procs = x.cgroup.procs_files if x.cgroup and join_cgroup else []
     script.write_text(stage_script(x.mounts, x.who, procs, x.report_fd, engine_argv, drop=drop,
-                                   seccomp_bpf=seccomp_bpf))
+                                   seccomp_bpf=seccomp_bpf, shm_mb=shm_mb))
     return unshare_argv(x.who, script)
 
 
@@ -112,8 +113,9 @@ class Bwrap:
         return True
 
     def command(self, x: Launch) -> list[str]:
+        # without a cgroup to count it, SysV shm is bounded by the execution's IPC namespace (--mem-mb in all)
         return _staged(x, bwrap_argv(x.mounts, x.limits.tmp_mb, x.runner_python), join_cgroup=True, drop=True,
-                       seccomp_bpf=x.seccomp)
+                       seccomp_bpf=x.seccomp, shm_mb=x.limits.mem_mb if x.cgroup is None else None)
 
     def stop(self, name: str, proc: subprocess.Popen, cg: cgroups.ExecCgroup | None) -> bool:
         return False  # its PID 1 died with the process group, and the namespace with it

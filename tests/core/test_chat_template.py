@@ -77,3 +77,21 @@ def test_a_template_that_runs_forever_is_stopped_and_the_thread_goes_on(tok) -> 
     for _ in range(3):  # nothing left pending in this thread
         assert render_chat(tok, [{"role": "user", "content": "hi"}], seconds=0.2).endswith("assistant\n")
         time.sleep(0.3)
+
+
+def test_the_error_names_the_templates_file_and_line(tok, tmp_path) -> None:
+    """The refusal names where the template went past its budget: the model folder's chat_template.jinja and the
+    line (it named the tokenizer's folder alone), or the chat_template entry of tokenizer_config.json."""
+    from transformers import AutoTokenizer
+
+    from mlbench_kit.chat_template import render_chat
+    tok.chat_template = "{{ bos_token }}\n{% for m in messages %}\n{{ m.content * 2000000000 }}{% endfor %}\n"
+    tok.save_pretrained(tmp_path)
+    saved = AutoTokenizer.from_pretrained(tmp_path)
+    assert (tmp_path / "chat_template.jinja").read_text() == tok.chat_template
+    with pytest.raises(MLBenchError) as exc:
+        render_chat(saved, [{"role": "user", "content": "hi"}])
+    assert exc.value.where == f"{tmp_path}/chat_template.jinja:3", exc.value.where
+    with pytest.raises(MLBenchError) as exc:  # a template set in code: no file of its own holds it
+        render_chat(tok, [{"role": "user", "content": "hi"}])
+    assert exc.value.where.endswith("tokenizer_config.json: chat_template, line 3"), exc.value.where

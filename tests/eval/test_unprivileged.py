@@ -339,11 +339,18 @@ def test_hostile_answers_are_contained_as_an_unprivileged_user(user):
 
 
 LIMITS_DRIVER = r"""
-import json, sys
+import json, shlex, sys
 from pathlib import Path
 from mlbench_kit.sandbox import Env, Job, Limits, Sandbox
 hog = "python -c 'import time; x = bytearray(180 * 2**20); x[::4096] = b\"1\" * len(x[::4096]); time.sleep(2)'"
+sysv = ("import ctypes\nlibc = ctypes.CDLL(None)\nlibc.shmat.restype = ctypes.c_void_p\nfor _ in range(3):\n"
+        "    sid = libc.shmget(0, ctypes.c_size_t(120 * 2**20), 0o1600)\n    addr = libc.shmat(sid, None, 0)\n"
+        "    ctypes.memset(addr, 1, 120 * 2**20)\n    libc.shmdt(ctypes.c_void_p(addr))\n")
+memfd = "import os\nfd = os.memfd_create('fill')\nfor _ in range(20):\n    os.write(fd, b'x' * 2**20)\n"
 cases = {
+    "sysv-shm": (f"python -c {shlex.quote(sysv)}; awk 'NR > 1 {{s += $4}} END {{print \"left\", s + 0}}' "
+                 "/proc/sysvipc/shm", {"mem_mb": 256}),
+    "memfd": (memfd, {"fsize_mb": 8}),
     "tmp": ("for i in 1 2 3; do head -c 20000000 /dev/zero > /tmp/f$i || exit 9; done", {"tmp_mb": 32}),
     "shm": ("for i in 1 2 3; do head -c 20000000 /dev/zero > /dev/shm/f$i || exit 9; done", {"tmp_mb": 32}),
     "fsize": ("head -c 20000000 /dev/zero > big", {"fsize_mb": 8}),
@@ -353,15 +360,18 @@ cases = {
 with Sandbox("bwrap") as sb:
     out = {"mode": sb.limits_mode}
     for name, (code, lim) in cases.items():
-        r = sb.run(Job(code, True, Env("toybench", Path(sys.argv[1])), "./"), Limits(**({"wall_s": 10.0} | lim)))
+        r = sb.run(Job(code, name != "memfd", Env("toybench", Path(sys.argv[1])), "./"),
+                   Limits(**({"wall_s": 10.0} | lim)))
         out[name] = [r.exit_code, r.limit, r.timed_out, r.fault]
+        out[f"{name}-log"] = r.log[-200:]
 print("LIMITS " + json.dumps(out))
 """
 
 
 def test_per_execution_limits_without_root(user):
     """The limits `mlbench eval` does not expose as options, through the same Sandbox, as the user: /tmp and
-    /dev/shm capped (bwrap's tmpfs), file size and CPU seconds (rlimits) named as limits; and the one that does not
+    /dev/shm capped (bwrap's tmpfs), file size and CPU seconds (rlimits) named as limits, SysV shm and memfds bounded
+    (the execution's IPC namespace, RLIMIT_FSIZE); and the one that does not
     hold without a cgroup, memory for the whole tree, measured (three 180 MB processes under 400 MB all run)."""
     r = user.run([sys.executable, "-c", LIMITS_DRIVER, str(SAMPLE / "repos" / "toybench")], timeout=300)
     line = next((x for x in r.stdout.splitlines() if x.startswith("LIMITS ")), None)
@@ -371,6 +381,11 @@ def test_per_execution_limits_without_root(user):
     assert got["mode"] == "rlimit (per process)"
     assert got["tmp"] == [9, "disk", False, None] and got["shm"] == [9, "disk", False, None]
     assert got["fsize"][1] == "fsize" and got["cpu"][1] == "cpu" and not got["cpu"][2]
+    # memory no process maps (issue 30 item 6): SysV shm lives in the execution's own IPC namespace, whose segments
+    # go when no process is attached (shm_rmid_forced) and total at most --mem-mb (three detached 120 MB segments
+    # were all kept under a 256 MB bound: 360 MB, mapped by nobody); a memfd grows only up to RLIMIT_FSIZE
+    assert got["sysv-shm"][0] == 0 and got["sysv-shm-log"].split() == ["left", "0"], got
+    assert got["memfd"][0] == 1 and "File too large" in got["memfd-log"], got
     # docs/sandbox.md, "Without root": RLIMIT_AS caps each process, not their sum; this documents it (and fails, telling
     # you to update docs/sandbox.md, on the day per-execution cgroups work here without root)
     assert got["memory-tree"] == [0, None, False, None], "the tree's memory is capped now: update docs/sandbox.md"
