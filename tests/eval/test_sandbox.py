@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import REPO_ROOT
+from sandbox_cases import SOCKETS_PY, check_sockets
 
 from mlbench_kit.cli import main as cli_main
 from mlbench_kit.errors import MLBenchError
@@ -864,3 +865,15 @@ def test_same_verdicts_on_every_backend(base_image):
     assert verdicts[("bwrap", "daemon")][4]  # the setsid sleep outlived the answer, and was counted
     assert verdicts[("bwrap", "honest")][:4] == (None, 0, False, None)
     assert verdicts[("bwrap", "oom-unmapped")][3] == "memory" and verdicts[("bwrap", "stdout-undrained")][2]
+
+
+# -- socket families (issue 30) -----------------------------------------------------------------------------------
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="system call numbers of x86_64")
+def test_only_the_socket_families_python_uses(box):
+    """AF_UNIX, AF_INET, AF_INET6 and AF_NETLINK open; AF_VSOCK (created in every backend before), AF_PACKET,
+    AF_KEY, AF_ALG and every other family fail with the policy's EPERM, also with high bits set in the register
+    and through the i386 ABI."""
+    r = run(box, SOCKETS_PY, shell=False)
+    assert r.exit_code == 0, r.log
+    check_sockets(r.log)
