@@ -17,7 +17,7 @@ from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from mlbench_kit.config import save_resolved
 from mlbench_kit.dataset import Sample, load_samples
@@ -35,6 +35,7 @@ from mlbench_kit.io import (
 from mlbench_kit.progress import Progress
 from mlbench_kit.records import EvalResult
 from mlbench_kit.sandbox import (
+    CLOCKS,
     Env,
     ExecResult,
     Job,
@@ -44,6 +45,7 @@ from mlbench_kit.sandbox import (
     warm_summary,
 )
 from mlbench_kit.sandbox.cgroups import usable_cores
+from mlbench_kit.sandbox.spec import BACKSTOP
 from mlbench_kit.stages import args_overrides
 
 from .checks import check_output, runs_as_shell, syntax_error, type_ok
@@ -78,7 +80,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n", type=int, help="outputs per sample (default: the most common count)")
     p.add_argument("--k", type=int, nargs="+", help=f"Pass@k (default {' '.join(map(str, d.k))})")
     p.add_argument("--workers", type=int, help=f"executions at once (default {d.workers})")
-    p.add_argument("--timeout", type=float, help="wall-clock limit per execution (default: the benchmark's)")
+    p.add_argument("--timeout", type=float, help="time limit per execution (default: the benchmark's)")
+    p.add_argument("--limit-clock", choices=CLOCKS,
+                   help=f"what the time limit is measured on (default {d.limit_clock}): cpu, the execution's CPU "
+                        f"seconds, which load on the machine cannot move (a wall-clock backstop of {BACKSTOP:g}x "
+                        "the limit ends executions that wait); wall, the benchmark's literal wall clock")
     p.add_argument("--timeout-pass", action="store_true", default=None,
                    help="strict mode: count a timeout as a pass")
     p.add_argument("--static-gate", action="store_true", default=None,
@@ -163,10 +169,12 @@ class ScoringRules:
     cpus: float | None = None
     disk_mb: int = 2048
     threads: int | None = None
+    clock: Literal["cpu", "wall"] = "cpu"  # what the time limit is measured on (EvalConfig.limit_clock)
 
     @classmethod
     def from_config(cls, c: EvalConfig, threads: int) -> ScoringRules:
-        return cls(c.mode, c.timeout, c.timeout_pass, c.static_gate, c.mem_mb, c.pids, c.cpus, c.disk_mb, threads)
+        return cls(c.mode, c.timeout, c.timeout_pass, c.static_gate, c.mem_mb, c.pids, c.cpus, c.disk_mb, threads,
+                   c.limit_clock)
 
     @property
     def strict(self) -> bool:
@@ -193,8 +201,8 @@ class Scorer:
                 return self._cache[key], True
             r = self.rules
             wall = r.timeout or reference_timeout(s.github_id, as_shell)
-            limits = Limits(wall_s=wall, mem_mb=r.mem_mb, pids=r.pids, cpus=r.cpus, disk_mb=r.disk_mb,
-                            threads=r.threads)
+            limits = Limits(wall_s=wall, clock=r.clock, mem_mb=r.mem_mb, pids=r.pids, cpus=r.cpus,
+                            disk_mb=r.disk_mb, threads=r.threads)
             res = self.sandbox.run(Job(output, as_shell, env, s.path, exports), limits, drain=r.strict)
             if res.fault:
                 return res, False  # not cached: a fixed environment runs it again
@@ -281,9 +289,14 @@ def gold_ceiling(samples: list[Sample]) -> dict[str, dict[str, int]]:
 
 def _config(cfg: EvalConfig, threads: int) -> dict[str, Any]:
     """What run.json records: the options a run folder's verdicts depend on (threads resolved)."""
-    keys = ("data", "split", "generations", "gold", "mode", "backend", "parser", "timeout", "timeout_pass",
-            "static_gate", "mem_mb", "pids", "cpus", "disk_mb")
+    keys = ("data", "split", "generations", "gold", "mode", "backend", "parser", "timeout", "limit_clock",
+            "timeout_pass", "static_gate", "mem_mb", "pids", "cpus", "disk_mb")
     return {**{k: getattr(cfg, k) for k in keys}, "threads": threads}
+
+
+def _upgrade(old: dict[str, Any]) -> None:
+    """A run.json from before ``limit_clock`` existed: its verdicts were measured on the wall clock."""
+    old.setdefault("limit_clock", "wall")
 
 
 MAX_FAULTS = 10  # environment/sandbox faults before a run gives up: something is broken, not the model
@@ -333,7 +346,7 @@ def _execute(cfg: EvalConfig, threads: int, samples: dict, gens: Any, out: Path)
                            "holding them, e.g. its site-packages or the checkout)")
                     print(f"eval: warning: {repo}'s libraries have no bytecode and the sandbox cannot cache it: "
                           f"every execution compiles them again (seconds of each time limit); {fix}", file=sys.stderr)
-        claim_run_folder(out / "run.json", _config(cfg, threads))
+        claim_run_folder(out / "run.json", _config(cfg, threads), _upgrade)
         faults: list[EvalResult] = []
         stop = threading.Event()
         scorer = Scorer(ScoringRules.from_config(cfg, threads), envs, sandbox)
@@ -381,7 +394,7 @@ def score(cfg: EvalConfig) -> int:
     threads = cfg.threads or default_threads(cfg.cpus, cfg.workers)  # resolved once: recorded and compared
     saved = out / "run.json"
     if saved.exists():
-        claim_run_folder(saved, _config(cfg, threads))  # refuse other settings before any work
+        claim_run_folder(saved, _config(cfg, threads), _upgrade)  # refuse other settings before any work
     samples = {s.key: s for s in load_samples(str(cfg.data), cfg.split)}  # data and out: EvalConfig.check
     if cfg.gold:
         from .generations import Generations

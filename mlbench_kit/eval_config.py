@@ -46,7 +46,10 @@ class EvalConfig:
     n: int | None = None  # outputs per sample (None: the most common count)
     k: list[int] = field(default_factory=lambda: [1, 2, 5])
     workers: int = 2
-    timeout: float | None = None  # wall-clock limit per execution (None: the benchmark's)
+    timeout: float | None = None  # time limit per execution (None: the benchmark's)
+    # what the time limit is measured on: "cpu", the execution's CPU seconds (load on the machine cannot move it;
+    # a wall-clock backstop of 5x ends executions that wait), or "wall", the benchmark's literal wall clock
+    limit_clock: Literal["cpu", "wall"] = "cpu"
     timeout_pass: bool = False  # strict mode: a timeout counts as a pass
     static_gate: bool = False  # strict mode: fail outputs with unknown options or invalid choices
     mem_mb: int = 8192

@@ -1,7 +1,56 @@
-"""Answers shared by the sandbox tests of every engine (test_sandbox.py, test_unprivileged.py): the socket-family
-probe."""
+"""Answers and load shared by the sandbox tests of every engine (test_sandbox.py, test_unprivileged.py): the cpu
+clock's cases, a busy core beside them, and the socket-family probe."""
 
 from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+BURN_THEN_FAIL = """import time
+t = time.process_time()
+while time.process_time() - t < 1.0:
+    pass
+raise SystemExit(1)
+"""
+SPIN = "while True:\n    pass\n"
+
+
+@contextlib.contextmanager
+def busy_core(loops: int = 3) -> Iterator[None]:
+    """This thread, what it starts, and ``loops`` busy loops on one core: an execution started here gets at most
+    1/(loops+1) of a core, so it runs at least that many times slower than alone, whatever else the machine does."""
+    before = os.sched_getaffinity(0)
+    core = min(before)
+    os.sched_setaffinity(0, {core})  # pid 0: this thread alone; its children inherit it
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(loops)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        os.sched_setaffinity(0, before)
+
+
+def clock_cases(run_one: Callable[[str, bool, float], Any]) -> dict[str, Any]:
+    """Three answers under the cpu clock: one that burns 1 s of CPU and fails (limit 3 s), one that spins (limit
+    2 s), one that sleeps (limit 1 s; it uses no CPU, so the 5x wall-clock backstop ends it)."""
+    return {"burn-then-fail": run_one(BURN_THEN_FAIL, False, 3.0), "spin": run_one(SPIN, False, 2.0),
+            "sleep": run_one("sleep 60", True, 1.0)}
+
+
+def check_cpu_clock(res: dict[str, Any]) -> None:
+    """Each verdict is the cpu clock's: assertions on CPU seconds and on the backstop, with margins, never on how
+    fast the machine happened to be."""
+    burn, spin, sleep = res["burn-then-fail"], res["spin"], res["sleep"]
+    assert burn.fault is None and not burn.timed_out and burn.exit_code == 1, (burn.duration, burn.usage)
+    assert spin.fault is None and spin.timed_out and spin.usage.get("cpu_s", 0) >= 2.0, (spin.duration, spin.usage)
+    assert sleep.fault is None and sleep.timed_out and 4.5 <= sleep.duration < 30, sleep.duration
+
 
 SOCKETS_PY = """import ctypes, errno, mmap, os, struct
 libc = ctypes.CDLL(None, use_errno=True)
