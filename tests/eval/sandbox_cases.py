@@ -20,9 +20,11 @@ SPIN = "while True:\n    pass\n"
 
 
 @contextlib.contextmanager
-def busy_core(loops: int = 3) -> Iterator[None]:
+def busy_core(loops: int = 2) -> Iterator[None]:
     """This thread, what it starts, and ``loops`` busy loops on one core: an execution started here gets at most
-    1/(loops+1) of a core, so it runs at least that many times slower than alone, whatever else the machine does."""
+    1/(loops+1) of a core, so it runs at least that many times slower than alone, whatever else the machine does
+    (two: the answer that burns 1.3 s of CPU takes at least 3.9 s, past its 3 s limit on the wall clock, and at
+    least 20% of the core, what the 5x backstop needs, is left unless three more programs share that core)."""
     before = os.sched_getaffinity(0)
     core = min(before)
     os.sched_setaffinity(0, {core})  # pid 0: this thread alone; its children inherit it
@@ -45,10 +47,12 @@ def clock_cases(run_one: Callable[[str, bool, float], Any]) -> dict[str, Any]:
 
 def check_cpu_clock(res: dict[str, Any]) -> None:
     """Each verdict is the cpu clock's: assertions on CPU seconds and on the backstop, with margins, never on how
-    fast the machine happened to be."""
+    fast the machine happened to be. The spinning answer is stopped at its 2 CPU seconds, or, on a machine so busy
+    that it got less than a fifth of a core, at the 10 s backstop: never at 2 s of wall time with less CPU."""
     burn, spin, sleep = res["burn-then-fail"], res["spin"], res["sleep"]
     assert burn.fault is None and not burn.timed_out and burn.exit_code == 1, (burn.duration, burn.usage)
-    assert spin.fault is None and spin.timed_out and spin.usage.get("cpu_s", 0) >= 2.0, (spin.duration, spin.usage)
+    assert spin.fault is None and spin.timed_out, (spin.duration, spin.usage)
+    assert spin.usage.get("cpu_s", 0) >= 2.0 or spin.duration >= 9.5, (spin.duration, spin.usage)
     assert sleep.fault is None and sleep.timed_out and 4.5 <= sleep.duration < 30, sleep.duration
 
 

@@ -891,7 +891,7 @@ def test_cpu_clock_limit_is_cpu_seconds_and_waiting_meets_the_backstop(box):
 
 @pytest.mark.integration
 def test_load_beside_an_execution_cannot_change_its_verdict(box):
-    """Idle, then with three busy loops on the execution's core: the same verdicts. On the wall clock (the old rule,
+    """Idle, then with two busy loops on the execution's core: the same verdicts. On the wall clock (the old rule,
     ``clock="wall"``) the loaded answer that burns 1 s of CPU and fails runs past its 3 s and "passes" by still
     running, and the spinning one stops with a fraction of its CPU seconds."""
     def run_one(code, shell, w):

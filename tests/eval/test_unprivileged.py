@@ -393,7 +393,7 @@ print("CLOCK " + json.dumps(out))
 
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="system call numbers of x86_64")
 def test_cpu_clock_and_socket_families_without_root(user):
-    """As the user (no cgroup: the runner's count is the only one), the cpu clock's verdicts with three busy loops
+    """As the user (no cgroup: the runner's count is the only one), the cpu clock's verdicts with two busy loops
     on the execution's core equal the idle ones, and the socket families are the policy's."""
     cases = {"burn-then-fail": (BURN_THEN_FAIL, False, 3.0, "cpu"), "spin": (SPIN, False, 2.0, "cpu"),
              "sleep": ("sleep 60", True, 1.0, "cpu"), "sockets": (SOCKETS_PY, False, 10.0, "wall")}
