@@ -28,7 +28,9 @@ def busy_core(loops: int = 2) -> Iterator[None]:
     before = os.sched_getaffinity(0)
     core = min(before)
     os.sched_setaffinity(0, {core})  # pid 0: this thread alone; its children inherit it
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(loops)]
+    # a session each: with autogroup scheduling the loops of one session (this test's) share one scheduler entity
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+             for _ in range(loops)]
     try:
         yield
     finally:
