@@ -1,4 +1,4 @@
-"""Answers and load shared by the sandbox tests of every engine (test_sandbox.py, test_unprivileged.py): the cpu
+"""Answers and load shared by the sandbox tests of every engine (test_sandbox.py): the cpu
 clock's cases, a busy core beside them, and the socket-family probe."""
 
 from __future__ import annotations
