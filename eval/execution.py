@@ -38,9 +38,14 @@ def default_threads(cpus: float | None, workers: int) -> int:
 
 def run_settings(cfg: EvalConfig, threads: int) -> dict[str, Any]:
     """What run.json records: the options a run folder's verdicts depend on (threads resolved)."""
-    keys = ("data", "split", "generations", "gold", "mode", "backend", "parser", "timeout", "timeout_pass",
-            "static_gate", "mem_mb", "pids", "cpus", "disk_mb")
+    keys = ("data", "split", "generations", "gold", "mode", "backend", "parser", "timeout", "limit_clock",
+            "timeout_pass", "static_gate", "mem_mb", "pids", "cpus", "disk_mb")
     return {**{k: getattr(cfg, k) for k in keys}, "threads": threads}
+
+
+def upgrade_settings(old: dict[str, Any]) -> None:
+    """A run.json from before ``limit_clock`` existed: its verdicts were measured on the wall clock."""
+    old.setdefault("limit_clock", "wall")
 
 
 def execute(cfg: EvalConfig, threads: int, samples: dict[tuple[int, int], Sample], gens: Generations,
@@ -60,7 +65,7 @@ def execute(cfg: EvalConfig, threads: int, samples: dict[tuple[int, int], Sample
                   "(root, or a delegated cgroup v2 subtree); only the threads it implies apply", file=sys.stderr)
         if todo:
             prepare(sandbox, envs, repos, todo, cfg)
-        claim_run_folder(out / "run.json", run_settings(cfg, threads))
+        claim_run_folder(out / "run.json", run_settings(cfg, threads), upgrade_settings)
         scorer = Scorer(ScoringRules.from_config(cfg, threads), envs, sandbox)
         passed, faults = score_all(scorer, todo, out / "results.jsonl", cfg.workers)
         staged = f"; staged checkouts in {sandbox.staged_s:.1f} s" if sandbox.staged_s else ""

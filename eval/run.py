@@ -20,7 +20,7 @@ from mlbench_kit.io import claim_run_folder
 from mlbench_kit.records import read_eval_results
 from mlbench_kit.stages import stage
 
-from .execution import default_threads, execute, run_settings
+from .execution import default_threads, execute, run_settings, upgrade_settings
 from .generations import Generations, load_generations
 from .summary import fault_exit, summarize, write_run
 
@@ -41,8 +41,8 @@ def score(cfg: EvalConfig) -> int:
     then write the metrics; returns the exit status (3 when environment faults left generations unscored)."""
     out = Path(str(cfg.out))
     threads = cfg.threads or default_threads(cfg.cpus, cfg.workers)  # resolved once: recorded and compared
-    if (out / "run.json").exists():
-        claim_run_folder(out / "run.json", run_settings(cfg, threads))  # refuse other settings before any work
+    if (out / "run.json").exists():  # refuse other settings before any work
+        claim_run_folder(out / "run.json", run_settings(cfg, threads), upgrade_settings)
     samples = {s.key: s for s in load_samples(str(cfg.data), cfg.split)}  # data and out: EvalConfig.check
     gens = (Generations.gold(samples) if cfg.gold
             else load_generations(str(cfg.generations), samples, cfg.parser, cfg.n))

@@ -74,7 +74,8 @@ class ScoringRules:
 
     @classmethod
     def from_config(cls, c: EvalConfig, threads: int) -> ScoringRules:
-        limits = Limits(mem_mb=c.mem_mb, pids=c.pids, cpus=c.cpus, disk_mb=c.disk_mb, threads=threads)
+        limits = Limits(clock=c.limit_clock, mem_mb=c.mem_mb, pids=c.pids, cpus=c.cpus, disk_mb=c.disk_mb,
+                        threads=threads)
         return cls(c.mode, c.timeout, c.timeout_pass, c.static_gate, limits)
 
     @property

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Literal
 
 from .config import Check, load, option
 from .errors import MLBenchError
-from .sandbox.spec import Limits
+from .sandbox.spec import BACKSTOP, Limits
 
 # The sandbox backends (mlbench_kit/sandbox's engines register exactly these)
 BACKENDS = ("bwrap", "podman", "docker", "apptainer", "local")
@@ -48,7 +48,11 @@ class EvalConfig:
     n: int | None = option(None, "outputs per sample (default: the most common count)")
     k: list[int] = option(help="Pass@k", factory=lambda: [1, 2, 5])
     workers: int = option(2, "executions at once")
-    timeout: float | None = option(None, "wall-clock limit per execution (default: the benchmark's)")
+    timeout: float | None = option(None, "time limit per execution (default: the benchmark's)")
+    limit_clock: Literal["cpu", "wall"] = option(
+        "cpu", f"what the time limit is measured on: cpu, the execution's CPU seconds, which load on the machine "
+        f"cannot move (a wall-clock backstop of {BACKSTOP:g}x the limit ends executions that wait); wall, the "
+        "benchmark's literal wall clock")
     timeout_pass: bool = option(False, "strict mode: count a timeout as a pass")
     static_gate: bool = option(False, "strict mode: fail outputs whose CLI check finds unknown options or invalid "
                                "choices")

@@ -7,6 +7,7 @@ import os
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 
 from .spec import Limits
 
@@ -57,16 +58,25 @@ def read_undrained(proc: subprocess.Popen) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def capture_and_wait(proc: subprocess.Popen, limits: Limits, drain: bool, t0: float) \
-        -> tuple[Capture | None, Capture | None, bool, float]:
-    """Capture stdout+stderr (``drain``) or only stderr (the benchmark's undrained stdout), wait up to the wall
-    limit; ``(stdout capture, stderr capture, timed out, seconds since t0)``."""
+def capture_and_wait(proc: subprocess.Popen, limits: Limits, drain: bool, t0: float,
+                     cpu: Callable[[], float] | None = None) -> tuple[Capture | None, Capture | None, bool, float]:
+    """Capture stdout+stderr (``drain``) or only stderr (the benchmark's undrained stdout), wait up to the time
+    limit; ``(stdout capture, stderr capture, timed out, seconds since t0)``. The wall clock stops it at
+    :attr:`Limits.wall_limit_s` (the limit, or the cpu clock's backstop); under the cpu clock the runner ends it
+    at the limit, or, for the local engine, which has no runner, ``cpu`` (its process tree's CPU seconds, read
+    every 50 ms, the limit reached on two reads in a row as in the runner)."""
     out_cap = Capture(proc.stdout, limits.log_bytes) if drain else None
     err_cap = None if drain else Capture(proc.stderr, limits.log_bytes)
-    try:
-        proc.wait(timeout=limits.wall_s)
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        timed_out = True
-    return out_cap, err_cap, timed_out, time.monotonic() - t0
-
+    deadline, over = t0 + limits.wall_limit_s, 0
+    limit = limits.cpu_limit_s if cpu is not None else None
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            proc.wait(timeout=max(0.0, left if limit is None else min(left, 0.05)))
+            return out_cap, err_cap, False, time.monotonic() - t0
+        except subprocess.TimeoutExpired:
+            pass
+        if limit is not None and cpu is not None:
+            over = over + 1 if cpu() >= limit else 0
+        if over >= 2 or time.monotonic() >= deadline:
+            return out_cap, err_cap, True, time.monotonic() - t0

@@ -14,6 +14,25 @@ from .capture import capture_and_wait, captured
 from .spec import ExecResult, Job, Limits
 
 
+def _tree_cpu(pid: int) -> float:
+    """CPU seconds of ``pid`` and its descendants, each with what it reaped (the cpu clock of the local engine,
+    which has no runner; a process that leaves the tree, a daemon, is no longer counted)."""
+    import psutil
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0.0
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
 def run_local(job: Job, limits: Limits, root: Path, drain: bool, env: dict[str, str]) -> ExecResult:
     """``--backend local --unsafe-local``: no isolation at all, a private copy of the checkout, a scrubbed
     environment; processes left behind are found by session id (a ``setsid`` daemon escapes this count)."""
@@ -36,7 +55,7 @@ def run_local(job: Job, limits: Limits, root: Path, drain: bool, env: dict[str, 
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT if drain else subprocess.PIPE, start_new_session=True)
-    out_cap, err_cap, timed_out, duration = capture_and_wait(proc, limits, drain, t0)
+    out_cap, err_cap, timed_out, duration = capture_and_wait(proc, limits, drain, t0, lambda: _tree_cpu(proc.pid))
     survivors = 0
     for p in psutil.process_iter(["pid"]):
         try:

@@ -8,7 +8,8 @@ under the same uid, can neither ptrace it nor open its ``/proc/1/fd``), forks th
 every process still alive in the PID namespace, kills them, and writes one JSON report to ``REPORT_FD``: a pipe
 held only by this process. As PID 1 of its namespace it receives no signal from inside that it did not ask for, so
 the generation cannot kill it either. The host takes its verdict from this report alone; nothing the generation
-can write is read back.
+can write is read back. Under the cpu clock (``cpu_limit_s`` in the spec) it also ends the execution once every
+process of the namespace together has used that many CPU seconds, and reports it as the time limit reached.
 """
 
 import ctypes
@@ -17,6 +18,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 
 PR_SET_DUMPABLE = 4
 KEYCTL_JOIN_SESSION_KEYRING = 1
@@ -85,6 +87,7 @@ def _child(spec: dict, errw: int, stdout_w: int | None = None) -> None:
     """In the forked child: limits, working folder, then exec. Failures before exec go to ``errw``."""
     import resource
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])  # blocked in the runner (the cpu clock)
         if stdout_w is not None:  # the benchmark's checker: stdout a pipe nobody reads while the command runs
             os.dup2(stdout_w, 1)
         os.setsid()  # (oom_score_adj 1000 was set by the runner around the fork: see _oom_fork)
@@ -123,6 +126,53 @@ def _alive() -> list[int]:
         if state not in (b"Z", b"X"):
             pids.append(int(d))
     return pids
+
+
+def _tree_cpu() -> float:
+    """CPU seconds of every process of the namespace but this one: what each live process used and what it reaped
+    (``/proc/PID/stat``: utime, stime, cutime, cstime), plus everything this process reaped itself. As PID 1 it
+    reaps every orphan, so a process escapes this count only by being reaped by nobody (a parent ignoring
+    SIGCHLD): an undercount, which can only delay the limit to the wall-clock backstop, never pass an answer
+    sooner than sleeping would."""
+    import resource
+    total = 0
+    for d in sorted((d for d in os.listdir("/proc") if d.isdigit() and d != "1"), key=int):  # parents first
+        try:
+            with open(f"/proc/{d}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+            total += sum(int(x) for x in fields[11:15])  # fields 14-17 of proc(5)
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return total / os.sysconf("SC_CLK_TCK") + ru.ru_utime + ru.ru_stime
+
+
+def _wait_cpu(pid: int, limit: float, report: dict) -> int | None:
+    """Wait for ``pid`` (reaping every other process meanwhile) until the namespace has used ``limit`` CPU seconds;
+    its wait status, or None with ``report["at_limit"]`` set. SIGCHLD is blocked, so its arrival wakes the wait at
+    once; otherwise the count is read every 50 ms (longer when reading it takes longer: many processes). The limit
+    counts as reached on two reads in a row, so a child counted twice during one read (reaped between reading it
+    and its parent) cannot end an execution early."""
+    step, over = 0.05, 0
+    while True:
+        signal.sigtimedwait([signal.SIGCHLD], step)
+        while True:
+            try:
+                p, st, ru = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                p = 0
+            if p == 0:
+                break
+            if p == pid:
+                report["cpu_s"] = round(ru.ru_utime + ru.ru_stime, 3)
+                return st
+        t0 = time.monotonic()
+        used = _tree_cpu()
+        step = max(0.05, 4 * (time.monotonic() - t0))
+        over = over + 1 if used >= limit else 0
+        if over >= 2:
+            report["at_limit"] = round(used, 3)
+            return None
 
 
 def _reap() -> None:
@@ -236,6 +286,9 @@ def main() -> int:
             # the benchmark's checker is this pipe, which the runner holds and reads only once everything is dead
             # (an answer that fills the host's pipe blocked the CLI, and with it the runner's report)
             inner = os.pipe2(os.O_CLOEXEC)
+        limit = spec.get("cpu_limit_s")
+        if limit:
+            signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])  # unblocked in the child
         pid = _oom_fork(oom_fd)
         if pid == 0:
             os.close(errr)
@@ -245,8 +298,8 @@ def main() -> int:
         os.close(errw)
         if inner:
             os.close(inner[1])
-        status = None
-        while status is None:
+        status = _wait_cpu(pid, float(limit), report) if limit else None
+        while status is None and not limit:
             try:
                 p, st, ru = os.wait4(-1, 0)
             except InterruptedError:
@@ -254,10 +307,12 @@ def main() -> int:
             if p == pid:  # its rusage counts the descendants it waited for: the evidence of RLIMIT_CPU
                 status = st
                 report["cpu_s"] = round(ru.ru_utime + ru.ru_stime, 3)
-        err = os.read(errr, 4096)
+        err = os.read(errr, 4096) if status is not None else b""
         os.close(errr)
         _reap()
-        if err:
+        if status is None:
+            pass  # the time limit, reached on the cpu clock: still running then, like a wall-clock timeout
+        elif err:
             report["fault"] = json.loads(err)
         elif os.WIFEXITED(status):
             report["exit"] = os.WEXITSTATUS(status)

@@ -289,6 +289,8 @@ class Sandbox:
                 "writable": [f"{SANDBOX}/work", f"{SANDBOX}/home", "/tmp", "/dev/shm"],
                 "rlimits": {"RLIMIT_CPU": limits.cpu_s, "RLIMIT_FSIZE": limits.fsize_mb * 2**20,
                             "RLIMIT_CORE": 0, "RLIMIT_NOFILE": limits.nofile}}
+        if limits.cpu_limit_s is not None:  # the cpu clock: the runner ends the execution at the limit
+            spec["cpu_limit_s"] = limits.cpu_limit_s
         if self.cgroups is None and not self.engine.container:  # no cgroup: per-process fallbacks
             spec["rlimits"] |= {"RLIMIT_AS": limits.mem_mb * 2**20, "RLIMIT_NPROC": limits.pids}
         if copy:

@@ -11,7 +11,16 @@ Every other system call is allowed; these fail with ``EPERM`` (``clone3`` with `
 - new namespaces (``unshare``, ``setns``; ``clone`` with a namespace flag) and every mount call;
 - another process's memory or tracing (``ptrace``, ``process_vm_*``, ``pidfd_getfd``, ``kcmp``);
 - the kernel's own surface: modules, kexec, ``bpf``, ``perf_event_open``, ``userfaultfd``, swap, clocks,
-  quotas, accounting, reboot, ``open_by_handle_at``.
+  quotas, accounting, reboot, ``open_by_handle_at``;
+- sockets of every address family but the four a Python program uses (:data:`SOCKET_FAMILIES`: ``AF_UNIX``,
+  ``AF_INET``, ``AF_INET6``, and ``AF_NETLINK``, which glibc's ``getaddrinfo`` and ``getifaddrs`` open). The
+  rest reach host-side kernel code that no answer needs and that has had exploitable bugs: ``AF_VSOCK`` talks to
+  the hypervisor and to other VMs' or the host's vsock services (the network namespace does not cover it),
+  ``AF_PACKET``, ``AF_KEY``, ``AF_ALG``, ``AF_TIPC``, ``AF_RDS``, ``AF_CAN``, ``AF_BLUETOOTH`` and the others have
+  each had privilege escalations. The rule reads the family as a 64-bit register: anything above ``AF_NETLINK``
+  (16) is refused, so a value with high bits set that the kernel truncates to a family cannot slip past an
+  equality test, and the families below 16 outside the four are refused one by one. ``socketcall``, the i386
+  multiplexer whose arguments sit in memory where no filter can read them, is refused altogether.
 
 The compat ABIs of the architecture (i386 and x32 on x86_64) get the same rules: without them ``int 0x80``
 would reach ``keyctl`` past a filter written for x86_64 alone.
@@ -43,6 +52,9 @@ DENIED = (
     "vm86old", "_sysctl", "fanotify_init",
 )
 
+# the socket address families an answer may open: AF_UNIX, AF_INET, AF_INET6, AF_NETLINK
+SOCKET_FAMILIES = (1, 2, 10, 16)
+
 # (libseccomp name, the JSON profile's name) of the native architecture and its compat ABIs
 _ARCHES = {"x86_64": [("X86_64", "SCMP_ARCH_X86_64"), ("X86", "SCMP_ARCH_X86"), ("X32", "SCMP_ARCH_X32")],
            "aarch64": [("AARCH64", "SCMP_ARCH_AARCH64"), ("ARM", "SCMP_ARCH_ARM")]}
@@ -50,8 +62,8 @@ _ARCHES = {"x86_64": [("X86_64", "SCMP_ARCH_X86_64"), ("X86", "SCMP_ARCH_X86"), 
 
 @dataclass(frozen=True)
 class Rule:
-    """One rule: ``name`` fails with ``errno`` when every ``(arg index, op, value)`` holds (op: 'eq', 'ne' or
-    'masked', the last meaning ``arg & value == value``)."""
+    """One rule: ``name`` fails with ``errno`` when every ``(arg index, op, value)`` holds (op: 'eq', 'ne', 'gt'
+    (unsigned, all 64 bits) or 'masked', the last meaning ``arg & value == value``)."""
 
     name: str
     errno: int = errno.EPERM
@@ -65,6 +77,10 @@ def rules() -> list[Rule]:
             Rule("keyctl", args=((0, "eq", KEYCTL_JOIN_SESSION_KEYRING), (1, "ne", 0)))]
     out += [Rule(call, args=((0, "masked", flag),)) for call in ("clone", "unshare") for flag in NS_FLAGS]
     out.append(Rule("clone3", errno.ENOSYS))
+    top = max(SOCKET_FAMILIES)
+    out.append(Rule("socket", args=((0, "gt", top),)))
+    out += [Rule("socket", args=((0, "eq", fam),)) for fam in range(1, top) if fam not in SOCKET_FAMILIES]
+    out.append(Rule("socketcall"))
     return out
 
 
@@ -72,7 +88,7 @@ def _arches() -> list[tuple[str, str]]:
     return _ARCHES.get(platform.machine(), [])
 
 
-_JSON_OP = {"eq": "SCMP_CMP_EQ", "ne": "SCMP_CMP_NE", "masked": "SCMP_CMP_MASKED_EQ"}
+_JSON_OP = {"eq": "SCMP_CMP_EQ", "ne": "SCMP_CMP_NE", "gt": "SCMP_CMP_GT", "masked": "SCMP_CMP_MASKED_EQ"}
 
 
 def podman_profile() -> dict:
@@ -101,7 +117,7 @@ def write_bpf(path: Path) -> None:
             f.add_arch(getattr(sc.Arch, name))
         except FileExistsError:  # the native one is there already
             pass
-    ops = {"eq": sc.EQ, "ne": sc.NE, "masked": sc.MASKED_EQ}
+    ops = {"eq": sc.EQ, "ne": sc.NE, "gt": sc.GT, "masked": sc.MASKED_EQ}
     for r in rules():
         args = [sc.Arg(i, ops[op], v, v) if op == "masked" else sc.Arg(i, ops[op], v) for i, op, v in r.args]
         try:

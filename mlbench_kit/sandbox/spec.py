@@ -4,14 +4,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
+
+# The clocks a time limit can be measured on (``Limits.clock``):
+# - "cpu": the CPU seconds of every process of the execution, counted by the runner (PID 1 of its namespace), so
+#   that another program's load on the machine cannot move the moment the limit is reached; a wall-clock backstop
+#   of BACKSTOP times the limit ends an execution that waits (sleeps, blocks) without using CPU;
+# - "wall": the benchmark's literal wall clock (a busy machine runs an execution slower, so more reach the limit).
+CLOCKS = ("cpu", "wall")
+BACKSTOP = 5.0
 
 
 @dataclass(frozen=True)
 class Limits:
     """Per-execution limits. Memory, processes and CPU hold for the whole process tree (a cgroup), the tmpfs
-    sizes for everything written; ``cpu_s`` and ``fsize_mb`` are per process (rlimits)."""
+    sizes for everything written; ``cpu_s`` and ``fsize_mb`` are per process (rlimits). ``wall_s`` is the time
+    limit, measured on ``clock`` (see :data:`CLOCKS`)."""
 
     wall_s: float = 10.0
+    clock: Literal["cpu", "wall"] = "wall"
     mem_mb: int = 8192
     pids: int = 512
     cpus: float | None = None  # CPU quota in cores; None: no quota
@@ -22,6 +33,16 @@ class Limits:
     nofile: int = 1024
     log_bytes: int = 65536
     threads: int | None = None  # OMP/MKL/BLAS threads of one execution; None: the libraries' defaults
+
+    @property
+    def cpu_limit_s(self) -> float | None:
+        """The CPU seconds of the whole execution at which it has reached its time limit (the cpu clock), else None."""
+        return self.wall_s if self.clock == "cpu" else None
+
+    @property
+    def wall_limit_s(self) -> float:
+        """When the host stops an execution by the wall clock: the limit itself, or the cpu clock's backstop."""
+        return self.wall_s * BACKSTOP if self.clock == "cpu" else self.wall_s
 
 
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",

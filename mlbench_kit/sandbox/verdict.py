@@ -80,6 +80,10 @@ def result_from_report(raw: bytes, timed_out: bool, duration: float, log: str, r
     if not isinstance(rep, dict) or rep.get("v") != 1:
         why = "no report from the runner" if not raw else "an unreadable report from the runner"
         return ExecResult(None, survivors=0, fault=f"SANDBOX: {why} (engine exit {returncode})", **base)
+    at_limit = rep.get("at_limit")
+    if isinstance(at_limit, (int, float)) and not isinstance(at_limit, bool):
+        # the cpu clock's limit, reached while still running: the same result as a wall-clock timeout
+        return ExecResult(None, survivors=0, usage={"cpu_s": float(at_limit)}, **(base | {"timed_out": True}))
     fault = rep.get("fault")
     if fault:
         kind = fault.get("kind") if isinstance(fault, dict) else "?"

@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import REPO_ROOT
+from sandbox_cases import SOCKETS_PY, busy_core, check_cpu_clock, check_sockets, clock_cases
 
 from mlbench_kit.cli import main as cli_main
 from mlbench_kit.errors import MLBenchError
@@ -740,6 +741,22 @@ def test_oom_attack_cannot_leave_pass_at_k(tmp_path, backend, base_image):
     assert o["error_classes"] == {"LIMIT_MEMORY": 4}
 
 
+def test_a_run_records_its_clock_and_an_older_run_resumes_only_on_the_wall_clock(tmp_path, capsys):
+    """`limit_clock` (cpu by default) is in config.yaml and run.json; a run folder from before it existed was
+    measured on the wall clock, so it resumes under `--limit-clock wall` and refuses the cpu clock."""
+    gold = _rows(9001)[0]["output"]
+    rc, out = _eval(tmp_path, {9001: [gold]})
+    run_json = json.loads((out / "run.json").read_text())
+    assert rc == 0 and run_json["limit_clock"] == "cpu" and "limit_clock: cpu" in (out / "config.yaml").read_text()
+    del run_json["limit_clock"]
+    (out / "run.json").write_text(json.dumps(run_json))
+    capsys.readouterr()
+    rc, _ = _eval(tmp_path, {9001: [gold]})
+    assert rc == 2 and "'limit_clock': ('wall', 'cpu')" in capsys.readouterr().err
+    rc, _ = _eval(tmp_path, {9001: [gold]}, "--limit-clock", "wall")
+    assert rc == 0
+
+
 def test_a_sample_with_an_unscored_output_is_reported_apart(tmp_path, capsys):
     """A run that stopped on faults: the sample missing a verdict is not scored over the outputs it has left."""
     good = [r["output"] for r in _rows(9001, 9002)]
@@ -864,3 +881,52 @@ def test_same_verdicts_on_every_backend(base_image):
     assert verdicts[("bwrap", "daemon")][4]  # the setsid sleep outlived the answer, and was counted
     assert verdicts[("bwrap", "honest")][:4] == (None, 0, False, None)
     assert verdicts[("bwrap", "oom-unmapped")][3] == "memory" and verdicts[("bwrap", "stdout-undrained")][2]
+
+
+# -- verdicts that load on the machine cannot move (issue 30) ----------------------------------------------------
+
+def test_cpu_clock_limit_is_cpu_seconds_and_waiting_meets_the_backstop(box):
+    check_cpu_clock(clock_cases(lambda code, shell, w: run(box, code, shell, wall_s=w, clock="cpu")))
+
+
+@pytest.mark.integration
+def test_load_beside_an_execution_cannot_change_its_verdict(box):
+    """Idle, then with two busy loops on the execution's core: the same verdicts. On the wall clock (the old rule,
+    ``clock="wall"``) the loaded answer that burns 1 s of CPU and fails runs past its 3 s and "passes" by still
+    running, and the spinning one stops with a fraction of its CPU seconds."""
+    def run_one(code, shell, w):
+        return run(box, code, shell, wall_s=w, clock="cpu")
+    idle = clock_cases(run_one)
+    with busy_core():
+        loaded = clock_cases(run_one)
+
+    def verdicts(res: dict) -> dict:
+        return {k: verdict_of((r.fault, r.exit_code, r.timed_out, r.limit)) for k, r in res.items()}
+    assert verdicts(idle) == verdicts(loaded)
+    check_cpu_clock(idle)
+    check_cpu_clock(loaded)
+
+
+@pytest.mark.integration
+def test_local_backend_keeps_the_cpu_clock_too(tmp_path):
+    """``--backend local`` has no runner: the host counts its process tree's CPU seconds, under the same load."""
+    with Sandbox("local", tmp_path) as sb:
+        def run_one(code, shell, w):
+            return sb.run(Job(code, shell, Env("toybench", REPO), "./"), Limits(wall_s=w, clock="cpu"))
+        with busy_core():
+            res = clock_cases(run_one)
+    burn, spin, sleep = res["burn-then-fail"], res["spin"], res["sleep"]
+    assert not burn.timed_out and burn.exit_code == 1, burn.duration
+    assert spin.timed_out and sleep.timed_out and 4.5 <= sleep.duration < 30, (spin.duration, sleep.duration)
+
+
+# -- socket families (issue 30) -----------------------------------------------------------------------------------
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="system call numbers of x86_64")
+def test_only_the_socket_families_python_uses(box):
+    """AF_UNIX, AF_INET, AF_INET6 and AF_NETLINK open; AF_VSOCK (created in every backend before), AF_PACKET,
+    AF_KEY, AF_ALG and every other family fail with the policy's EPERM, also with high bits set in the register
+    and through the i386 ABI."""
+    r = run(box, SOCKETS_PY, shell=False)
+    assert r.exit_code == 0, r.log
+    check_sockets(r.log)
