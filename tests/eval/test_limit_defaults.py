@@ -45,4 +45,5 @@ def test_the_check_sees_a_second_copy(tmp_path: Path) -> None:
 def test_eval_runs_under_the_sandbox_s_defaults() -> None:
     cfg = EvalConfig()
     assert {k: getattr(cfg, k) for k in LIMITS} == {k: getattr(Limits(), k) for k in LIMITS}
-    assert ScoringRules.from_config(cfg, threads=3).limits == Limits(threads=3)
+    # the clock is eval's own choice (cpu; the sandbox's default, wall, is the agent's and the probes')
+    assert ScoringRules.from_config(cfg, threads=3).limits == Limits(threads=3, clock=cfg.limit_clock)
