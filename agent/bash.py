@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from mlbench_kit.dataset import Sample
+from mlbench_kit.dataset import Sample, prefix_exports
 from mlbench_kit.escape import visible
 from mlbench_kit.sandbox import Env, ExecResult, Job, Limits, Sandbox
 
@@ -133,6 +133,7 @@ class BashEpisode:
         self.seconds = 0.0
         self.openhands: dict[str, Any] | None = None
         self.layer: Path | None = None
+        self.exports = prefix_exports(self.sample.prefix_code)
         self._prepared: Prepared | None = None
 
     # -- the sandbox -------------------------------------------------------------------------------------------
@@ -144,7 +145,8 @@ class BashEpisode:
     def _run(self, code: str, wall: float) -> ExecResult:
         if self.layer is None:
             self.layer = self.sandbox.new_layer()
-        return self.sandbox.run(Job(code, True, self.env, self.sample.path or ".", layer=self.layer),
+        # the row's prefix_code applies as eval applies it to every execution: its `export NAME=VALUE` lines
+        return self.sandbox.run(Job(code, True, self.env, self.sample.path or ".", self.exports, layer=self.layer),
                                 self._limits(wall))
 
     def _submitted(self) -> str | None:

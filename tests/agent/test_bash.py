@@ -371,3 +371,28 @@ def test_agent_runs_stand_beside_task_runs_in_the_report(box, tmp_path: Path):
     # a report of task runs alone quotes no agent row
     assert main(["report", f"m={tmp_path / 'eval-t3'}", "--reference", str(paper), "--out", str(tmp_path / "r2")]) == 0
     assert "agent:" not in (tmp_path / "r2" / "report.md").read_text()
+
+
+def test_prefix_code_exports_apply_to_actions_and_the_openhands_check(box, tmp_path: Path):
+    """The row's prefix_code applies where eval's checker applies it: its `export NAME=VALUE` lines are set for
+    every action and for the OpenHands check; its other lines (installs, downloads) never run."""
+    import dataclasses
+    row = dataclasses.replace(ROWS[0], prefix_code="pip install nothing-here\nexport DATA_DIR=/data/x\n"
+                                                   "export OUT_DIR=$DATA_DIR/out  # where it writes\n")
+
+    def script(messages, sample):
+        if len(messages) == 1:
+            return bash('echo "data=[$DATA_DIR] out=[$OUT_DIR]"')
+        return bash("printf '%s\\n' 'test \"$OUT_DIR\" = /data/x/out' > run.sh")
+
+    engine = Replies(script)
+    cfg = _cfg()
+    cfg.episodes = 1
+    run_episodes(cfg, [row], {REPO: CHECKOUT}, lambda: engine, encode, 10**6, tmp_path / "run",
+                 {"model": "scripted", "adapter": None, "backend": "scripted"}, box=box)
+    t = [json.loads(x) for x in (tmp_path / "run" / "transcripts" / f"{row.github_id}-{row.id}" / "ep0.jsonl")
+         .read_text().splitlines()]
+    assert "data=[/data/x] out=[/data/x/out]" in t[0]["observation"]
+    end = t[-1]["end"]
+    assert end["exit"] == "submitted" and end["openhands"]["passed"], end
+
