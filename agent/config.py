@@ -57,6 +57,7 @@ class AgentBash:
     action_pids: int = 256
     disk_mb: int = 1024  # the episode's writable layer (files persist between actions) plus home
     observation_chars: int = 4000  # an action's output as the model sees it: head and tail, cut in the middle
+    observation_tokens: int = 1024  # then cut again to this many of the model's tokens (head and tail)
     # the OpenHands rule at the episode's end (its ML-Bench harness): `timeout 120 bash run.sh` in the task folder
     # of the episode's final files; exit 0 or 124, or KeyboardInterrupt printed = success
     openhands_check: bool = True
@@ -110,7 +111,8 @@ class AgentConfig:
                 raise MLBenchError(f"read.{key} must be at least 100", at(f"read.{key}"))
         b = self.bash
         for key, low in (("action_wall_s", 1), ("action_mem_mb", 64), ("action_pids", 8), ("disk_mb", 16),
-                         ("observation_chars", 200), ("openhands_timeout_s", 1)):
+                         ("observation_chars", 200), ("observation_tokens", 64),
+                         ("openhands_timeout_s", 1)):
             if getattr(b, key) < low:
                 raise MLBenchError(f"bash.{key} must be at least {low}", at(f"bash.{key}"))
 
