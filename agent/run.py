@@ -55,7 +55,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--envs", help="policy bash: the environments file (envs.yaml of `mlbench env build`) whose "
                    "environments the actions run in (default: each repository's checkout with the base interpreter)")
     p.add_argument("--repos", nargs="+", help="only these repositories' rows")
-    p.add_argument("--limit", type=int, help="only the first N rows (after --repos)")
+    p.add_argument("--rows-of", metavar="FILE", help="only the rows a JSONL file names by github_id and id (e.g. "
+                   "prep's split file RUN/prep/test/task3.jsonl, or a generations file), in the data's order")
+    p.add_argument("--limit", type=int, help="only the first N rows (after --repos and --rows-of)")
     p.add_argument("--config", help="configs/agent/*.yaml (default: configs/agent/ml-agent.yaml's values)")
     p.add_argument("--out", required=True, help="run folder")
     p.add_argument("--policy", choices=["ml-agent", "bash"], help="ml-agent (the paper's agent) or bash "
@@ -130,7 +132,35 @@ def select_rows(args: argparse.Namespace) -> list[Sample]:
             raise MLBenchError(f"no rows of {sorted(unknown)}", "--repos", f"repositories: "
                                f"{sorted({s.repo for s in rows})}")
         rows = [s for s in rows if s.repo in args.repos]
+    if getattr(args, "rows_of", None):
+        keys = rows_named(args.rows_of)
+        unknown = keys - {s.key for s in rows}
+        if unknown:
+            raise MLBenchError(f"{len(unknown)} rows named here are not in --data (first: {sorted(unknown)[:3]})",
+                               str(args.rows_of), "name rows of the same data (github_id, id)")
+        rows = [s for s in rows if s.key in keys]
     return rows[: args.limit] if args.limit else rows
+
+
+def rows_named(path: str | Path) -> set[tuple[int, int]]:
+    """The (github_id, id) keys of a JSONL file's lines (bounded: at most 64 MiB); a line without both, or a
+    line that is not JSON, is an error at file:line."""
+    p = Path(path)
+    if not p.is_file():
+        raise MLBenchError("no such file", str(p), "pass a JSONL file of rows (github_id, id) to --rows-of")
+    if p.stat().st_size > 64 * 2**20:
+        raise MLBenchError("over 64 MiB", str(p), "pass a JSONL file of rows (github_id, id) to --rows-of")
+    keys = set()
+    for i, line in enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            keys.add((int(rec["github_id"]), int(rec["id"])))
+        except (ValueError, KeyError, TypeError):
+            raise MLBenchError("not a JSON object with github_id and id", f"{p}:{i}",
+                               "pass a JSONL file of rows (github_id, id) to --rows-of") from None
+    return keys
 
 
 def make_encoder(tokenizer: Any, template: str) -> tuple[Any, str]:

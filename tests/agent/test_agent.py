@@ -570,3 +570,29 @@ def test_steps_1_and_2_are_the_papers_tables_20_and_21(shared: Path, pool: dict,
     sent = _words(ep.prepare().text)
     assert sent.startswith(t21[: t21.index("{keyword}")] + "{lr}. URLS: {")
     assert "} Make sure your answer is in standard json format, start!" in sent
+
+
+def test_rows_of_a_split_file_select_those_rows_and_bad_lines_are_errors(tmp_path: Path):
+    """`--rows-of FILE` keeps the rows a JSONL file names (prep's split file: the real loop's test rows), in the
+    data's order; a line without github_id and id, or a row the data lacks, is one error at file:line."""
+    import argparse
+
+    from conftest import SAMPLE
+
+    from mlbench_kit.agent.run import select_rows
+    from mlbench_kit.dataset import load_samples
+    data = SAMPLE / "samples.jsonl"
+    every = load_samples(data)
+    picked = [every[-1], every[0]]
+    keys = tmp_path / "test.jsonl"
+    keys.write_text("".join(json.dumps({"github_id": s.github_id, "id": s.id, "prompt": "..."}) + "\n"
+                            for s in picked) + "\n")
+    args = argparse.Namespace(data=str(data), split="full", repos=None, limit=None, rows_of=str(keys))
+    assert [s.key for s in select_rows(args)] == [every[0].key, every[-1].key]
+    keys.write_text(json.dumps({"github_id": 1}) + "\n")
+    with pytest.raises(MLBenchError) as e:
+        select_rows(args)
+    assert f"{keys}:1" in str(e.value)
+    keys.write_text(json.dumps({"github_id": 99999, "id": 1}) + "\n")
+    with pytest.raises(MLBenchError, match="not in --data"):
+        select_rows(args)
