@@ -65,6 +65,19 @@ class AgentBash:
 
 
 @dataclass
+class AgentOpenAI:
+    """``backend: openai``: an OpenAI-compatible server (`vllm serve`); ``--model`` is the served name, ``--adapter``
+    a served LoRA's name, ``--tokenizer`` the model's tokenizer folder (prompts go as token ids). Where it runs, not
+    what an episode does: not part of a run folder's settings."""
+
+    base_url: str = "http://127.0.0.1:8000/v1"
+    api_key_env: str = "OPENAI_API_KEY"  # the key is read from this environment variable only
+    concurrency: int = 8  # requests of one lockstep round in flight at once
+    timeout_s: float = 600.0
+    max_retries: int = 5
+
+
+@dataclass
 class AgentConfig:
     """Everything `mlbench agent` needs besides its inputs (model, rows, repositories, output folder)."""
 
@@ -76,7 +89,7 @@ class AgentConfig:
     # search: each candidate is its URL and its main README's first paragraph), then step 3 on the ranked
     # repositories in turn (a No moves to the next one)
     steps: Literal["3-4", "1-4"] = "3-4"
-    backend: Literal["vllm", "hf"] = "vllm"
+    backend: Literal["vllm", "hf", "openai"] = "vllm"
     episodes: int = 5  # k: answers per row (the paper's Pass@1/2/5 on ML-Agent: 5 episodes)
     template: Literal["auto", "chat", "plain"] = "auto"  # auto: the model's chat template when it has one
     # The released agent listed the README files to sort after the task (step3_function_repo.yml's
@@ -86,6 +99,7 @@ class AgentConfig:
     limits: AgentLimits = field(default_factory=AgentLimits)
     read: AgentRead = field(default_factory=AgentRead)
     bash: AgentBash = field(default_factory=AgentBash)
+    openai: AgentOpenAI = field(default_factory=AgentOpenAI)
     max_model_len: int | None = None  # default: the model's positions
     # a prompt over the context has its repository texts (README, index, file) cut further to fit; the task
     # never (off: such a prompt ends the episode as context_exceeded)
@@ -109,6 +123,8 @@ class AgentConfig:
         for key in ("max_index_chars", "max_readme_chars", "max_file_chars", "max_file_bytes"):
             if getattr(self.read, key) < 100:
                 raise MLBenchError(f"read.{key} must be at least 100", at(f"read.{key}"))
+        if self.openai.concurrency < 1:
+            raise MLBenchError("openai.concurrency must be at least 1", at("openai.concurrency"))
         b = self.bash
         for key, low in (("action_wall_s", 1), ("action_mem_mb", 64), ("action_pids", 8), ("disk_mb", 16),
                          ("observation_chars", 200), ("observation_tokens", 64),
@@ -123,6 +139,7 @@ class AgentConfig:
         """The settings that change what an episode does (not where it runs): a run folder keeps one."""
         d = self.to_dict()
         d.pop("gpu_memory_utilization")
+        d.pop("openai")
         if self.policy != "bash":  # run folders of ml-agent made before the bash policy existed still resume
             d.pop("bash")
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]

@@ -44,9 +44,9 @@ LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="base model folder or hub id")
-    p.add_argument("--adapter", help="PEFT LoRA adapter folder (from train/)")
-    p.add_argument("--tokenizer", help="tokenizer folder or id (default: the model's)")
+    p.add_argument("--model", required=True, help="base model folder or hub id (backend openai: the served name)")
+    p.add_argument("--adapter", help="PEFT LoRA adapter folder (from train/; backend openai: a served LoRA's name)")
+    p.add_argument("--tokenizer", help="tokenizer folder or id (default: the model's; backend openai: required)")
     p.add_argument("--data", required=True, help="ML-Bench rows (file, folder or hub id)")
     p.add_argument("--split", default="full", help="split of --data (default full)")
     src = p.add_mutually_exclusive_group(required=True)
@@ -62,7 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="run folder")
     p.add_argument("--policy", choices=["ml-agent", "bash"], help="ml-agent (the paper's agent) or bash "
                    "(ML-Agent-Bench offline: actions run in the sandbox)")
-    p.add_argument("--backend", choices=["vllm", "hf"], help="engine (default vllm)")
+    p.add_argument("--backend", choices=["vllm", "hf", "openai"], help="engine (default vllm; openai: a "
+                   "`vllm serve` endpoint, openai.base_url in the config)")
     p.add_argument("--episodes", type=int, help="k: episodes (answers) per row")
     p.add_argument("--seed", type=int, help="sampling seed")
     p.add_argument("--max-turns", type=int, help="limits.max_turns")
@@ -185,6 +186,11 @@ def make_encoder(tokenizer: Any, template: str) -> tuple[Any, str]:
 
 def make_engine(args: argparse.Namespace, cfg: AgentConfig, tokenizer: Any, max_model_len: int) -> Engine:
     adapters = {"adapter": args.adapter} if args.adapter else None
+    if cfg.backend == "openai":
+        from mlbench_kit.engine import OpenAIEngine
+        o = cfg.openai
+        return OpenAIEngine(args.model, o.base_url, o.api_key_env, adapters, o.concurrency, o.timeout_s,
+                            o.max_retries)
     if cfg.backend == "hf":
         from mlbench_kit.engine import HfEngine
         return HfEngine(args.model, tokenizer, adapters)
@@ -201,10 +207,16 @@ def run(args: argparse.Namespace) -> int:
     """The `mlbench agent` command."""
     from mlbench_kit.hf import check_model_available, load_tokenizer, model_positions
     cfg = resolve_config(args)
-    check_model_available(args.model, "--model")
+    if cfg.backend == "openai":  # a served name: the prompts' tokens and the context come from --tokenizer's folder
+        if not args.tokenizer:
+            raise MLBenchError("backend openai needs --tokenizer (the served model's tokenizer folder): prompts are "
+                               "sent as token ids", "--tokenizer", "pass the model's folder, e.g. --tokenizer DIR")
+        check_model_available(args.tokenizer, "--tokenizer")
+    else:
+        check_model_available(args.model, "--model")
     tokenizer = load_tokenizer(args.tokenizer or args.model, "--tokenizer" if args.tokenizer else "--model",
                                fast=False)
-    positions = model_positions(args.model)
+    positions = model_positions(args.tokenizer if cfg.backend == "openai" else args.model)
     if cfg.max_model_len and positions and cfg.max_model_len > positions:
         raise MLBenchError(f"max_model_len {cfg.max_model_len} is above the model's {positions} positions",
                            "max_model_len")
@@ -217,6 +229,7 @@ def run(args: argparse.Namespace) -> int:
                 "adapter": _identity(args.adapter), "template": template, "max_model_len": max_model_len,
                 "data": str(args.data), "split": args.split, "rows": [list(s.key) for s in rows]}
     settings["config"].pop("gpu_memory_utilization")
+    settings["config"].pop("openai")  # where it runs (the server), not what an episode does
     if cfg.policy == "bash":
         settings["envs"] = str(Path(args.envs).resolve()) if args.envs else None
     else:

@@ -596,3 +596,21 @@ def test_rows_of_a_split_file_select_those_rows_and_bad_lines_are_errors(tmp_pat
     keys.write_text(json.dumps({"github_id": 99999, "id": 1}) + "\n")
     with pytest.raises(MLBenchError, match="not in --data"):
         select_rows(args)
+
+
+def test_the_openai_backend_needs_a_tokenizer_and_a_key_off_this_machine(tmp_path: Path, monkeypatch):
+    """backend openai: prompts go as token ids, so --tokenizer is required (one error naming it); a server that is
+    not this machine's needs the key from the environment variable the config names (no request is sent)."""
+    from conftest import SAMPLE, run_cli
+
+    from mlbench_kit.engine import OpenAIEngine, is_loopback
+    r = run_cli("mlbench", "agent", "--backend", "openai", "--model", "served", "--data", SAMPLE / "samples.jsonl",
+                "--repos-dir", SAMPLE / "repos", "--out", tmp_path / "out")
+    assert r.returncode == 2 and "--tokenizer" in r.stderr and "token ids" in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()
+    assert is_loopback("http://127.0.0.1:8000/v1") and is_loopback("http://localhost:1/v1")
+    assert not is_loopback("https://127.example.com/v1") and not is_loopback("https://api.example.com/v1")
+    monkeypatch.delenv("MLBENCH_TEST_KEY", raising=False)
+    with pytest.raises(MLBenchError, match="MLBENCH_TEST_KEY"):
+        OpenAIEngine("m", "https://api.example.com/v1", "MLBENCH_TEST_KEY")
+    OpenAIEngine("m", "http://127.0.0.1:9/v1", "MLBENCH_TEST_KEY").close()  # loopback: no key needed
