@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from real_report import PAPER_ROWS, ROOT, _ci, _jsonl, _pct, train_facts
+from real_report import PAPER_ROWS, ROOT, _ci, _jsonl, _pct, stage_times, train_facts, tsv
 
 VARIANTS = ("base", "id-tuned")
 
@@ -41,10 +41,7 @@ def main() -> None:
     test = _jsonl(run / "prep" / "test" / "task3.jsonl")
     chosen = _jsonl(run / "agent-rows.jsonl")
     per_repo = Counter(r["repo"] for r in chosen)
-    timings = dict(line.split("\t") for line in (run / "timings.tsv").read_text().splitlines() if "\t" in line)
-    walls: dict[str, str] = {}  # the last time of each agent run (a resumed run appends its own)
-    if (run / "agent-times.tsv").is_file():
-        walls = dict(line.split("\t") for line in (run / "agent-times.tsv").read_text().splitlines() if "\t" in line)
+    walls = tsv(run / "agent-times.tsv")  # the wall time of each agent run
     settings = _json(run / f"agent-{a.policies[0]}" / "base" / "agent.json") or {}
     cfg = settings.get("config", {})
     lim, smp = cfg.get("limits", {}), cfg.get("sampling", {})
@@ -120,9 +117,7 @@ def main() -> None:
             L.append(f"| {v} | {p} | {s['episodes']} | {exits} | {s['answered']} | {s['mean_turns']} | "
                      f"{s['mean_tokens_in']} | {s['mean_tokens_out']} | {s['mean_seconds']} | {oh_cell} | "
                      f"{walls.get(f'{p} {v}', '–')} |")
-    L += ["", "## Time per stage (seconds, this machine)", "", "| stage | seconds |", "|---|---|"]
-    L += [f"| {k} | {v} |" for k, v in timings.items()]
-    L += [f"| **all** | {sum(int(v) for v in timings.values())} |", ""]
+    L += ["", *stage_times(run, ["model", "envs", "prep", "train-id", "agent", "agent-eval", "agent-report"])]
     L += ["## Reading these numbers", "",
           "The paper's agent rows are GPT-4 on 68 rows of all 14 repositories; these are a 135M-parameter model on "
           f"{len(chosen)} rows of {len(per_repo)} repositories, on CPU, so they show that both policies run to a "
