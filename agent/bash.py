@@ -12,7 +12,8 @@ model can play it with text alone:
   persist between actions, processes and ``cd`` do not, and the layer is disk-capped and removed when the episode
   ends;
 - the observation is the action's exit status and its output (stdout + stderr), control characters escaped and
-  cut to ``bash.observation_chars`` (head and tail); it goes back as the next user message;
+  cut to ``bash.observation_chars`` characters and ``bash.observation_tokens`` tokens (head and tail); it goes
+  back as the next user message;
 - a reply without exactly one ``bash`` block is a format error, answered with a message saying so (as
   mini-swe-agent does); ``limits.max_format_errors`` in a row end the episode;
 - the episode ends ``submitted`` as soon as ``<task folder>/run.sh`` is a regular file in the layer: its content is
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from mlbench_kit.dataset import Sample
+from mlbench_kit.dataset import Sample, prefix_exports
 from mlbench_kit.escape import visible
 from mlbench_kit.sandbox import Env, ExecResult, Job, Limits, Sandbox
 
@@ -57,8 +58,8 @@ FORMAT = ("\nYou work in a Linux shell without network access. Reply with a shor
           "```bash\nyour_command_here\n```\n\n"
           "Each command runs in a new shell in /sandbox/work/{path}: files you write persist between commands, "
           "processes and `cd` do not. A command may run at most {wall:g} seconds; its output is cut to {chars} "
-          "characters. The task ends as soon as {runsh} exists (then `timeout {check} bash run.sh` is run there "
-          "to check it), or after {turns} replies.")
+          "characters and {tokens} tokens. The task ends as soon as {runsh} exists (then "
+          "`timeout {check} bash run.sh` is run there to check it), or after {turns} replies.")
 FORMAT_ERROR = ("Format error: {why}. Reply with a short thought and exactly ONE ```bash code block holding your "
                 "next command.")
 _BLOCK = re.compile(r"```(?:bash|sh|shell)[ \t]*\n(.*?)```", re.DOTALL)
@@ -75,14 +76,37 @@ def parse_action(text: str) -> str:
     return cmd
 
 
-def observation(res: ExecResult, chars: int) -> str:
+def _longest(text: str, fits: Callable[[str], bool], from_end: bool) -> int:
+    """The most characters of ``text``'s head (or tail) that ``fits`` accepts (binary search; fits is monotone)."""
+    lo, hi = 0, len(text)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(text[len(text) - mid:] if from_end else text[:mid]):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def observation(res: ExecResult, chars: int, tokens: int | None = None,
+                count: Callable[[str], int] | None = None) -> str:
     """What the model sees of one execution: its exit status and output, escaped (control characters but newlines and
     tabs shown as escapes, :func:`mlbench_kit.escape.visible`; nothing it prints can close the ``<output>``
-    element) and cut to ``chars`` (head and tail)."""
+    element) and cut to ``chars`` characters, then to ``tokens`` tokens as ``count`` counts them (the model's
+    tokenizer): the head and the tail, each at most half, the middle elided and said so."""
     out = visible(res.log, keep="\n\t").replace("</output>", "<\\/output>")
     if len(out) > chars:
         half = chars // 2
         out = f"{out[:half]}\n[... {len(out) - 2 * half} characters elided ...]\n{out[-half:]}"
+    if tokens is not None and count is not None:
+        n = count(out)
+        if n > tokens:
+            def fits(part: str) -> bool:
+                return count(part) <= tokens // 2
+            head, tail = _longest(out, fits, False), _longest(out, fits, True)
+            tail = min(tail, len(out) - head)
+            out = (f"{out[:head]}\n[... {max(0, n - count(out[:head]) - count(out[len(out) - tail:]))} tokens "
+                   f"({len(out) - head - tail} characters) elided ...]\n{out[len(out) - tail:]}")
     if res.timed_out:
         status = f"timeout (stopped after {res.duration:.0f} s; its changes were discarded)"
     elif res.limit:
@@ -124,7 +148,8 @@ class BashEpisode:
         b, lim = self.cfg.bash, self.cfg.limits
         prefix = PREFIX.format(prefix_code=self.sample.prefix_code.strip()) if self.sample.prefix_code.strip() else ""
         task = TASK.format(repo=self.env.name, instruction=self.sample.instruction, path=folder, prefix=prefix)
-        task += FORMAT.format(path=folder, wall=b.action_wall_s, chars=b.observation_chars, runsh=self.runsh,
+        task += FORMAT.format(path=folder, wall=b.action_wall_s, chars=b.observation_chars, tokens=b.observation_tokens,
+                              runsh=self.runsh,
                               check=b.openhands_timeout_s, turns=lim.max_turns)
         self.messages: list[dict[str, str]] = [{"role": "user", "content": task}]
         self.format_errors = 0
@@ -133,6 +158,8 @@ class BashEpisode:
         self.seconds = 0.0
         self.openhands: dict[str, Any] | None = None
         self.layer: Path | None = None
+        self.exports = prefix_exports(self.sample.prefix_code)
+        self._empty = len(self.encode(""))
         self._prepared: Prepared | None = None
 
     # -- the sandbox -------------------------------------------------------------------------------------------
@@ -144,7 +171,8 @@ class BashEpisode:
     def _run(self, code: str, wall: float) -> ExecResult:
         if self.layer is None:
             self.layer = self.sandbox.new_layer()
-        return self.sandbox.run(Job(code, True, self.env, self.sample.path or ".", layer=self.layer),
+        # the row's prefix_code applies as eval applies it to every execution: its `export NAME=VALUE` lines
+        return self.sandbox.run(Job(code, True, self.env, self.sample.path or ".", self.exports, layer=self.layer),
                                 self._limits(wall))
 
     def _submitted(self) -> str | None:
@@ -155,6 +183,10 @@ class BashEpisode:
             return RepoView(self.layer / "upper", self.env.name, self.cfg.read.max_file_bytes).read(self.runsh)
         except Refused:
             return None
+
+    def _count(self, text: str) -> int:
+        """Tokens of ``text`` as the model reads it: a user turn's tokens less an empty turn's."""
+        return len(self.encode(text)) - self._empty
 
     # -- prompts -----------------------------------------------------------------------------------------------
     def prepare(self) -> Prepared | None:
@@ -209,7 +241,8 @@ class BashEpisode:
             if replayed is not None and "exec" in replayed:  # the time the model's episode was charged, not now's
                 self.seconds += replayed["exec"]["seconds"] - res.duration
                 rec["exec"] = replayed["exec"]
-            obs = replayed["observation"] if replayed is not None else observation(res, self.cfg.bash.observation_chars)
+            obs = replayed["observation"] if replayed is not None else observation(
+                res, self.cfg.bash.observation_chars, self.cfg.bash.observation_tokens, self._count)
             rec["observation"] = obs
             self.messages.append({"role": "user", "content": obs})
             if res.fault and replayed is None:

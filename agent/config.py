@@ -59,10 +59,25 @@ class AgentBash:
     disk_mb: int = option(1024, "the episode's writable layer (files persist between actions) plus home")
     observation_chars: int = option(4000, "an action's output as the model sees it: head and tail, cut in the "
                                     "middle")
+    observation_tokens: int = option(1024, "then cut again to this many of the model's tokens (head and tail)")
     # OpenHands' ML-Bench harness: `timeout 120 bash run.sh` in the task folder of the episode's final files
     openhands_check: bool = option(True, "the OpenHands rule at the episode's end: exit 0 or 124, or "
                                    "KeyboardInterrupt printed = success")
     openhands_timeout_s: int = option(120, "that check's time limit")
+
+
+@dataclass
+class AgentOpenAI:
+    """``backend: openai``: an OpenAI-compatible server (`vllm serve`); ``--model`` is the served name, ``--adapter``
+    a served LoRA's name, ``--tokenizer`` the model's tokenizer folder (prompts go as token ids). Where it runs, not
+    what an episode does: not part of a run folder's settings."""
+
+    base_url: str = option("http://127.0.0.1:8000/v1", "the server's OpenAI API root")
+    api_key_env: str = option("OPENAI_API_KEY", "the environment variable the key is read from (the key never "
+                              "sits in a file)")
+    concurrency: int = option(8, "requests of one lockstep round in flight at once")
+    timeout_s: float = option(600.0, "one request's time limit")
+    max_retries: int = option(5, "retries of a failed request")
 
 
 @dataclass
@@ -84,7 +99,8 @@ class AgentConfig:
     # repositories in turn (a No moves to the next one)
     steps: Literal["3-4", "1-4"] = option("3-4", "the agent steps an episode runs (3-4: the benchmark's "
                                           "evaluation; 1-4: keyword search and repository ranking first)")
-    backend: Literal["vllm", "hf"] = option("vllm", "engine")
+    backend: Literal["vllm", "hf", "openai"] = option("vllm", "engine (openai: an OpenAI-compatible server, "
+                                                       "`vllm serve`)")
     episodes: int = option(5, "k: episodes (answers) per row (the paper's Pass@1/2/5 on ML-Agent: 5)")
     template: Literal["auto", "chat", "plain"] = option("auto", "auto: the model's chat template when it has one")
     # The released agent listed the README files to sort after the task (step3_function_repo.yml's
@@ -94,6 +110,7 @@ class AgentConfig:
     limits: AgentLimits = field(default_factory=AgentLimits)
     read: AgentRead = field(default_factory=AgentRead)
     bash: AgentBash = field(default_factory=AgentBash)
+    openai: AgentOpenAI = field(default_factory=AgentOpenAI)
     max_model_len: int | None = option(None, "context: prompt + new tokens (default: the model's positions)")
     fit_context: bool = option(True, "a prompt over the context has its repository texts (README, index, file) "
                                "cut further to fit, the task never (off: such a prompt ends the episode as "
@@ -117,9 +134,12 @@ class AgentConfig:
         for key in ("max_index_chars", "max_readme_chars", "max_file_chars", "max_file_bytes"):
             if getattr(self.read, key) < 100:
                 raise MLBenchError(f"read.{key} must be at least 100", at(f"read.{key}"))
+        if self.openai.concurrency < 1:
+            raise MLBenchError("openai.concurrency must be at least 1", at("openai.concurrency"))
         b = self.bash
         for key, low in (("action_wall_s", 1), ("action_mem_mb", 64), ("action_pids", 8), ("disk_mb", 16),
-                         ("observation_chars", 200), ("openhands_timeout_s", 1)):
+                         ("observation_chars", 200), ("observation_tokens", 64),
+                         ("openhands_timeout_s", 1)):
             if getattr(b, key) < low:
                 raise MLBenchError(f"bash.{key} must be at least {low}", at(f"bash.{key}"))
 
@@ -130,6 +150,7 @@ class AgentConfig:
         """The settings that change what an episode does (not where it runs): a run folder keeps one."""
         d = self.to_dict()
         d.pop("gpu_memory_utilization")
+        d.pop("openai")
         if self.policy != "bash":  # run folders of ml-agent made before the bash policy existed still resume
             d.pop("bash")
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]

@@ -96,7 +96,35 @@ def select_rows(args: argparse.Namespace) -> list[Sample]:
             raise MLBenchError(f"no rows of {sorted(unknown)}", "--repos", f"repositories: "
                                f"{sorted({s.repo for s in rows})}")
         rows = [s for s in rows if s.repo in args.repos]
+    if getattr(args, "rows_of", None):
+        keys = rows_named(args.rows_of)
+        unknown = keys - {s.key for s in rows}
+        if unknown:
+            raise MLBenchError(f"{len(unknown)} rows named here are not in --data (first: {sorted(unknown)[:3]})",
+                               str(args.rows_of), "name rows of the same data (github_id, id)")
+        rows = [s for s in rows if s.key in keys]
     return rows[: args.limit] if args.limit else rows
+
+
+def rows_named(path: str | Path) -> set[tuple[int, int]]:
+    """The (github_id, id) keys of a JSONL file's lines (bounded: at most 64 MiB); a line without both, or a
+    line that is not JSON, is an error at file:line."""
+    p = Path(path)
+    if not p.is_file():
+        raise MLBenchError("no such file", str(p), "pass a JSONL file of rows (github_id, id) to --rows-of")
+    if p.stat().st_size > 64 * 2**20:
+        raise MLBenchError("over 64 MiB", str(p), "pass a JSONL file of rows (github_id, id) to --rows-of")
+    keys = set()
+    for i, line in enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            keys.add((int(rec["github_id"]), int(rec["id"])))
+        except (ValueError, KeyError, TypeError):
+            raise MLBenchError("not a JSON object with github_id and id", f"{p}:{i}",
+                               "pass a JSONL file of rows (github_id, id) to --rows-of") from None
+    return keys
 
 
 def make_encoder(tokenizer: Any, template: str) -> tuple[Any, str]:
@@ -121,6 +149,11 @@ def make_encoder(tokenizer: Any, template: str) -> tuple[Any, str]:
 
 def make_engine(args: argparse.Namespace, cfg: AgentConfig, tokenizer: Any, max_model_len: int) -> Engine:
     adapters = {"adapter": args.adapter} if args.adapter else None
+    if cfg.backend == "openai":
+        from mlbench_kit.engine import OpenAIEngine
+        o = cfg.openai
+        return OpenAIEngine(args.model, o.base_url, o.api_key_env, adapters, o.concurrency, o.timeout_s,
+                            o.max_retries)
     if cfg.backend == "hf":
         from mlbench_kit.engine import HfEngine
         return HfEngine(args.model, tokenizer, adapters)
@@ -137,10 +170,16 @@ def run(args: argparse.Namespace) -> int:
     """The `mlbench agent` command."""
     from mlbench_kit.hf import check_model_available, load_tokenizer, model_positions
     cfg = resolve(stage("agent"), args)
-    check_model_available(args.model, "--model")
+    if cfg.backend == "openai":  # a served name: the prompts' tokens and the context come from --tokenizer's folder
+        if not args.tokenizer:
+            raise MLBenchError("backend openai needs --tokenizer (the served model's tokenizer folder): prompts are "
+                               "sent as token ids", "--tokenizer", "pass the model's folder, e.g. --tokenizer DIR")
+        check_model_available(args.tokenizer, "--tokenizer")
+    else:
+        check_model_available(args.model, "--model")
     tokenizer = load_tokenizer(args.tokenizer or args.model, "--tokenizer" if args.tokenizer else "--model",
                                fast=False)
-    positions = model_positions(args.model)
+    positions = model_positions(args.tokenizer if cfg.backend == "openai" else args.model)
     if cfg.max_model_len and positions and cfg.max_model_len > positions:
         raise MLBenchError(f"max_model_len {cfg.max_model_len} is above the model's {positions} positions",
                            "max_model_len")
@@ -153,6 +192,7 @@ def run(args: argparse.Namespace) -> int:
                 "adapter": _identity(args.adapter), "template": template, "max_model_len": max_model_len,
                 "data": str(args.data), "split": args.split, "rows": [list(s.key) for s in rows]}
     settings["config"].pop("gpu_memory_utilization")
+    settings["config"].pop("openai")  # where it runs (the server), not what an episode does
     if cfg.policy == "bash":
         settings["envs"] = str(Path(args.envs).resolve()) if args.envs else None
     else:

@@ -7,6 +7,9 @@ same work. Prints one JSON line: episodes, turns, seconds and episodes per minut
 
     python bench/agent_speed.py --model DIR --data ../shared/mlbench/full.jsonl --tarballs ../shared/mlbench/repos \\
         --repos PyTorch-GAN --limit 4 --config configs/agent/tiny-cpu.yaml --out runs/agent-speed
+
+The real model (bench/results/agent-real.md): ``--model ~/.cache/mlbench/models/SmolLM2-135M-Instruct --config
+configs/agent/real-cpu.yaml --episodes 2 --max-turns 4 --max-new-tokens 128``.
 """
 
 from __future__ import annotations
@@ -51,10 +54,15 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=4)
     p.add_argument("--config", default="configs/agent/tiny-cpu.yaml")
     p.add_argument("--episodes", type=int)
+    p.add_argument("--max-turns", type=int)
+    p.add_argument("--max-new-tokens", type=int, help="per turn")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     a.repos_dir = None
-    cfg = load_agent_config(a.config, {"episodes": (a.episodes, "--episodes")} if a.episodes else None)
+    over = {key: (getattr(a, flag), f"--{flag.replace('_', '-')}") for flag, key in
+            (("episodes", "episodes"), ("max_turns", "limits.max_turns"), ("max_new_tokens", "sampling.max_new_tokens"))
+            if getattr(a, flag) is not None}
+    cfg = load_agent_config(a.config, over)
     rows = select_rows(a)
     out = Path(a.out)
     repos = checkouts(a, {s.repo for s in rows}, out)
@@ -63,7 +71,8 @@ def main() -> None:
     max_len = cfg.max_model_len or model_positions(a.model) or 4096
     engine = VllmEngine(a.model, max_len, cfg.sampling.seed)
     ident = {"model": a.model, "adapter": None, "backend": "vllm"}
-    result: dict = {"model": a.model, "rows": len(rows), "episodes": len(rows) * cfg.episodes}
+    result: dict = {"model": a.model, "rows": len(rows), "episodes": len(rows) * cfg.episodes,
+                    "config": a.config, "overrides": {k: v for k, (v, _) in over.items()}}
     try:
         for name, eng in (("warm-up", engine), ("lockstep", engine), ("sequential", OneAtATime(engine))):
             shutil.rmtree(out / name, ignore_errors=True)

@@ -29,10 +29,10 @@ import time
 from pathlib import Path
 
 from mlbench_kit.cli import main as mlbench
-from mlbench_kit.dataset import load_samples
+from mlbench_kit.dataset import load_samples, prefix_exports
 from mlbench_kit.eval.checks import check_output, runs_as_shell
 from mlbench_kit.eval.envs import EnvConfig
-from mlbench_kit.eval.scoring import prefix_exports, reference_timeout
+from mlbench_kit.eval.scoring import reference_timeout
 from mlbench_kit.io import read_jsonl_tolerant
 from mlbench_kit.sandbox import (
     WARM_MODULES,

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import re
-import shlex
 import threading
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from mlbench_kit.dataset import Sample
+from mlbench_kit.dataset import Sample, prefix_exports
 from mlbench_kit.eval_config import EvalConfig
 from mlbench_kit.records import EvalResult
 from mlbench_kit.sandbox import Env, ExecResult, Job, Limits, Sandbox
@@ -34,27 +32,6 @@ def reference_timeout(github_id: int, as_shell: bool) -> float:
     if github_id == 11 and not as_shell:
         return 7.0
     return 10.0
-
-
-_EXPORT = re.compile(r"^\s*export\s+([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
-
-
-def prefix_exports(prefix_code: str) -> tuple[tuple[str, str], ...]:
-    """The ``export NAME=VALUE`` lines of a sample's prefix_code: environment settings its answer relies on
-    (e.g. bert's ``$BERT_BASE_DIR``). The rest of prefix_code (installs, downloads) belongs to building the
-    environment and is never run while scoring."""
-    out: dict[str, str] = {}
-    for line in prefix_code.splitlines():
-        m = _EXPORT.match(line)
-        if not m:
-            continue
-        try:
-            parts = shlex.split(m.group(2), comments=True)
-        except ValueError:
-            continue
-        value = parts[0] if parts else ""
-        out[m.group(1)] = re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda v: out.get(v.group(1), ""), value)
-    return tuple(out.items())
 
 
 def _sha(*parts: str) -> str:

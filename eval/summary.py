@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from mlbench_kit.config import save_resolved
-from mlbench_kit.dataset import Sample
+from mlbench_kit.dataset import Sample, prefix_exports
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.escape import visible
 from mlbench_kit.eval_config import EvalConfig
@@ -21,7 +21,7 @@ from .execution import MAX_FAULTS
 from .generations import Generations
 from .metrics import score_results
 from .run_report import fmt_rate, render_run_report
-from .scoring import clip, pass_ks, prefix_exports, set_apart_unscored
+from .scoring import clip, pass_ks, set_apart_unscored
 
 PER_SAMPLE_MAX = 60  # runs this small list every sample's outcome in report.md
 

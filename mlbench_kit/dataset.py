@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import ast
+import re
+import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -193,3 +195,24 @@ def _load_hub(hub_id: str, split: str) -> list[Sample]:
                            hub_id, "offline? pass a local copy instead: --data path/to/full.jsonl "
                            "(or a .parquet file, or a datasets.save_to_disk folder)") from None
     return _rows_from_datasets(ds, f"{hub_id}[{split}]")
+
+
+_EXPORT = re.compile(r"^\s*export\s+([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+
+
+def prefix_exports(prefix_code: str) -> tuple[tuple[str, str], ...]:
+    """The ``export NAME=VALUE`` lines of a sample's prefix_code: environment settings its answer relies on
+    (e.g. bert's ``$BERT_BASE_DIR``). The rest of prefix_code (installs, downloads) belongs to building the
+    environment and is never run while scoring."""
+    out: dict[str, str] = {}
+    for line in prefix_code.splitlines():
+        m = _EXPORT.match(line)
+        if not m:
+            continue
+        try:
+            parts = shlex.split(m.group(2), comments=True)
+        except ValueError:
+            continue
+        value = parts[0] if parts else ""
+        out[m.group(1)] = re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda v: out.get(v.group(1), ""), value)
+    return tuple(out.items())

@@ -8,12 +8,19 @@ seed from (row, episode, turn) gets the same tokens whether the request ran alon
 - ``hf``: transformers ``generate``, one request at a time under ``torch.manual_seed(seed)``.
 - ``vllm``: one ``LLM.generate`` call for the whole list, a ``SamplingParams(seed=...)`` and ``LoRARequest``
   per request; prefix caching makes the prompts' shared prefixes cheap.
+- ``openai``: an OpenAI-compatible completions endpoint (`vllm serve`): each request's token ids as the prompt,
+  with its own seed and cap; a call's requests are sent concurrently, so the server batches them.
 """
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+from urllib.parse import urlparse
+
+from .errors import MLBenchError
 
 
 @dataclass(frozen=True)
@@ -133,3 +140,50 @@ class VllmEngine:
 
     def close(self) -> None:
         del self.llm
+
+
+def is_loopback(url: str) -> bool:
+    """Whether ``url`` names this machine (a local `vllm serve`): the only endpoint used without an API key."""
+    import ipaddress
+    host = urlparse(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name (127.example.com is not loopback)
+        return False
+
+
+class OpenAIEngine:
+    """An OpenAI-compatible completions endpoint (`vllm serve`, as infer's ``openai`` backend uses it): each request
+    sends its token ids (the caller's chat template and BOS exactly), its seed, its cap and ``top_k`` (vLLM's
+    extension); an adapter is a served model name (`vllm serve --lora-modules NAME=DIR`). The key comes from the
+    environment variable ``api_key_env``, never from a file or flag; without one only a loopback server is used."""
+
+    def __init__(self, model: str, base_url: str, api_key_env: str = "OPENAI_API_KEY",
+                 adapters: dict[str, str] | None = None, concurrency: int = 8, timeout_s: float = 600.0,
+                 max_retries: int = 5) -> None:
+        from openai import OpenAI
+        key = os.environ.get(api_key_env, "")
+        if not key and not is_loopback(base_url):
+            raise MLBenchError(f"no API key: the environment variable {api_key_env} is empty", "openai.base_url",
+                               f"export {api_key_env}=... (keys are read from the environment only)")
+        self.client = OpenAI(base_url=base_url, api_key=key or "EMPTY", max_retries=max_retries, timeout=timeout_s)
+        self.model, self.adapters = model, dict(adapters or {})
+        self.pool = ThreadPoolExecutor(max_workers=max(1, concurrency))
+
+    def _one(self, r: GenRequest, p: GenParams) -> Generated:
+        resp = self.client.completions.create(
+            model=self.adapters[r.adapter] if r.adapter else self.model, prompt=list(r.token_ids), n=1,
+            temperature=p.temperature, top_p=p.top_p, max_tokens=min(p.max_new_tokens, r.max_new_tokens or
+                                                                     p.max_new_tokens),
+            seed=r.seed, stop=list(p.stop) or None, extra_body={"top_k": p.top_k} if p.top_k else None)
+        c = resp.choices[0]
+        n = resp.usage.completion_tokens if resp.usage and resp.usage.completion_tokens else 0
+        return Generated(c.text, n, c.finish_reason == "length")
+
+    def generate(self, requests: list[GenRequest], params: GenParams) -> list[Generated]:
+        return list(self.pool.map(lambda r: self._one(r, params), requests))
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)

@@ -73,9 +73,9 @@ class Stage:
 
 
 AGENT_INPUTS = (
-    Flag("model", "base model folder or hub id", required=True),
-    Flag("adapter", "PEFT LoRA adapter folder (from train/)"),
-    Flag("tokenizer", "tokenizer folder or id (default: the model's)"),
+    Flag("model", "base model folder or hub id (backend openai: the served name)", required=True),
+    Flag("adapter", "PEFT LoRA adapter folder (from train/; backend openai: a served LoRA's name)"),
+    Flag("tokenizer", "tokenizer folder or id (default: the model's; backend openai: required)"),
     Flag("data", "ML-Bench rows (file, folder or hub id)", required=True),
     Flag("split", "split of --data (default full)", default="full"),
     Flag("repos_dir", "folder holding one pristine checkout per repository (<repo>/)"),
@@ -83,7 +83,9 @@ AGENT_INPUTS = (
     Flag("envs", "policy bash: the environments file (envs.yaml of `mlbench env build`) whose environments the "
          "actions run in (default: each repository's checkout with the base interpreter)"),
     Flag("repos", "only these repositories' rows", nargs="+"),
-    Flag("limit", "only the first N rows (after --repos)", type=int),
+    Flag("rows_of", "only the rows a JSONL file names by github_id and id (e.g. prep's split file "
+         "RUN/prep/test/task3.jsonl, or a generations file), in the data's order", metavar="FILE"),
+    Flag("limit", "only the first N rows (after --repos and --rows-of)", type=int),
     Flag("out", "run folder", required=True),
 )
 

@@ -10,6 +10,13 @@
 #   bash scripts/real.sh --data ../shared/mlbench/full.jsonl --repos ../shared/mlbench/repos   # offline, here
 #   bash scripts/real.sh                                      # hub data, git checkouts at the pinned commits
 #   bash scripts/real.sh --quick ...                          # the CI smoke run: one repository, a few rows
+#   bash scripts/real.sh --agent --agent-rows 2 ...           # the agent arm: `mlbench agent` instead of infer
+#
+# --agent: the same model, environments, test rows (prep) and ID LoRA, then `mlbench agent` with both policies
+# (ml-agent: the paper's agent; bash: ML-Agent-Bench offline) for the model as released and with its ID LoRA,
+# k = 5 episodes per row (configs/agent/real-cpu.yaml), scored by `mlbench eval` (compat and strict) and
+# `mlbench report` beside the paper's agent rows -> $RUN/agent-real.md. --agent-rows N: the first N test rows of
+# each test repository (default: all). With --quick: 2 rows, k = 2, short turns.
 #
 # Each stage is bounded and resumable: a re-run skips finished stages ($RUN/done/) and the tools resume their own
 # work (train from its checkpoint, infer and eval from what they wrote). One line per stage here; each tool's
@@ -19,21 +26,26 @@ cd "$(dirname "$0")/.."
 DATA=super-dainiu/ml-bench
 REPOS=""
 QUICK=0
+AGENT=0
+AGENT_ROWS=0
 TASKS="3"
 RUN=""
-usage() { echo "usage: bash scripts/real.sh [--data HUB_ID|FILE] [--repos TARBALL_DIR] [--tasks '1 2 3'] [--quick] [--run DIR]" >&2; exit 2; }
+usage() { echo "usage: bash scripts/real.sh [--data HUB_ID|FILE] [--repos TARBALL_DIR] [--tasks '1 2 3'] [--quick] [--agent [--agent-rows N]] [--run DIR]" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --data) DATA=${2:?}; shift 2;;
     --repos) REPOS=${2:?}; shift 2;;
     --tasks) TASKS=${2:?}; shift 2;;
     --quick) QUICK=1; shift;;
+    --agent) AGENT=1; shift;;
+    --agent-rows) AGENT_ROWS=${2:?}; shift 2;;
     --run) RUN=${2:?}; shift 2;;
-    -h|--help) sed -n 2,17p "$0"; exit 0;;
+    -h|--help) sed -n 2,24p "$0"; exit 0;;
     *) echo "real: unknown option $1" >&2; usage;;
   esac
 done
 for t in $TASKS; do case $t in 1|2|3) ;; *) echo "real: --tasks takes 1, 2 and 3, got '$t'" >&2; exit 2;; esac; done
+case $AGENT_ROWS in ''|*[!0-9]*) echo "real: --agent-rows takes a number of rows per repository, got '$AGENT_ROWS'" >&2; exit 2;; esac
 if [ -n "$REPOS" ] && [ ! -d "$REPOS" ]; then
   echo "real: --repos $REPOS: no such folder (it holds <repo>.tar.gz checkouts, e.g. ../shared/mlbench/repos)" >&2
   exit 2
@@ -59,9 +71,15 @@ else
   TEST_FRACTION=0.5; N=5; NEW_TOKENS=256; MODES=(compat strict)
   TRAIN_EXTRA=()
 fi
+STAGES=(model envs prep train infer validate eval report); TRAIN_STAGE=train
+if [ $AGENT = 1 ]; then  # the model as released and its ID LoRA; episodes instead of one-shot generations
+  # its own stage names after prep: it shares a run folder with the one-shot loop (train-id: the ID arm alone)
+  ARMS=(id); TASKS=3; STAGES=(model envs prep train-id agent agent-eval agent-report); TRAIN_STAGE=train-id
+  POLICIES=(ml-agent bash); K=5; AGENT_EXTRA=()
+  [ $QUICK = 1 ] && { K=2; AGENT_ROWS=2; AGENT_EXTRA=(--max-turns 3 --max-new-tokens 96); }
+fi
 LOGS=$RUN/logs; DONE=$RUN/done
 mkdir -p "$LOGS" "$DONE"
-STAGES=(model envs prep train infer validate eval report)
 I=0; T0=$SECONDS
 # stage NAME DESCRIPTION CMD...: skipped when done; one line; the command's output goes to $LOGS/NAME.log
 stage() {
@@ -124,7 +142,61 @@ train() {
       --split "$arm" --out "$RUN/train-$arm-task$t" "${TRAIN_EXTRA[@]}" || return 1
   done; done
 }
-stage train "LoRA on the ${ARMS[*]} split(s) (train/lora.py)" train
+stage $TRAIN_STAGE "LoRA on the ${ARMS[*]} split(s) (train/lora.py)" train
+
+if [ $AGENT = 1 ]; then
+  # 5. k episodes per test row and policy, for the model as released and with its ID LoRA (one engine each)
+  agent() {
+    "$BIN/python" - "$RUN/prep/test/task3.jsonl" "$AGENT_ROWS" "$RUN/agent-rows.jsonl" <<'EOF' || return 1
+import json, sys
+rows, per, seen = [json.loads(x) for x in open(sys.argv[1]) if x.strip()], int(sys.argv[2]), {}
+with open(sys.argv[3], "w") as f:  # the first N test rows of each repository (0: all), in the split's order
+    for r in rows:
+        seen[r["repo"]] = seen.get(r["repo"], 0) + 1
+        if not per or seen[r["repo"]] <= per:
+            f.write(json.dumps({"github_id": r["github_id"], "id": r["id"], "repo": r["repo"]}) + "\n")
+EOF
+    local p v
+    for p in "${POLICIES[@]}"; do for v in base id-tuned; do
+      local with=(); [ $v = id-tuned ] && with=(--adapter "$RUN/train-id-task3/adapter")
+      local envs=(); [ $p = bash ] && envs=(--envs "$CACHE/envs.yaml")
+      echo "== $p $v"; local started=$SECONDS
+      "$BIN/mlbench" agent --model "$MODEL" "${with[@]}" --data "$DATA" --split full --rows-of "$RUN/agent-rows.jsonl" \
+        --repos-dir "$RUN/checkouts" "${envs[@]}" --config configs/agent/real-cpu.yaml --policy $p --episodes $K \
+        "${AGENT_EXTRA[@]}" --out "$RUN/agent-$p/$v" || return 1
+      printf '%s %s\t%s\n' $p $v $((SECONDS - started)) >> "$RUN/agent-times.tsv"  # wall s of each agent run
+    done; done
+  }
+  stage agent "mlbench agent: ${POLICIES[*]}, k=$K, base + id-tuned" agent
+
+  # 6. every episode's answer executed in its repository's environment, in the sandbox
+  agent_evals() {
+    local p v mode
+    for p in "${POLICIES[@]}"; do for v in base id-tuned; do for mode in "${MODES[@]}"; do
+      "$BIN/mlbench" eval --data "$DATA" --split full --generations "$RUN/agent-$p/$v/generations.jsonl" \
+        --envs "$CACHE/envs.yaml" --mode "$mode" --out "$RUN/eval-$mode/agent-$p/$v" || return 1
+    done; done; done
+  }
+  stage agent-eval "execution of the answers in the sandbox (${MODES[*]})" agent_evals
+
+  # 7. agent rows per policy and model, beside the paper's agent rows
+  agent_report() {
+    local mode p v
+    for mode in "${MODES[@]}"; do
+      local runs=()
+      for v in base id-tuned; do for p in "${POLICIES[@]}"; do runs+=("$v=$RUN/eval-$mode/agent-$p/$v"); done; done
+      "$BIN/mlbench" report "${runs[@]}" --reference configs/report/paper-rows.yaml --out "$RUN/report-$mode" \
+        || return 1
+    done
+    "$BIN/python" scripts/real_agent_report.py --run "$RUN" --data "$DATA" --repos "${REPOS:-git}" \
+      --policies "${POLICIES[@]}" --modes "${MODES[@]}" --k $K --rows-per-repo $AGENT_ROWS --quick $QUICK
+  }
+  stage agent-report "report beside the paper's agent rows" agent_report
+  echo
+  sed -n '/^## Results/,/^## /p' "$RUN/agent-real.md" | sed '$d'
+  echo "real done in $((SECONDS - T0)) s: $RUN/agent-real.md (logs of every tool in $LOGS/)"
+  exit 0
+fi
 
 # 5. n generations per test prompt: the base model and every adapter of a task in one vLLM engine
 infer() {

@@ -59,6 +59,21 @@ def train_facts(run: Path, arm: str, task: int) -> dict[str, Any]:
             "tok_s": (done.get("tokens") or 0) / max(done.get("seconds_this_process") or 1e-9, 1e-9)}
 
 
+def tsv(path: Path) -> dict[str, str]:
+    """A file of ``name<TAB>value`` lines as a dict (a later line wins: a resumed stage appends its own)."""
+    if not path.is_file():
+        return {}
+    return dict(line.split("\t", 1) for line in path.read_text().splitlines() if "\t" in line)
+
+
+def stage_times(run: Path, keep: list[str] | None = None) -> list[str]:
+    """The report's "Time per stage" section from ``RUN/timings.tsv`` (only the stages in ``keep``, if given)."""
+    timings = {k: v for k, v in tsv(run / "timings.tsv").items() if keep is None or k in keep}
+    return (["## Time per stage (seconds, this machine)", "", "| stage | seconds |", "|---|---|"]
+            + [f"| {k} | {v} |" for k, v in timings.items()]
+            + [f"| **all** | {sum(int(v) for v in timings.values())} |", ""])
+
+
 def gold_valid_counts(run: Path, keys: set[tuple[int, int]], modes: list[str]) -> dict[str, int]:
     """How many of the test rows have a gold answer that passes here, per mode."""
     v = json.loads((run / "validation" / "validation.json").read_text())
@@ -95,7 +110,6 @@ def main() -> None:
     ood_rows = Counter(r["repo"] for r in _jsonl(run / "prep" / "ood_train" / f"task{t0}.jsonl"))
     valid = gold_valid_counts(run, keys, a.modes)
     variants = ["base"] + [f"{arm}-tuned" for arm in a.arms]
-    timings = dict(line.split("\t") for line in (run / "timings.tsv").read_text().splitlines() if "\t" in line)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
     cmd = "bash scripts/real.sh" + (" --quick" if a.quick else "") + f" --data {a.data}" + (
@@ -184,9 +198,7 @@ def main() -> None:
                 other = sum(n for c, n in ec.items() if c not in ("E1", "E2", "E4", "E5", "TIMEOUT"))
                 L.append(f"| {v} | {t} | {ec['E1']} | {ec['E2']} | {ec['E4']} | {ec['E5']} | {ec['TIMEOUT']} "
                          f"| {other} |")
-    L += ["", "## Time per stage (seconds, this machine)", "", "| stage | seconds |", "|---|---|"]
-    L += [f"| {k} | {v} |" for k, v in timings.items()]
-    L += [f"| **all** | {sum(int(v) for v in timings.values())} |", ""]
+    L += ["", *stage_times(run)]
     L += ["## Reading these numbers", "",
           "A 135M-parameter model is about 50 times smaller than the paper's 7B models, trained here on tens of rows "
           "(the paper's ID split has thousands), on CPU, with a 1,024-token context budget. Its scores show that the "

@@ -570,3 +570,47 @@ def test_steps_1_and_2_are_the_papers_tables_20_and_21(shared: Path, pool: dict,
     sent = _words(ep.prepare().text)
     assert sent.startswith(t21[: t21.index("{keyword}")] + "{lr}. URLS: {")
     assert "} Make sure your answer is in standard json format, start!" in sent
+
+
+def test_rows_of_a_split_file_select_those_rows_and_bad_lines_are_errors(tmp_path: Path):
+    """`--rows-of FILE` keeps the rows a JSONL file names (prep's split file: the real loop's test rows), in the
+    data's order; a line without github_id and id, or a row the data lacks, is one error at file:line."""
+    import argparse
+
+    from conftest import SAMPLE
+
+    from mlbench_kit.agent.run import select_rows
+    from mlbench_kit.dataset import load_samples
+    data = SAMPLE / "samples.jsonl"
+    every = load_samples(data)
+    picked = [every[-1], every[0]]
+    keys = tmp_path / "test.jsonl"
+    keys.write_text("".join(json.dumps({"github_id": s.github_id, "id": s.id, "prompt": "..."}) + "\n"
+                            for s in picked) + "\n")
+    args = argparse.Namespace(data=str(data), split="full", repos=None, limit=None, rows_of=str(keys))
+    assert [s.key for s in select_rows(args)] == [every[0].key, every[-1].key]
+    keys.write_text(json.dumps({"github_id": 1}) + "\n")
+    with pytest.raises(MLBenchError) as e:
+        select_rows(args)
+    assert f"{keys}:1" in str(e.value)
+    keys.write_text(json.dumps({"github_id": 99999, "id": 1}) + "\n")
+    with pytest.raises(MLBenchError, match="not in --data"):
+        select_rows(args)
+
+
+def test_the_openai_backend_needs_a_tokenizer_and_a_key_off_this_machine(tmp_path: Path, monkeypatch):
+    """backend openai: prompts go as token ids, so --tokenizer is required (one error naming it); a server that is
+    not this machine's needs the key from the environment variable the config names (no request is sent)."""
+    from conftest import SAMPLE, run_cli
+
+    from mlbench_kit.engine import OpenAIEngine, is_loopback
+    r = run_cli("mlbench", "agent", "--backend", "openai", "--model", "served", "--data", SAMPLE / "samples.jsonl",
+                "--repos-dir", SAMPLE / "repos", "--out", tmp_path / "out")
+    assert r.returncode == 2 and "--tokenizer" in r.stderr and "token ids" in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()
+    assert is_loopback("http://127.0.0.1:8000/v1") and is_loopback("http://localhost:1/v1")
+    assert not is_loopback("https://127.example.com/v1") and not is_loopback("https://api.example.com/v1")
+    monkeypatch.delenv("MLBENCH_TEST_KEY", raising=False)
+    with pytest.raises(MLBenchError, match="MLBENCH_TEST_KEY"):
+        OpenAIEngine("m", "https://api.example.com/v1", "MLBENCH_TEST_KEY")
+    OpenAIEngine("m", "http://127.0.0.1:9/v1", "MLBENCH_TEST_KEY").close()  # loopback: no key needed

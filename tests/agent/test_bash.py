@@ -210,7 +210,8 @@ def test_each_limit_ends_the_episode_with_its_status(box, tmp_path: Path):
     t = [json.loads(x) for x in (tmp_path / "time_limit" / "transcripts" / "101-9001" / "ep0.jsonl").read_text()
          .splitlines()]
     assert t[0]["exec"]["timed_out"] and "timeout" in t[0]["observation"]
-    _run(box, tmp_path / "ctx", lambda m, s: bash("yes | head -c 5000"), _cfg(), rows=ROWS[:1], max_model_len=4000)
+    _run(box, tmp_path / "ctx", lambda m, s: bash("yes | head -c 5000"), _cfg(observation_tokens=4000), rows=ROWS[:1],
+         max_model_len=4000)
     (row,) = _rows(tmp_path / "ctx")
     assert [e["exit"] for e in row["agent"]["episodes"]] == ["context_exceeded"] * 2
     assert [e["turns"] for e in row["agent"]["episodes"]] == [1, 1]  # the first turn fit; the second would not
@@ -371,3 +372,71 @@ def test_agent_runs_stand_beside_task_runs_in_the_report(box, tmp_path: Path):
     # a report of task runs alone quotes no agent row
     assert main(["report", f"m={tmp_path / 'eval-t3'}", "--reference", str(paper), "--out", str(tmp_path / "r2")]) == 0
     assert "agent:" not in (tmp_path / "r2" / "report.md").read_text()
+
+
+def test_prefix_code_exports_apply_to_actions_and_the_openhands_check(box, tmp_path: Path):
+    """The row's prefix_code applies where eval's checker applies it: its `export NAME=VALUE` lines are set for
+    every action and for the OpenHands check; its other lines (installs, downloads) never run."""
+    import dataclasses
+    row = dataclasses.replace(ROWS[0], prefix_code="pip install nothing-here\nexport DATA_DIR=/data/x\n"
+                                                   "export OUT_DIR=$DATA_DIR/out  # where it writes\n")
+
+    def script(messages, sample):
+        if len(messages) == 1:
+            return bash('echo "data=[$DATA_DIR] out=[$OUT_DIR]"')
+        return bash("printf '%s\\n' 'test \"$OUT_DIR\" = /data/x/out' > run.sh")
+
+    engine = Replies(script)
+    cfg = _cfg()
+    cfg.episodes = 1
+    run_episodes(cfg, [row], {REPO: CHECKOUT}, lambda: engine, encode, 10**6, tmp_path / "run",
+                 {"model": "scripted", "adapter": None, "backend": "scripted"}, box=box)
+    t = [json.loads(x) for x in (tmp_path / "run" / "transcripts" / f"{row.github_id}-{row.id}" / "ep0.jsonl")
+         .read_text().splitlines()]
+    assert "data=[/data/x] out=[/data/x/out]" in t[0]["observation"]
+    end = t[-1]["end"]
+    assert end["exit"] == "submitted" and end["openhands"]["passed"], end
+
+
+def test_observations_are_cut_to_a_token_budget_of_the_models_tokenizer(tiny_tokenizer):
+    """Output that fits in characters but not in tokens is cut to the token budget: head and tail, each at most
+    half of it by the model's tokenizer, the middle elided and said so."""
+    from mlbench_kit.agent.run import make_encoder
+    encode, _ = make_encoder(tiny_tokenizer, "plain")
+    empty = len(encode(""))
+
+    def count(text: str) -> int:
+        return len(encode(text)) - empty
+    log = "".join(f"epoch {i} loss 0.{i:04d} acc 0.{(7 * i) % 1000:03d}\n" for i in range(120))
+    res = ExecResult(0, False, 0.1, 0, log)
+    whole = observation(res, 10**6)
+    assert "elided" not in whole and count(log) > 300  # within the characters: the old cut kept it whole
+    obs = observation(res, 10**6, 200, count)
+    out = obs.split("<output>\n", 1)[1].removesuffix("</output>")
+    head, rest = out.split("\n[... ", 1)
+    note, tail = rest.split(" ...]\n", 1)
+    assert count(head) <= 100 and count(tail) <= 100 and count(head) > 80 and count(tail) > 80
+    assert log.startswith(head) and log.endswith(tail) and "tokens" in note and "characters) elided" in note
+    assert observation(res, 10**6, 10**5, count) == whole  # within the token budget: unchanged
+
+
+def test_an_episode_shows_the_model_at_most_its_token_budget_of_an_action(box, tmp_path: Path):
+    cfg = _cfg(observation_tokens=64)
+    cfg.episodes = 1
+    seen = []
+
+    def script(messages, sample):
+        seen.append(messages[0]["content"])
+        if len(messages) == 1:
+            return bash("seq 1 400")
+        return bash("echo done > run.sh")
+
+    engine = Replies(script)
+    run_episodes(cfg, ROWS[:1], {REPO: CHECKOUT}, lambda: engine, encode, 10**6, tmp_path / "run",
+                 {"model": "scripted", "adapter": None, "backend": "scripted"}, box=box)
+    t = [json.loads(x) for x in (tmp_path / "run" / "transcripts" / f"{ROWS[0].github_id}-{ROWS[0].id}" / "ep0.jsonl")
+         .read_text().splitlines()]
+    out = t[0]["observation"].split("<output>\n", 1)[1].removesuffix("</output>")
+    head, tail = out.split("\n[... ", 1)[0], out.split(" ...]\n", 1)[1]
+    assert len(head) <= 32 and len(tail) <= 32 and head.startswith("1\n2\n") and tail.endswith("399\n400\n")
+    assert "cut to 4000 characters and 64 tokens" in seen[0]  # the task prompt says so
