@@ -92,9 +92,14 @@ AGENT_INPUTS = (
 STAGES: tuple[Stage, ...] = (
     Stage("prep", "render tasks 1-3 into prompts", "mlbench_kit.data_prep.prepare",
           "mlbench_kit.prep_config:PrepConfig"),
-    Stage("train", "LoRA/QLoRA fine-tuning, one process (multi-GPU: accelerate launch train/lora.py)",
+    Stage("train", "LoRA/QLoRA fine-tuning: one process, or several through accelerate's launcher (--nproc, "
+          "--accelerate-config; or accelerate launch train/lora.py)",
           "mlbench_kit.train.cli", "mlbench_kit.train_config:TrainConfig",
-          extra=(Flag("resume", "auto (newest complete checkpoint, default), none, or a path", default="auto"),),
+          extra=(Flag("resume", "auto (newest complete checkpoint, default), none, or a path", default="auto"),
+                 Flag("nproc", "processes to launch through accelerate's launcher, e.g. one per GPU (wins over "
+                      "--accelerate-config's num_processes); default: train in this one process", type=int),
+                 Flag("accelerate_config", "accelerate config to launch with (configs/accelerate/*.yaml: DDP, "
+                      "FSDP2, DeepSpeed ZeRO-2/3)", metavar="FILE")),
           default_config="configs/train/codellama-7b-instruct.yaml"),  # the paper's main open model (the card's)
     Stage("infer", "sample n responses per prompt (vLLM, HF or an OpenAI-compatible endpoint)",
           "mlbench_kit.infer.run", "mlbench_kit.infer_config:InferConfig"),

@@ -9,9 +9,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
+import subprocess
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
+import yaml
+
+from mlbench_kit.config import save_resolved
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.flags import config_path, resolve
 from mlbench_kit.hf import check_model_available
@@ -30,16 +37,60 @@ def preflight(cfg: TrainConfig) -> None:
                            f"--out {d.prep_dir} ...` first (see docs/prep.md), or pass --prep-dir DIR")
 
 
+def launch_command(cfg_file: Path, args: argparse.Namespace) -> list[str]:
+    """accelerate's launcher running the recipe module (``-m mlbench_kit.train.lora``: no checkout path needed) on
+    the resolved config, with ``--nproc`` processes and ``--accelerate-config``'s settings."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch"]
+    acc: dict[str, Any] = {}
+    if args.accelerate_config:
+        p = Path(args.accelerate_config)
+        if not p.is_file():
+            raise MLBenchError("accelerate config not found", str(p), "pass one of configs/accelerate/*.yaml "
+                               "(`mlbench configs ls accelerate`)")
+        acc = yaml.safe_load(p.read_text()) or {}
+        if not isinstance(acc, dict):
+            raise MLBenchError("an accelerate config is a YAML mapping", str(p))
+        cmd += ["--config_file", str(p)]
+    if args.nproc is not None:
+        if args.nproc < 1:
+            raise MLBenchError(f"--nproc must be at least 1, got {args.nproc}", "--nproc")
+        cmd += ["--num_processes", str(args.nproc)]
+        if not args.accelerate_config and args.nproc > 1:  # no config: data parallel, as `accelerate launch
+            cmd += ["--multi_gpu"]                            # --multi_gpu --num_processes N`
+    if int(acc.get("num_machines") or 1) == 1 and "main_process_port" not in acc:
+        cmd += ["--main_process_port", "0"]  # one machine: any free port, so two runs on a node do not collide
+    return [*cmd, "-m", "mlbench_kit.train.lora", "--config", str(cfg_file), "--resume", args.resume]
+
+
+def launch(cfg: TrainConfig, args: argparse.Namespace) -> int:
+    """``mlbench train --nproc N`` / ``--accelerate-config FILE``: the same run as ``accelerate launch train/lora.py``,
+    launched from here. The resolved config goes to the processes as one file, so they train exactly what this
+    command resolved; the launcher's exit status is the command's."""
+    with tempfile.TemporaryDirectory(prefix="mlbench-train-") as tmp:
+        cfg_file = Path(tmp) / "config.yaml"
+        save_resolved(cfg, cfg_file)
+        cmd = launch_command(cfg_file, args)
+        print(f"train: launching through accelerate: {shlex.join(cmd)}", file=sys.stderr, flush=True)
+        return subprocess.run(cmd, check=False).returncode
+
+
 def run(args: argparse.Namespace, recipe: Any = None) -> int:
     """Entry point shared by `accelerate launch train/lora.py` (which passes its ``recipe`` class) and `mlbench
-    train`."""
+    train` (which launches the processes itself with ``--nproc``/``--accelerate-config``)."""
     st = stage("train")
     path = config_path(st, args)
     cfg = resolve(st, args)
+    launching = args.nproc is not None or args.accelerate_config is not None
+    if launching and recipe is not None:
+        raise MLBenchError("--nproc and --accelerate-config are `mlbench train`'s", "--nproc",
+                           "under `accelerate launch train/lora.py`, give them to accelerate (--num_processes, "
+                           "--config_file)")
     if os.environ.get("RANK", "0") == "0":
         print(f"train: config {path}{'' if args.config else ' (the default; --config to choose)'}, model "
               f"{cfg.model}, data {cfg.data_file()}, output {cfg.out}", file=sys.stderr, flush=True)
     preflight(cfg)
+    if launching:
+        return launch(cfg, args)
     if recipe is None:
         from .lora import LoRAFinetuneRecipe as recipe  # the heavy imports, only now that training starts
     run_ = recipe(cfg, args.resume)

@@ -421,3 +421,28 @@ def test_the_gpu_lock_satisfies_the_gpu_extras_and_pins_the_stack():
     for name in ("transformers", "peft", "bitsandbytes", "accelerate", "deepspeed"):  # what the CPU tests ran
         assert pins[name] == cpu[name], name
     assert cpu["torch"].split("+")[0] == pins["torch"]
+
+
+@pytest.mark.integration
+def test_mlbench_train_launches_its_processes_through_accelerate(tmp_path, tiny_model_dir, real_prep):
+    """`mlbench train --nproc 2 --accelerate-config ...`: the card's multi-process run without the checkout's
+    train/lora.py path; 2 CPU processes (DDP over gloo) train the config the command resolved."""
+    out = tmp_path / "run"
+    r = run_cli("mlbench", "train", "--nproc", "2", "--accelerate-config", "configs/accelerate/ddp-cpu.yaml",
+                "--config", "configs/train/tiny-cpu.yaml", "--model", tiny_model_dir, "--prep-dir", real_prep,
+                "--out", out, "--max-context-tokens", "1024", "--max-steps", "2", "--set", "optim.grad_accum=1",
+                timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "train: launching through accelerate: " in r.stderr and " -m mlbench_kit.train.lora " in r.stderr
+    start = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert start["world_size"] == 2
+    assert [s["step"] for s in _steps(out)] == [1, 2] and (out / "adapter" / "adapter_model.safetensors").is_file()
+    want = load_train_config("configs/train/tiny-cpu.yaml", {"model": str(tiny_model_dir), "prep_dir": str(real_prep),
+                                                              "out": str(out), "max_context_tokens": 1024,
+                                                              "max_steps": 2}, ["optim.grad_accum=1"])
+    assert load_train_config(out / "config.yaml", {}) == want  # what the processes trained: what was asked
+    # a bad launch is refused before any process starts, with the flag to fix
+    r = run_cli("mlbench", "train", "--nproc", "2", "--accelerate-config", tmp_path / "none.yaml", "--config",
+                "configs/train/tiny-cpu.yaml", "--model", tiny_model_dir, "--prep-dir", real_prep, "--out",
+                tmp_path / "bad")
+    assert r.returncode == 2 and "accelerate config not found" in r.stderr and not (tmp_path / "bad").exists()
