@@ -34,11 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from mlbench_kit.agent_config import AgentConfig
 from mlbench_kit.dataset import Sample, prefix_exports
 from mlbench_kit.escape import visible
 from mlbench_kit.sandbox import Env, ExecResult, Job, Limits, Sandbox
 
-from .config import AgentConfig
 from .episode import EXITS, Prepared, close_turn, sha, turn_seed
 from .parse import FormatError
 from .repo import Refused, RepoView

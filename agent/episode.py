@@ -24,10 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlbench_kit.agent_config import AgentConfig
 from mlbench_kit.dataset import Sample
 
 from . import prompts as P
-from .config import AgentConfig
 from .parse import FormatError, parse_reply
 from .repo import Refused, RepoView, cut
 

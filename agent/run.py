@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mlbench_kit.agent_config import AgentConfig
 from mlbench_kit.chat_template import render_chat
 from mlbench_kit.dataset import Sample, load_samples
 from mlbench_kit.engine import Engine, GenParams, GenRequest
@@ -38,7 +39,6 @@ from mlbench_kit.stages import stage
 from mlbench_kit.untar import safe_extract
 
 from .bash import BashEpisode
-from .config import AgentConfig
 from .episode import Episode, sha
 from .repo import RepoView
 

@@ -20,8 +20,8 @@ import shutil
 import time
 from pathlib import Path
 
-from mlbench_kit.agent.config import load_agent_config
 from mlbench_kit.agent.run import checkouts, make_encoder, run_episodes, select_rows
+from mlbench_kit.agent_config import load_agent_config
 from mlbench_kit.engine import VllmEngine
 from mlbench_kit.hf import load_tokenizer, model_positions
 

@@ -104,7 +104,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("infer", "sample n responses per prompt (vLLM, HF or an OpenAI-compatible endpoint)",
           "mlbench_kit.infer.run", "mlbench_kit.infer_config:InferConfig"),
     Stage("agent", "agent episodes per row (ML-Agent, or bash actions in the sandbox) -> generations to score",
-          "mlbench_kit.agent.run", "mlbench_kit.agent.config:AgentConfig", extra=AGENT_INPUTS,
+          "mlbench_kit.agent.run", "mlbench_kit.agent_config:AgentConfig", extra=AGENT_INPUTS,
           one_of=((("repos_dir", "tarballs"), True),)),
     Stage("eval", "execute generations in a sandbox and score them", "mlbench_kit.eval.run",
           "mlbench_kit.eval_config:EvalConfig", one_of=((("generations", "gold"), False),)),

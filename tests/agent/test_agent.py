@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from mlbench_kit.agent.config import AgentConfig, load_agent_config
 from mlbench_kit.agent.episode import Episode, turn_seed
 from mlbench_kit.agent.parse import FormatError, parse_reply
 from mlbench_kit.agent.repo import Refused, RepoView
 from mlbench_kit.agent.run import run_episodes
+from mlbench_kit.agent_config import AgentConfig, load_agent_config
 from mlbench_kit.dataset import Sample
 from mlbench_kit.engine import Generated, GenParams, GenRequest
 from mlbench_kit.errors import MLBenchError

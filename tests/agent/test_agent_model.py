@@ -11,9 +11,9 @@ import pytest
 from conftest import run_cli
 from test_agent import _transcripts  # the transcripts less what a re-run may change (wall times)
 
-from mlbench_kit.agent.config import load_agent_config
 from mlbench_kit.agent.episode import EXITS
 from mlbench_kit.agent.run import make_encoder, run_episodes
+from mlbench_kit.agent_config import load_agent_config
 from mlbench_kit.dataset import load_samples
 
 REPO = "PyTorch-GAN"  # a small checkout (67 kB packed)

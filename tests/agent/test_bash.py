@@ -14,9 +14,9 @@ import pytest
 from conftest import REPO_ROOT, SAMPLE
 
 from mlbench_kit.agent.bash import BashEpisode, observation, parse_action
-from mlbench_kit.agent.config import AgentConfig
 from mlbench_kit.agent.parse import FormatError
 from mlbench_kit.agent.run import run_episodes, summarize
+from mlbench_kit.agent_config import AgentConfig
 from mlbench_kit.dataset import Sample, load_samples
 from mlbench_kit.engine import Generated
 from mlbench_kit.envspec import EnvConfig

@@ -9,8 +9,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from mlbench_kit.config import Check, load, option
-from mlbench_kit.errors import MLBenchError
+from .config import Check, load, option
+from .errors import MLBenchError
 
 
 @dataclass
