@@ -28,6 +28,7 @@ from typing import Any
 
 from mlbench_kit.agent_config import AgentConfig
 from mlbench_kit.chat_template import render_chat
+from mlbench_kit.config import save_resolved
 from mlbench_kit.dataset import Sample, load_samples
 from mlbench_kit.engine import Engine, GenParams, GenRequest
 from mlbench_kit.envspec import EnvConfig
@@ -59,19 +60,19 @@ def _identity(path: str | None) -> dict[str, Any] | None:
     return {"name": str(p.resolve()), "sha": h.hexdigest()[:16]}
 
 
-def checkouts(args: argparse.Namespace, repos: set[str], out: Path) -> dict[str, Path]:
+def checkouts(cfg: AgentConfig, repos: set[str], out: Path) -> dict[str, Path]:
     """One pristine checkout per repository: from --repos-dir, or unpacked once from --tarballs by the core's
     checked extractor (:func:`mlbench_kit.untar.safe_extract`: nothing outside the folder, bounded)."""
     found = {}
     for name in sorted(repos):
-        if args.repos_dir:
-            d = Path(args.repos_dir) / name
+        if cfg.repos_dir:
+            d = Path(cfg.repos_dir) / name
             if not d.is_dir():
                 raise MLBenchError(f"no checkout of {name}", str(d), "pass --repos-dir holding <repo>/ folders")
         else:
             d = out / "checkouts" / name
             if not d.is_dir():
-                tar = Path(args.tarballs) / f"{name}.tar.gz"
+                tar = Path(str(cfg.tarballs)) / f"{name}.tar.gz"
                 if not tar.is_file():
                     raise MLBenchError(f"no checkout tarball for {name}", str(tar),
                                        "pass --tarballs DIR holding <repo>.tar.gz")
@@ -88,22 +89,23 @@ def checkouts(args: argparse.Namespace, repos: set[str], out: Path) -> dict[str,
     return found
 
 
-def select_rows(args: argparse.Namespace) -> list[Sample]:
-    rows = load_samples(args.data, args.split)
-    if args.repos:
-        unknown = set(args.repos) - {s.repo for s in rows}
+def select_rows(cfg: AgentConfig) -> list[Sample]:
+    """The rows the run works on: --data's split, then --repos, --rows-of and --limit."""
+    rows = load_samples(str(cfg.data), cfg.split)
+    if cfg.repos:
+        unknown = set(cfg.repos) - {s.repo for s in rows}
         if unknown:
             raise MLBenchError(f"no rows of {sorted(unknown)}", "--repos", f"repositories: "
                                f"{sorted({s.repo for s in rows})}")
-        rows = [s for s in rows if s.repo in args.repos]
-    if getattr(args, "rows_of", None):
-        keys = rows_named(args.rows_of)
-        unknown = keys - {s.key for s in rows}
-        if unknown:
-            raise MLBenchError(f"{len(unknown)} rows named here are not in --data (first: {sorted(unknown)[:3]})",
-                               str(args.rows_of), "name rows of the same data (github_id, id)")
+        rows = [s for s in rows if s.repo in cfg.repos]
+    if cfg.rows_of:
+        keys = rows_named(cfg.rows_of)
+        absent = keys - {s.key for s in rows}
+        if absent:
+            raise MLBenchError(f"{len(absent)} rows named here are not in --data (first: {sorted(absent)[:3]})",
+                               str(cfg.rows_of), "name rows of the same data (github_id, id)")
         rows = [s for s in rows if s.key in keys]
-    return rows[: args.limit] if args.limit else rows
+    return rows[: cfg.limit] if cfg.limit else rows
 
 
 def rows_named(path: str | Path) -> set[tuple[int, int]]:
@@ -147,22 +149,23 @@ def make_encoder(tokenizer: Any, template: str) -> tuple[Any, str]:
     return encode, "chat" if chat else "plain"
 
 
-def make_engine(args: argparse.Namespace, cfg: AgentConfig, tokenizer: Any, max_model_len: int) -> Engine:
-    adapters = {"adapter": args.adapter} if args.adapter else None
+def make_engine(cfg: AgentConfig, tokenizer: Any, max_model_len: int) -> Engine:
+    model = str(cfg.model)  # given (require_inputs)
+    adapters = {"adapter": cfg.adapter} if cfg.adapter else None
     if cfg.backend == "openai":
         from mlbench_kit.engine import OpenAIEngine
         o = cfg.openai
-        return OpenAIEngine(args.model, o.base_url, o.api_key_env, adapters, o.concurrency, o.timeout_s,
+        return OpenAIEngine(model, o.base_url, o.api_key_env, adapters, o.concurrency, o.timeout_s,
                             o.max_retries)
     if cfg.backend == "hf":
         from mlbench_kit.engine import HfEngine
-        return HfEngine(args.model, tokenizer, adapters)
+        return HfEngine(model, tokenizer, adapters)
     from mlbench_kit.engine import VllmEngine
     rank = None
-    if args.adapter:
-        r = int(json.loads((Path(args.adapter) / "adapter_config.json").read_text())["r"])
+    if cfg.adapter:
+        r = int(json.loads((Path(cfg.adapter) / "adapter_config.json").read_text())["r"])
         rank = next((x for x in LORA_RANKS if x >= r), r)
-    return VllmEngine(args.model, max_model_len, cfg.sampling.seed, adapters, rank, args.tokenizer,
+    return VllmEngine(model, max_model_len, cfg.sampling.seed, adapters, rank, cfg.tokenizer,
                       gpu_memory_utilization=cfg.gpu_memory_utilization)
 
 
@@ -170,53 +173,52 @@ def run(args: argparse.Namespace) -> int:
     """The `mlbench agent` command."""
     from mlbench_kit.hf import check_model_available, load_tokenizer, model_positions
     cfg = resolve(stage("agent"), args)
+    cfg.require_inputs(args.config)
+    model = str(cfg.model)
     if cfg.backend == "openai":  # a served name: the prompts' tokens and the context come from --tokenizer's folder
-        if not args.tokenizer:
+        if not cfg.tokenizer:
             raise MLBenchError("backend openai needs --tokenizer (the served model's tokenizer folder): prompts are "
                                "sent as token ids", "--tokenizer", "pass the model's folder, e.g. --tokenizer DIR")
-        check_model_available(args.tokenizer, "--tokenizer")
+        check_model_available(cfg.tokenizer, "--tokenizer")
     else:
-        check_model_available(args.model, "--model")
-    tokenizer = load_tokenizer(args.tokenizer or args.model, "--tokenizer" if args.tokenizer else "--model",
+        check_model_available(model, "--model")
+    tokenizer = load_tokenizer(cfg.tokenizer or model, "--tokenizer" if cfg.tokenizer else "--model",
                                fast=False)
-    positions = model_positions(args.tokenizer if cfg.backend == "openai" else args.model)
+    positions = model_positions(cfg.tokenizer if cfg.backend == "openai" else model)
     if cfg.max_model_len and positions and cfg.max_model_len > positions:
         raise MLBenchError(f"max_model_len {cfg.max_model_len} is above the model's {positions} positions",
                            "max_model_len")
     max_model_len = cfg.max_model_len or positions or 4096
-    rows = select_rows(args)
-    out = Path(args.out)
+    rows = select_rows(cfg)
+    out = Path(str(cfg.out))
     out.mkdir(parents=True, exist_ok=True)
     encode, template = make_encoder(tokenizer, cfg.template)
-    settings = {"config": cfg.to_dict(), "config_sha": cfg.sha(), "model": _identity(args.model),
-                "adapter": _identity(args.adapter), "template": template, "max_model_len": max_model_len,
-                "data": str(args.data), "split": args.split, "rows": [list(s.key) for s in rows]}
-    settings["config"].pop("gpu_memory_utilization")
-    settings["config"].pop("openai")  # where it runs (the server), not what an episode does
+    settings = {"config": cfg.settings(), "config_sha": cfg.sha(), "model": _identity(model),
+                "adapter": _identity(cfg.adapter), "template": template, "max_model_len": max_model_len,
+                "data": str(cfg.data), "split": cfg.split, "rows": [list(s.key) for s in rows]}
     if cfg.policy == "bash":
-        settings["envs"] = str(Path(args.envs).resolve()) if args.envs else None
-    else:
-        settings["config"].pop("bash")
+        settings["envs"] = str(Path(cfg.envs).resolve()) if cfg.envs else None
     pool_urls: dict[str, str] | None = None
     if cfg.steps == "1-4":  # step 2's candidates: every repository of the data (the 14 of the test set)
         pool_urls = {}
-        for s in load_samples(args.data, args.split):
+        for s in load_samples(str(cfg.data), cfg.split):
             pool_urls.setdefault(s.repo, s.github or s.repo)
         settings["candidates"] = sorted(pool_urls)
     claim_run_folder(out / "agent.json", settings)
-    repos = checkouts(args, {s.repo for s in rows} | set(pool_urls or ()), out)
+    save_resolved(cfg, out / "config.yaml")  # `mlbench agent --config OUT/config.yaml` replays (resumes) the run
+    repos = checkouts(cfg, {s.repo for s in rows} | set(pool_urls or ()), out)
     engines: list[Engine] = []
 
     def engine() -> Engine:
         if not engines:
-            engines.append(make_engine(args, cfg, tokenizer, max_model_len))
+            engines.append(make_engine(cfg, tokenizer, max_model_len))
         return engines[0]
     box = None
     try:
         if cfg.policy == "bash":
-            box = sandbox_for(cfg, args, rows, repos)
+            box = sandbox_for(cfg, rows, repos)
         stats = run_episodes(cfg, rows, repos, engine, encode, max_model_len, out,
-                             ident={"model": args.model, "adapter": args.adapter, "backend": cfg.backend}, box=box,
+                             ident={"model": model, "adapter": cfg.adapter, "backend": cfg.backend}, box=box,
                              pool_urls=pool_urls)
     finally:
         for e in engines:
@@ -231,16 +233,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def sandbox_for(cfg: AgentConfig, args: argparse.Namespace, rows: list[Sample],
-                repos: dict[str, Path]) -> tuple[Sandbox, EnvConfig]:
+def sandbox_for(cfg: AgentConfig, rows: list[Sample], repos: dict[str, Path]) -> tuple[Sandbox, EnvConfig]:
     """The bash policy's sandbox and the rows' environments (``--envs``, resolved as eval resolves them), each
     environment probed once inside the sandbox before any episode starts."""
     if cfg.bash.sandbox not in ("bwrap", "podman"):
         raise MLBenchError(f"bash.sandbox {cfg.bash.sandbox!r} cannot keep files between actions", "bash.sandbox",
                            "use bwrap (or podman as root)")
     check_backend(cfg.bash.sandbox, unsafe_local=False)
-    repos_dir = args.repos_dir or (next(iter(repos.values())).parent if repos else None)
-    envs = EnvConfig(args.envs, repos_dir)
+    repos_dir = cfg.repos_dir or (next(iter(repos.values())).parent if repos else None)
+    envs = EnvConfig(cfg.envs, repos_dir)
     box = Sandbox(cfg.bash.sandbox)
     try:
         if not box.layers_ok:

@@ -58,14 +58,14 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, help="per turn")
     p.add_argument("--out", required=True)
     a = p.parse_args()
-    a.repos_dir = None
     over = {key: (getattr(a, flag), f"--{flag.replace('_', '-')}") for flag, key in
             (("episodes", "episodes"), ("max_turns", "limits.max_turns"), ("max_new_tokens", "sampling.max_new_tokens"))
             if getattr(a, flag) is not None}
-    cfg = load_agent_config(a.config, over)
-    rows = select_rows(a)
+    inputs = {k: (getattr(a, k), f"--{k}") for k in ("model", "data", "split", "tarballs", "repos", "limit", "out")}
+    cfg = load_agent_config(a.config, {**over, **inputs})
+    rows = select_rows(cfg)
     out = Path(a.out)
-    repos = checkouts(a, {s.repo for s in rows}, out)
+    repos = checkouts(cfg, {s.repo for s in rows}, out)
     tok = load_tokenizer(a.model, "--model", fast=False)
     encode, _ = make_encoder(tok, cfg.template)
     max_len = cfg.max_model_len or model_positions(a.model) or 4096

@@ -1,5 +1,7 @@
 """`mlbench agent`'s options as one typed config (``configs/agent/*.yaml``), loaded by ``mlbench_kit.config.load``:
-an unknown key or a bad value is one error with the file's line (or the flag)."""
+an unknown key or a bad value is one error with the file's line (or the flag). Its inputs (model, rows,
+repositories, run folder) are keys too, so a run's ``OUT/config.yaml`` replays it; they are not part of the
+settings a run folder keeps (:meth:`AgentConfig.settings`): the run records them its own way."""
 
 from __future__ import annotations
 
@@ -82,13 +84,33 @@ class AgentOpenAI:
 
 @dataclass
 class AgentConfig:
-    """Everything `mlbench agent` needs besides its inputs (model, rows, repositories, output folder: the stage's
-    extra flags, mlbench_kit.stages)."""
+    """Everything `mlbench agent` runs: its inputs (usually flags), then how the episodes run (configs/agent/*.yaml)."""
 
-    FLAGS: ClassVar[dict[str, str]] = {  # option -> key (mlbench_kit.stages)
-        "policy": "policy", "backend": "backend", "episodes": "episodes", "seed": "sampling.seed",
-        "max_turns": "limits.max_turns", "max_new_tokens": "sampling.max_new_tokens", "max_model_len": "max_model_len"}
+    FLAGS: ClassVar[dict[str, str]] = {}  # option -> key (mlbench_kit.stages), set below
+    # the inputs: what a run works on, not how (left out of settings(): the run folder records them its own way)
+    INPUTS: ClassVar[tuple[str, ...]] = ("model", "adapter", "tokenizer", "data", "split", "repos_dir", "tarballs",
+                                         "envs", "repos", "rows_of", "limit", "out")
 
+    # inputs
+    model: str | None = option(None, "base model folder or hub id (backend openai: the served name); required")
+    adapter: str | None = option(None, "PEFT LoRA adapter folder (from train/; backend openai: a served LoRA's name)")
+    tokenizer: str | None = option(None, "tokenizer folder or id (default: the model's; backend openai: required)")
+    data: str | None = option(None, "ML-Bench rows (file, folder or hub id); required")
+    split: str = option("full", "split of --data (default full)")
+    repos_dir: str | None = option(None, "folder holding one pristine checkout per repository (<repo>/); this or "
+                                   "--tarballs")
+    tarballs: str | None = option(None, "folder of <repo>.tar.gz checkouts, unpacked into OUT/checkouts/; this or "
+                                  "--repos-dir")
+    envs: str | None = option(None, "policy bash: the environments file (envs.yaml of `mlbench env build`) whose "
+                              "environments the actions run in (default: each repository's checkout with the base "
+                              "interpreter)")
+    repos: list[str] = option(help="only these repositories' rows", factory=list)
+    rows_of: str | None = option(None, "only the rows a JSONL file names by github_id and id (e.g. prep's split "
+                                 "file RUN/prep/test/task3.jsonl, or a generations file), in the data's order",
+                                 metavar="FILE")
+    limit: int | None = option(None, "only the first N rows (after --repos and --rows-of)")
+    out: str | None = option(None, "run folder; required")
+    # how the episodes run
     policy: Literal["ml-agent", "bash"] = option("ml-agent", "ml-agent (the paper's agent: reads files, executes "
                                                  "nothing) or bash (ML-Agent-Bench offline: actions run in the "
                                                  "sandbox)")
@@ -118,6 +140,11 @@ class AgentConfig:
     gpu_memory_utilization: float = option(0.9, "share of the GPU's memory vLLM may take")
 
     def check(self, at: Check) -> None:
+        if self.repos_dir is not None and self.tarballs is not None:
+            raise MLBenchError("repos_dir and tarballs are both set: the checkouts come from one of them",
+                               at("tarballs"), "keep one")
+        if self.limit is not None and self.limit < 1:
+            raise MLBenchError(f"limit must be at least 1, got {self.limit}", at("limit"))
         if self.steps == "1-4" and self.policy != "ml-agent":
             raise MLBenchError("steps: 1-4 (keywords, repository ranking) belong to the ml-agent policy", at("steps"),
                                "use policy: ml-agent, or steps: 3-4")
@@ -146,14 +173,34 @@ class AgentConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def sha(self) -> str:
-        """The settings that change what an episode does (not where it runs): a run folder keeps one."""
+    def settings(self) -> dict[str, Any]:
+        """The keys that change what an episode does, as a run folder keeps them: not the inputs (the run records
+        those its own way), nor where it runs (GPU share, the server); ``bash`` only for that policy, so run folders
+        of ml-agent made before the bash policy existed still resume."""
         d = self.to_dict()
-        d.pop("gpu_memory_utilization")
-        d.pop("openai")
-        if self.policy != "bash":  # run folders of ml-agent made before the bash policy existed still resume
-            d.pop("bash")
-        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+        for key in (*self.INPUTS, "gpu_memory_utilization", "openai", *(("bash",) if self.policy != "bash" else ())):
+            d.pop(key)
+        return d
+
+    def sha(self) -> str:
+        """A digest of :meth:`settings`."""
+        return hashlib.sha256(json.dumps(self.settings(), sort_keys=True).encode()).hexdigest()[:16]
+
+    def require_inputs(self, source: str | None) -> None:
+        """A run needs a model, rows, checkouts and a run folder (a config without them is fine to load)."""
+        missing = [f"--{k}" for k in ("model", "data", "out") if getattr(self, k) is None]
+        if self.repos_dir is None and self.tarballs is None:
+            missing.append("--repos-dir or --tarballs")
+        if missing:
+            raise MLBenchError(f"missing {', '.join(missing)}: mlbench agent needs --model, --data, --repos-dir or "
+                               "--tarballs, and --out", source, "e.g. mlbench agent --model MODEL --data ROWS "
+                               "--tarballs REPOS --out runs/agent (mlbench agent --help lists every option)")
+
+
+AgentConfig.FLAGS = {**{k: k for k in AgentConfig.INPUTS},  # option -> key (mlbench_kit.stages)
+                     "policy": "policy", "backend": "backend", "episodes": "episodes", "seed": "sampling.seed",
+                     "max_turns": "limits.max_turns", "max_new_tokens": "sampling.max_new_tokens",
+                     "max_model_len": "max_model_len"}
 
 
 def load_agent_config(path: str | Path | None, overrides: dict[str, tuple[Any, str]] | None = None) -> AgentConfig:

@@ -31,7 +31,7 @@ from .errors import MLBenchError
 
 @dataclass(frozen=True)
 class Flag:
-    """A command-line option of a stage that sets no config key (the run's inputs, ``--resume``)."""
+    """A command-line option of a stage that sets no config key (train's ``--resume``)."""
 
     name: str  # repos_dir: --repos-dir, args.repos_dir
     help: str
@@ -72,23 +72,6 @@ class Stage:
         return dict(getattr(cls, "FLAGS", {})) if cls is not None else {}
 
 
-AGENT_INPUTS = (
-    Flag("model", "base model folder or hub id (backend openai: the served name)", required=True),
-    Flag("adapter", "PEFT LoRA adapter folder (from train/; backend openai: a served LoRA's name)"),
-    Flag("tokenizer", "tokenizer folder or id (default: the model's; backend openai: required)"),
-    Flag("data", "ML-Bench rows (file, folder or hub id)", required=True),
-    Flag("split", "split of --data (default full)", default="full"),
-    Flag("repos_dir", "folder holding one pristine checkout per repository (<repo>/)"),
-    Flag("tarballs", "folder of <repo>.tar.gz checkouts, unpacked into OUT/checkouts/"),
-    Flag("envs", "policy bash: the environments file (envs.yaml of `mlbench env build`) whose environments the "
-         "actions run in (default: each repository's checkout with the base interpreter)"),
-    Flag("repos", "only these repositories' rows", nargs="+"),
-    Flag("rows_of", "only the rows a JSONL file names by github_id and id (e.g. prep's split file "
-         "RUN/prep/test/task3.jsonl, or a generations file), in the data's order", metavar="FILE"),
-    Flag("limit", "only the first N rows (after --repos and --rows-of)", type=int),
-    Flag("out", "run folder", required=True),
-)
-
 STAGES: tuple[Stage, ...] = (
     Stage("prep", "render tasks 1-3 into prompts", "mlbench_kit.data_prep.prepare",
           "mlbench_kit.prep_config:PrepConfig"),
@@ -104,8 +87,8 @@ STAGES: tuple[Stage, ...] = (
     Stage("infer", "sample n responses per prompt (vLLM, HF or an OpenAI-compatible endpoint)",
           "mlbench_kit.infer.run", "mlbench_kit.infer_config:InferConfig"),
     Stage("agent", "agent episodes per row (ML-Agent, or bash actions in the sandbox) -> generations to score",
-          "mlbench_kit.agent.run", "mlbench_kit.agent_config:AgentConfig", extra=AGENT_INPUTS,
-          one_of=((("repos_dir", "tarballs"), True),)),
+          "mlbench_kit.agent.run", "mlbench_kit.agent_config:AgentConfig",
+          one_of=((("repos_dir", "tarballs"), False),)),  # one of them is required: AgentConfig.require_inputs
     Stage("eval", "execute generations in a sandbox and score them", "mlbench_kit.eval.run",
           "mlbench_kit.eval_config:EvalConfig", one_of=((("generations", "gold"), False),)),
     Stage("report", "eval runs side by side: markdown, CSV, PNG", "mlbench_kit.eval.report.cli"),

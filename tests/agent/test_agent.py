@@ -474,7 +474,6 @@ def test_no_symlink_is_followed_even_in_the_index(toy_repo: Path):
 def test_a_hostile_tarball_is_refused_before_anything_is_written(tmp_path: Path):
     """--tarballs are untrusted: a member that climbs out of the repository's folder is refused with the member
     named, and nothing is written outside (nor the checkout published)."""
-    import argparse
     import io
     import tarfile
 
@@ -488,7 +487,7 @@ def test_a_hostile_tarball_is_refused_before_anything_is_written(tmp_path: Path)
             info.size = len(data)
             tf.addfile(info, io.BytesIO(data))
     out = tmp_path / "out"
-    args = argparse.Namespace(repos_dir=None, tarballs=str(tars))
+    args = AgentConfig(tarballs=str(tars))
     with pytest.raises(MLBenchError, match=r"toy/\.\./\.\./escaped\.txt"):
         checkouts(args, {"toy"}, out)
     assert not list(tmp_path.rglob("escaped.txt")) and not (out / "checkouts" / "toy").exists()
@@ -575,8 +574,6 @@ def test_steps_1_and_2_are_the_papers_tables_20_and_21(shared: Path, pool: dict,
 def test_rows_of_a_split_file_select_those_rows_and_bad_lines_are_errors(tmp_path: Path):
     """`--rows-of FILE` keeps the rows a JSONL file names (prep's split file: the real loop's test rows), in the
     data's order; a line without github_id and id, or a row the data lacks, is one error at file:line."""
-    import argparse
-
     from conftest import SAMPLE
 
     from mlbench_kit.agent.run import select_rows
@@ -587,7 +584,7 @@ def test_rows_of_a_split_file_select_those_rows_and_bad_lines_are_errors(tmp_pat
     keys = tmp_path / "test.jsonl"
     keys.write_text("".join(json.dumps({"github_id": s.github_id, "id": s.id, "prompt": "..."}) + "\n"
                             for s in picked) + "\n")
-    args = argparse.Namespace(data=str(data), split="full", repos=None, limit=None, rows_of=str(keys))
+    args = AgentConfig(data=str(data), rows_of=str(keys))
     assert [s.key for s in select_rows(args)] == [every[0].key, every[-1].key]
     keys.write_text(json.dumps({"github_id": 1}) + "\n")
     with pytest.raises(MLBenchError) as e:

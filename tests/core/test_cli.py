@@ -114,9 +114,10 @@ def test_one_vocabulary() -> None:
         assert "--out" in opts[name], name
     assert "--output-dir" in opts["train"]  # the old spelling, hidden, with a warning
     # the evaluating stages read the same split by default
+    from mlbench_kit.agent_config import AgentConfig
     from mlbench_kit.eval_config import EvalConfig
     from mlbench_kit.infer_config import InferConfig
-    assert InferConfig().split == EvalConfig().split == opts["agent"]["--split"].default == "full"
+    assert InferConfig().split == EvalConfig().split == AgentConfig().split == "full"
 
 
 def test_version(capsys) -> None:
