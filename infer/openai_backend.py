@@ -5,13 +5,12 @@ The key comes from the environment variable the config names, never from a file 
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, cast
 
-from mlbench_kit.errors import MLBenchError
+from mlbench_kit.engine import openai_client
 from mlbench_kit.infer_config import InferConfig
 
 from .backends import Completion
@@ -44,14 +43,9 @@ class OpenAIBackend:
     chat template are exactly training's); ``api: chat`` sends the user turn for API chat models."""
 
     def __init__(self, model: str, cfg: InferConfig, send_token_ids: bool) -> None:
-        from openai import OpenAI
         o = cfg.openai
-        key = os.environ.get(o["api_key_env"], "")
-        if not key and not o["base_url"].startswith(("http://127.", "http://localhost")):
-            raise MLBenchError(f"no API key: the environment variable {o['api_key_env']} is empty", "--backend openai",
-                               f"export {o['api_key_env']}=... (keys are read from the environment only)")
-        self.client = OpenAI(base_url=o["base_url"], api_key=key or "EMPTY", max_retries=o["max_retries"],
-                             timeout=o["timeout_s"])
+        self.client = openai_client(o["base_url"], o["api_key_env"], o["max_retries"], o["timeout_s"],
+                                    "--backend openai")
         self.model, self.cfg, self.ids = model, cfg, send_token_ids
         self.limit = RateLimiter(int(o["requests_per_minute"]))
         self.pool = ThreadPoolExecutor(max_workers=max(1, int(o["concurrency"])))

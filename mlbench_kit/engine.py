@@ -154,6 +154,17 @@ def is_loopback(url: str) -> bool:
         return False
 
 
+def openai_client(base_url: str, api_key_env: str, max_retries: int, timeout_s: float, where: str) -> Any:
+    """An OpenAI client for ``base_url``, its key read from the environment variable ``api_key_env`` only; without
+    a key only a loopback server is used (an error at ``where`` otherwise)."""
+    from openai import OpenAI
+    key = os.environ.get(api_key_env, "")
+    if not key and not is_loopback(base_url):
+        raise MLBenchError(f"no API key: the environment variable {api_key_env} is empty", where,
+                           f"export {api_key_env}=... (keys are read from the environment only)")
+    return OpenAI(base_url=base_url, api_key=key or "EMPTY", max_retries=max_retries, timeout=timeout_s)
+
+
 class OpenAIEngine:
     """An OpenAI-compatible completions endpoint (`vllm serve`, as infer's ``openai`` backend uses it): each request
     sends its token ids (the caller's chat template and BOS exactly), its seed, its cap and ``top_k`` (vLLM's
@@ -163,12 +174,7 @@ class OpenAIEngine:
     def __init__(self, model: str, base_url: str, api_key_env: str = "OPENAI_API_KEY",
                  adapters: dict[str, str] | None = None, concurrency: int = 8, timeout_s: float = 600.0,
                  max_retries: int = 5) -> None:
-        from openai import OpenAI
-        key = os.environ.get(api_key_env, "")
-        if not key and not is_loopback(base_url):
-            raise MLBenchError(f"no API key: the environment variable {api_key_env} is empty", "openai.base_url",
-                               f"export {api_key_env}=... (keys are read from the environment only)")
-        self.client = OpenAI(base_url=base_url, api_key=key or "EMPTY", max_retries=max_retries, timeout=timeout_s)
+        self.client = openai_client(base_url, api_key_env, max_retries, timeout_s, "openai.base_url")
         self.model, self.adapters = model, dict(adapters or {})
         self.pool = ThreadPoolExecutor(max_workers=max(1, concurrency))
 

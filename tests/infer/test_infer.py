@@ -262,3 +262,20 @@ def test_fenced_parser_on_real_looking_responses(raw, expected):
     assert parse_response(raw, "fenced") == expected
     compat = parse_response(raw, "compat").strip()  # the benchmark's: first block only, no "$ " stripping
     assert compat.startswith(expected.splitlines()[0]) if "```" in raw else compat == raw
+
+
+def test_openai_backend_sends_no_key_only_to_a_loopback_address(monkeypatch):
+    """Without a key, infer's openai backend talks only to this machine: a host name that merely starts with
+    `127.` is a name, not a loopback address (the old prefix check let it through keyless)."""
+    from mlbench_kit.errors import MLBenchError
+    from mlbench_kit.infer.openai_backend import OpenAIBackend
+    from mlbench_kit.infer_config import InferConfig
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    for url in ("http://127.example.com/v1", "https://api.example.com/v1"):
+        cfg = InferConfig()
+        cfg.openai = {**cfg.openai, "base_url": url}
+        with pytest.raises(MLBenchError, match="no API key"):
+            OpenAIBackend("m", cfg, send_token_ids=False)
+    cfg = InferConfig()
+    cfg.openai = {**cfg.openai, "base_url": "http://127.0.0.1:8000/v1"}
+    assert OpenAIBackend("m", cfg, send_token_ids=False).client.api_key == "EMPTY"
