@@ -5,6 +5,7 @@ files kept between them, limits, transcripts, resume, the OpenHands rule) is."""
 from __future__ import annotations
 
 import json
+import random
 import shlex
 import shutil
 from pathlib import Path
@@ -167,11 +168,12 @@ def test_hostile_actions_are_contained(box, tmp_path: Path):
     link to a host file as run.sh is not followed (not an answer), and nothing left running."""
     canary = tmp_path / "canary"
     canary.write_text("host\n")
+    naps = str(random.randrange(30000, 99999))  # this test's own: the same test may run beside it (CI's as-user)
 
     def script(messages, sample):
         return [bash(f"echo pwned > {canary}; echo x > /usr/pwned; echo x > /sandbox/job/x; "
                      "python3 -c 'import socket; socket.create_connection((\"1.1.1.1\", 53), 2)'; "
-                     "ln -s /etc/passwd run.sh; (setsid sleep 31338 &) ; echo end"),
+                     f"ln -s /etc/passwd run.sh; (setsid sleep {naps} &) ; echo end"),
                 bash(":(){ :|:& };: ; echo bomb"),
                 bash("cat /etc/hostname; rm run.sh; echo fine > run.sh"),
                 ][len(messages) // 2]
@@ -185,7 +187,7 @@ def test_hostile_actions_are_contained(box, tmp_path: Path):
     assert t[1]["exec"]["fault"] is None  # the fork bomb is a verdict about the action, not a sandbox fault
     assert t[2]["exit"] == "submitted" and t[-1]["end"]["answer"] == "fine\n"
     assert canary.read_text() == "host\n" and not Path("/usr/pwned").exists()
-    assert not any("31338" in " ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))
+    assert not any(f"sleep {naps}" in " ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))
     assert _layers(box) == []
 
 
