@@ -1,6 +1,6 @@
 """The README's main command, end to end on the embedded sample, from a copy under /tmp (a newcomer's first
 try): fine-tuning on the test repository must pass real executions, and nothing the model learns from may hold a
-test answer."""
+test answer. CI runs the demo test as a new unprivileged user (.ci/as-user), not in root's integration half."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, REPO_ROOT, SAMPLE, run_cli, run_session
+from conftest import EXAMPLES, REPO_ROOT, SAMPLE, assert_shared_modes, run_cli, run_session
 
 DEMO_PREP = ["--splits", "full", "--readmes", str(SAMPLE / "repos"), "--build-splits", "--ood-repos", "toyvision",
              "--id-test-fraction", "0.3"]  # what scripts/demo.sh passes
@@ -139,5 +139,11 @@ def test_demo_from_a_copy_under_tmp_passes_after_fine_tuning():
         assert hit["id-tuned"] >= hit["base"] + 0.3 and hit["id-tuned"] > hit["ood-tuned"], hit
         assert (run / "report" / "report.png").is_file() and (run / "logs" / "infer.log").is_file()
         assert "Per-sample outcomes" in (run / "eval-compat" / "id-tuned" / "report.md").read_text()
+        # written for a shared cluster: under a umask that lets others read (022: CI runs this test as a new
+        # user with it), a labmate can read every file the demo wrote
+        umask = os.umask(0)
+        os.umask(umask)
+        if not umask & 0o044:
+            assert_shared_modes(*(p for p in run.rglob("*") if p.is_file() and not p.is_symlink()))
     finally:
         shutil.rmtree(root, ignore_errors=True)
