@@ -3,12 +3,17 @@ eval of their generations, the checks at plan, and sweeps without an agent secti
 
 from __future__ import annotations
 
+import json
+import os
 import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO_ROOT, run_cli
+from conftest import REPO_ROOT, run_cli, run_session
 
 from mlbench_kit.agent_config import AgentConfig, load_agent_config
 from mlbench_kit.errors import MLBenchError
@@ -181,3 +186,42 @@ def test_without_an_agent_section_the_sweep_plans_and_renders_as_before(tmp_path
             other = tmp_path / "with" / p.relative_to(tmp_path / "without")
             assert p.read_text() == other.read_text().replace("tiny-cpu-agent.yaml", "s.yaml").replace(
                 str(AGENT_SWEEP.parent), str(tmp_path)), p
+
+
+def _run_unit(script: Path, index: int) -> subprocess.CompletedProcess:
+    """An array task of a rendered sbatch script, run as Slurm would start it, without Slurm."""
+    env = {**os.environ, "SLURM_ARRAY_TASK_ID": str(index), "SLURM_ARRAY_JOB_ID": "1", "SLURM_JOB_ID": "1",
+           "MLBENCH_PYTHON": sys.executable}
+    return run_session(["bash", str(script)], timeout=600, env=env)
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+def test_the_rendered_agent_unit_runs_and_its_eval_and_the_report_read_its_generations(tmp_path: Path) -> None:
+    # the base cell of tiny-cpu-agent.yaml on a random tiny model: prep, agent-base, eval-agent-base and the report,
+    # each from its rendered script and written config, as the jobs run them
+    model = tmp_path / "model"
+    r = run_cli(sys.executable, str(REPO_ROOT / "examples" / "tiny.py"), "--repos", REPO_ROOT / "examples/sample/repos",
+                "--out", model, "--pretrain-steps", "0")
+    assert r.returncode == 0, r.stderr
+    spec = yaml.safe_load(AGENT_SWEEP.read_text())
+    spec["models"] = {"tiny": {"path": str(model), "train_config": "configs/train/tiny-cpu.yaml"}}
+    spec.update(splits=["none"], run_dir=str(tmp_path / "sweep"))
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump(spec, sort_keys=False))
+    scripts = tmp_path / "scripts"
+    r = run_cli("mlbench", "sweep", "plan", f, "--root", REPO_ROOT, "--scripts", scripts)
+    assert r.returncode == 0, r.stderr
+    for job in ("prep", "agent-base", "eval-agent-base", "report"):
+        r = _run_unit(scripts / f"{job}.sbatch", 0)
+        assert r.returncode == 0, (job, r.stdout[-2000:], r.stderr[-3000:])
+    cell = tmp_path / "sweep" / "tiny" / "none" / "task3" / "s0"
+    rows = [json.loads(x) for x in (tmp_path / "sweep/prep/tiny/test/task3.jsonl").read_text().splitlines()]
+    gens = [json.loads(x) for x in (cell / "agent" / "generations.jsonl").read_text().splitlines()]
+    assert [(g["github_id"], g["id"]) for g in gens] == [(x["github_id"], x["id"]) for x in rows]  # infer's rows
+    assert all(len(g["output"]) == 2 for g in gens)  # configs/agent/tiny-cpu.yaml's episodes
+    summary = json.loads((cell / "eval-agent" / "summary.json").read_text())
+    assert Path(summary["generations"]) == cell / "agent" / "generations.jsonl", summary
+    assert (tmp_path / "sweep/state/agent/tiny.none.task3.s0.done").exists()
+    assert (tmp_path / "sweep/state/eval/tiny.none.task3.s0.agent.done").exists()
+    assert "agent: ml-agent" in (tmp_path / "sweep/report/report.md").read_text()
