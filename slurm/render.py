@@ -1,7 +1,9 @@
 """From a sweep to job arrays: the units of each stage, their commands, their sbatch scripts.
 
 A job array per stage and kind of chain. Fine-tuned cells run prep → train → infer → eval; base-model cells
-(split ``none``) run prep → infer-base → eval-base. Within a chain, array task *i* of a stage waits for task
+(split ``none``) run prep → infer-base → eval-base. A sweep with an ``agent:`` section adds, per cell,
+agent → eval-agent (after train) and agent-base → eval-agent-base (after prep): the agent's generations, scored
+like infer's. Within a chain, array task *i* of a stage waits for task
 *i* of the stage before it (``aftercorr``, Slurm's per-task ``afterok``), so one failed cell stops only its
 own chain. The report runs after everything else has ended, whatever the outcome.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,18 +100,50 @@ def train_opts(sweep: Sweep, cell: Cell) -> dict[str, Any]:
 
 
 def infer_opts(sweep: Sweep, cell: Cell) -> dict[str, Any]:
-    m = sweep.models[cell.model]
-    adapter = None if cell.split == "none" else str(cell_dir(sweep, cell) / "train" / "adapter")
-    base = {"model": m.path, "adapter": adapter, "prompts": str(prep_dir(sweep, cell.model)), "tasks": [cell.task],
+    base = {**_cell_inputs(sweep, cell), "prompts": str(prep_dir(sweep, cell.model)), "tasks": [cell.task],
             "seed": cell.seed, "out": str(cell_dir(sweep, cell) / "infer")}
     return {**base, **sweep.options("infer", cell.model)}
 
 
-def eval_opts(sweep: Sweep, cell: Cell) -> dict[str, Any]:
+def eval_opts(sweep: Sweep, cell: Cell, source: str = "infer") -> dict[str, Any]:
+    """The eval of the cell's generations: infer's (into ``eval/``) or the agent's (into ``eval-agent/``)."""
     d = cell_dir(sweep, cell)
-    base = {"data": sweep.cfg.data, "generations": str(d / "infer" / f"task{cell.task}.jsonl"),
-            "out": str(d / "eval")}
+    gens, out = ((d / "infer" / f"task{cell.task}.jsonl", d / "eval") if source == "infer"
+                 else (d / "agent" / "generations.jsonl", d / "eval-agent"))
+    base = {"data": sweep.cfg.data, "generations": str(gens), "out": str(out)}
     return {**base, **sweep.options("eval", cell.model)}
+
+
+def agent_opts(sweep: Sweep, cell: Cell) -> dict[str, Any]:
+    """The cell's agent run: its model (and adapter), seed and folder; its rows are those of infer's prompts (prep's
+    file of the cell's task in infer's split); its environments eval's. The sweep's agent options on top."""
+    base = {**_agent_cell_opts(sweep, cell), "tokenizer": sweep.models[cell.model].tokenizer,
+            "rows_of": str(prep_dir(sweep, cell.model) / _infer_split(sweep, cell.model) / f"task{cell.task}.jsonl"),
+            "envs": sweep.options("eval", cell.model).get("envs")}
+    return {**base, **sweep.options("agent", cell.model)}
+
+
+def _agent_cell_opts(sweep: Sweep, cell: Cell) -> dict[str, Any]:
+    """The agent options that are the cell's own (checked by :func:`check_jobs`: the section may not change them)."""
+    return {**_cell_inputs(sweep, cell), "data": sweep.cfg.data, "seed": cell.seed,
+            "out": str(cell_dir(sweep, cell) / "agent")}
+
+
+def _cell_inputs(sweep: Sweep, cell: Cell) -> dict[str, Any]:
+    """What the cell's model is: the model and (tuned cells) the adapter its train unit writes."""
+    adapter = None if cell.split == "none" else str(cell_dir(sweep, cell) / "train" / "adapter")
+    return {"model": sweep.models[cell.model].path, "adapter": adapter}
+
+
+def _infer_split(sweep: Sweep, model: str) -> str:
+    """The prep split infer's prompts come from (its option, else its config file's, else its default); a broken
+    infer section is reported by :func:`check_jobs` at the infer units."""
+    opts = {k: v for k, v in sweep.options("infer", model).items() if k in ("config", "split")}
+    try:
+        cfg = load_stage_config(stage("infer"), opts, lambda key: key, sweep.root)
+    except MLBenchError:
+        return "full"
+    return str(cfg.split)
 
 
 def command(stage_name: str, opts: dict[str, Any]) -> list[str]:
@@ -118,19 +153,27 @@ def command(stage_name: str, opts: dict[str, Any]) -> list[str]:
 
 def report_cmd(sweep: Sweep) -> list[str]:
     runs = [f"{c.model}/{c.split}={cell_dir(sweep, c) / 'eval'}" for c in sweep.cells()]
+    if sweep.has_agent:  # an eval of agent generations is an agent setting of its checkpoint (the same NAME)
+        runs += [f"{c.model}/{c.split}={cell_dir(sweep, c) / 'eval-agent'}" for c in sweep.cells()]
     return (_cli("report") + ["--skip-missing", *runs, "--out", str(sweep.run_dir / "report")]
             + options(sweep.cfg.report))
 
 
-_CELL_OPTS = {"train": train_opts, "infer": infer_opts, "eval": eval_opts}
+_CELL_OPTS: dict[str, Callable[[Sweep, Cell], dict[str, Any]]] = {
+    "train": train_opts, "infer": infer_opts, "eval": eval_opts, "agent": agent_opts,
+    "eval-agent": lambda sweep, cell: eval_opts(sweep, cell, "agent")}
 
 
 def _cell_job(sweep: Sweep, name: str, stage_name: str, cells: list[tuple[int, Cell]],
-              deps: list[tuple[str, str]]) -> ArrayJob:
+              deps: list[tuple[str, str]], kind: str | None = None) -> ArrayJob:
+    """A stage's units over ``cells``; ``kind`` (eval-agent) names the options, the folder and the key's suffix
+    (its done-marker sits beside eval's)."""
+    kind = kind or stage_name
     units = []
     for i, c in cells:
-        opts = _CELL_OPTS[stage_name](sweep, c)
-        units.append(Unit(i, c.key, str(cell_dir(sweep, c) / stage_name), opts, command(stage_name, opts)))
+        opts = _CELL_OPTS[kind](sweep, c)
+        key = c.key if kind == stage_name else f"{c.key}.{kind.removeprefix(stage_name + '-')}"
+        units.append(Unit(i, key, str(cell_dir(sweep, c) / kind), opts, command(stage_name, opts)))
     return ArrayJob(name, stage_name, units, deps)
 
 
@@ -149,6 +192,13 @@ def jobs(sweep: Sweep) -> list[ArrayJob]:
     if base:
         out += [_cell_job(sweep, "infer-base", "infer", base, [("afterok", "prep")]),
                 _cell_job(sweep, "eval-base", "eval", base, [("aftercorr", "infer-base")])]
+    if sweep.has_agent:  # the agent needs the cell's model (and adapter); its generations are scored as infer's
+        for cs, suffix, first in ((tuned, "", [("afterok", "prep"), ("aftercorr", "train")]),
+                                  (base, "-base", [("afterok", "prep")])):
+            if cs:
+                out += [_cell_job(sweep, f"agent{suffix}", "agent", cs, first),
+                        _cell_job(sweep, f"eval-agent{suffix}", "eval", cs, [("aftercorr", f"agent{suffix}")],
+                                  "eval-agent")]
     report = {"skip_missing": True, "out": str(sweep.run_dir / "report"), **sweep.cfg.report}
     out.append(ArrayJob("report", "report", [Unit(0, "report", str(sweep.run_dir / "report"), report,
                                                   report_cmd(sweep))],
@@ -212,6 +262,45 @@ def check_jobs(sweep: Sweep, all_jobs: list[ArrayJob]) -> None:
                         f"infer generates up to {new} new tokens, but prep left room for "
                         f"{room[model]} in {model}'s prompts", sweep.where("prep", model, "max_new_tokens"),
                         f"set prep max_new_tokens: {new} (or lower infer's max_new_tokens)")
+    _check_agent(sweep, all_jobs)
+
+
+def _check_agent(sweep: Sweep, all_jobs: list[ArrayJob]) -> None:
+    """The agent units against their cells and their evals (configs already loaded): the agent runs the cell's
+    model, adapter, seed and rows into the folder its eval reads; it has checkouts; its bash actions run in the
+    environments, and the sandbox, that eval scores in; eval looks its rows up in the same data split."""
+    by_name = {j.name: j for j in all_jobs}
+    for job in (j for j in all_jobs if j.stage == "agent"):
+        evals = {u.index: u for u in by_name[job.name.replace("agent", "eval-agent", 1)].units}
+        for unit in job.units:
+            model = _unit_model(sweep, job, unit)
+            cfg, ev = unit.config, evals[unit.index].config
+
+            given = sweep.options("agent", str(model))
+
+            def fail(what: str, key: str, fix: str, unit: Unit = unit, given: dict[str, Any] = given,
+                     job: ArrayJob = job, model: str | None = model) -> MLBenchError:
+                at = sweep.where("agent", model, key) if key in given else sweep.lines.at("agent")
+                return MLBenchError(f"{job.name} [{unit.key}]: {what}", at, fix)
+            ours = _agent_cell_opts(sweep, sweep.cells()[unit.index])
+            for key, value in (("model", cfg.model), ("adapter", cfg.adapter), ("data", cfg.data), ("out", cfg.out),
+                               ("seed", cfg.sampling.seed)):
+                if value != ours[key]:
+                    raise fail(f"the agent's {key} is the cell's ({ours[key]}), not {value}",
+                               key if key in given else "set",
+                               f"leave {key} out of the agent section: the sweep sets it for each cell")
+            if cfg.repos_dir is None and cfg.tarballs is None:
+                raise fail("the agent needs the repositories' pristine checkouts", "repos_dir",
+                           "set repos_dir (a folder of <repo>/ checkouts) or tarballs (<repo>.tar.gz) under agent:")
+            if cfg.split != ev.split:
+                raise fail(f"the agent reads rows of split {cfg.split!r}, eval looks them up in {ev.split!r}",
+                           "split", "set the same split under agent: and eval:")
+            if cfg.policy == "bash" and cfg.envs != ev.envs:
+                raise fail(f"the agent's actions would run in other environments ({cfg.envs}) than eval scores in "
+                           f"({ev.envs})", "envs", "leave envs out of the agent section: it takes eval's")
+            if cfg.policy == "bash" and ev.backend in ("bwrap", "podman") and cfg.bash.sandbox != ev.backend:
+                raise fail(f"the agent's actions run in {cfg.bash.sandbox}, eval's checks in {ev.backend}", "set",
+                           f"set: [bash.sandbox={ev.backend}] under agent: (or the same backend under eval:)")
 
 
 def state_dir(sweep: Sweep, stage: str) -> Path:

@@ -14,7 +14,7 @@ from mlbench_kit.config import Check, Lines, load, read_yaml, to_dict
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.records import TASKS
 
-STAGES = ("prep", "train", "infer", "eval", "report")
+STAGES = ("prep", "train", "infer", "agent", "eval", "report")
 
 
 @dataclass
@@ -27,6 +27,7 @@ class ModelSpec:
     prep: dict[str, Any] = field(default_factory=dict)
     train: dict[str, Any] = field(default_factory=dict)
     infer: dict[str, Any] = field(default_factory=dict)
+    agent: dict[str, Any] = field(default_factory=dict)  # only with the sweep's own `agent:` section
     eval: dict[str, Any] = field(default_factory=dict)
 
 
@@ -69,8 +70,10 @@ class SlurmConfig:
                 raise MLBenchError(f"unknown stage {stage!r} under resources", at(f"resources.{stage}"),
                                    f"stages: {STAGES}")
         for stage in STAGES:
-            self.resources.setdefault(stage, Resources())
-            if stage != "train" and self.resources[stage].nodes != 1:
+            if stage != "agent":  # the agent's default: infer's resources (Sweep.resources)
+                self.resources.setdefault(stage, Resources())
+        for stage, r in self.resources.items():
+            if stage != "train" and r.nodes != 1:
                 raise MLBenchError(f"only training spans nodes; {stage} runs on one", at(f"resources.{stage}.nodes"))
 
 
@@ -90,6 +93,8 @@ class SweepConfig:
     prep: dict[str, Any] = field(default_factory=dict)
     train: dict[str, Any] = field(default_factory=dict)
     infer: dict[str, Any] = field(default_factory=dict)  # defaults: InferConfig's (split: full, as eval's)
+    # AgentConfig's options: with this section, each cell also runs `mlbench agent` and scores its generations
+    agent: dict[str, Any] | None = None
     eval: dict[str, Any] = field(default_factory=dict)
     report: dict[str, Any] = field(default_factory=dict)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
@@ -114,6 +119,10 @@ class SweepConfig:
                     raise MLBenchError(f"model {name!r} needs `train_config` to train the ID/OOD splits",
                                        at(f"models.{name}"),
                                        "e.g. train_config: configs/train/codellama-7b-instruct.yaml")
+        for name, m in self.models.items():
+            if m.agent and self.agent is None:
+                raise MLBenchError(f"model {name!r} has agent options but the sweep has no `agent:` section",
+                                   at(f"models.{name}.agent"), "add `agent:` (its options for every model) at the top")
 
 
 @dataclass(frozen=True)
@@ -147,7 +156,7 @@ class Sweep:
         """The sweep file's line that set ``key`` of ``stage`` (the model's own options first)."""
         if model is not None and key in getattr(self.models[model], stage, {}):
             return self.lines.at(f"models.{model}.{stage}.{key}")
-        if key in getattr(self.cfg, stage, {}):
+        if key in (getattr(self.cfg, stage, None) or {}):
             return self.lines.at(f"{stage}.{key}")
         return self.lines.at(f"models.{model}" if model else stage)
 
@@ -168,12 +177,18 @@ class Sweep:
         c = self.cfg
         return [Cell(m, s, t, k) for m, s, t, k in itertools.product(c.models, c.splits, c.tasks, c.seeds)]
 
+    @property
+    def has_agent(self) -> bool:
+        """Whether the sweep runs the agent stage (it has an ``agent:`` section)."""
+        return self.cfg.agent is not None
+
     def resources(self, stage: str) -> Resources:
-        return self.cfg.slurm.resources[stage]
+        res = self.cfg.slurm.resources
+        return res["agent"] if stage == "agent" and "agent" in res else res["infer" if stage == "agent" else stage]
 
     def options(self, stage: str, model: str) -> dict[str, Any]:
         """A stage's command-line options: the sweep's, then the model's own on top."""
-        return {**getattr(self.cfg, stage), **getattr(self.models[model], stage, {})}
+        return {**(getattr(self.cfg, stage) or {}), **getattr(self.models[model], stage, {})}
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self.cfg)
@@ -202,7 +217,13 @@ def _check_files(cfg: SweepConfig, lines: Lines, root: Path) -> None:
 
     for name, m in cfg.models.items():
         need(m.train_config, "train_config", f"models.{name}.train_config")
-    for stage, key in (("infer", "config"), ("eval", "envs"), ("report", "reference")):
-        need(getattr(cfg, stage).get(key), f"{stage}.{key}", f"{stage}.{key}")
+    for stage, key in (("infer", "config"), ("eval", "envs"), ("report", "reference"), ("agent", "config"),
+                       ("agent", "envs")):
+        need((getattr(cfg, stage) or {}).get(key), f"{stage}.{key}", f"{stage}.{key}")
+    for key in ("repos_dir", "tarballs"):  # the agent's pristine checkouts
+        rel = (cfg.agent or {}).get(key)
+        if rel is not None and not (root / str(rel)).is_dir():
+            raise MLBenchError(f"agent.{key} not found: {rel}", lines.at(f"agent.{key}"),
+                               f"a folder of the checkouts, relative to {root}")
     need(cfg.slurm.resources["train"].accelerate_config, "accelerate_config",
          "slurm.resources.train.accelerate_config")
