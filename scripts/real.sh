@@ -179,14 +179,15 @@ EOF
   }
   stage agent-eval "execution of the answers in the sandbox (${MODES[*]})" agent_evals
 
-  # 7. agent rows per policy and model, beside the paper's agent rows
+  # 7. agent rows per policy and model, beside the paper's agent rows (report-agent-*: the one-shot loop's
+  # report-<mode>/ shares this run folder)
   agent_report() {
     local mode p v
     for mode in "${MODES[@]}"; do
       local runs=()
       for v in base id-tuned; do for p in "${POLICIES[@]}"; do runs+=("$v=$RUN/eval-$mode/agent-$p/$v"); done; done
-      "$BIN/mlbench" report "${runs[@]}" --reference configs/report/paper-rows.yaml --out "$RUN/report-$mode" \
-        || return 1
+      "$BIN/mlbench" report "${runs[@]}" --reference configs/report/paper-rows.yaml \
+        --out "$RUN/report-agent-$mode" || return 1
     done
     "$BIN/python" scripts/real_agent_report.py --run "$RUN" --data "$DATA" --repos "${REPOS:-git}" \
       --policies "${POLICIES[@]}" --modes "${MODES[@]}" --k $K --rows-per-repo $AGENT_ROWS --quick $QUICK
