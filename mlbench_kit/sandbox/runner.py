@@ -84,13 +84,15 @@ def _copy_workspace(src: str, dst: str) -> None:
             shutil.copy2(s, d, follow_symlinks=False)
 
 
-def _child(spec: dict, errw: int, stdout_w: int | None = None) -> None:
+def _child(spec: dict, errw: int, stdout_w: int | None = None, out_w: int | None = None) -> None:
     """In the forked child: limits, working folder, then exec. Failures before exec go to ``errw``."""
     import resource
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])  # blocked in the runner (the cpu clock)
-        if spec.get("report_alone"):  # the report's stream (docker's stderr) is the runner's alone
-            os.dup2(1, 2)
+        if out_w is not None:  # the runner drains the output (_Drain); the report's stream (docker's stderr) and
+            os.dup2(out_w, 2)  # the container's stdout stay the runner's alone
+            if stdout_w is None:
+                os.dup2(out_w, 1)
         if stdout_w is not None:  # the benchmark's checker: stdout a pipe nobody reads while the command runs
             os.dup2(stdout_w, 1)
         os.setsid()  # (oom_score_adj 1000 was set by the runner around the fork: see _oom_fork)
@@ -267,6 +269,57 @@ def _relay_undrained(fd: int) -> None:
             return
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except InterruptedError:
+            continue
+        except OSError:
+            return
+
+
+class _Drain:
+    """The answer's output drained here, in large reads (engines whose CLI relays the output: docker). Relayed as
+    written, a flood of small writes crossed the engine one frame each (3 million 64-byte writes outlasted a 10 s
+    limit). The first half of ``cap`` bytes goes to stdout as it comes; the last half follows once everything is
+    dead, after the count of the bytes dropped between, as the host's own capture writes it."""
+
+    def __init__(self, fd: int, cap: int) -> None:
+        import threading
+        self.fd, self.half, self.head, self.tail, self.dropped = fd, cap // 2, 0, bytearray(), 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.fd, 1 << 16)
+            except InterruptedError:
+                continue
+            except OSError:
+                return
+            if not chunk:
+                return
+            room = self.half - self.head
+            if room > 0:
+                _write_all(1, chunk[:room])
+                self.head += min(room, len(chunk))
+                chunk = chunk[room:]
+            self.tail += chunk
+            if len(self.tail) > self.half:  # (bytearray drops its front without copying the rest)
+                self.dropped += len(self.tail) - self.half
+                del self.tail[:len(self.tail) - self.half]
+
+    def finish(self) -> None:
+        """Once every writer is dead: the tail, after the count of what was dropped."""
+        self.thread.join()
+        os.close(self.fd)
+        mid = f"\n[... {self.dropped} bytes dropped ...]\n".encode() if self.dropped else b""
+        _write_all(1, mid + bytes(self.tail))
+
+
 class _Counted:
     """A write-only stream onto a file descriptor that counts the bytes written and stops past ``cap``."""
 
@@ -405,6 +458,7 @@ def main() -> int:
     report: dict = {"v": 1, "exit": None, "signal": None, "survivors": None, "fault": None, "full": [],
                     "cpu_s": None, "at_fsize": False}
     inner: tuple[int, int] | None = None
+    drain: _Drain | None = None
     spec: dict = {}
     copied = False  # the workspace was made: a layer may be sent back
     try:
@@ -425,6 +479,7 @@ def main() -> int:
             # the benchmark's checker is this pipe, which the runner holds and reads only once everything is dead
             # (an answer that fills the host's pipe blocked the CLI, and with it the runner's report)
             inner = os.pipe2(os.O_CLOEXEC)
+        out = os.pipe2(os.O_CLOEXEC) if spec.get("report_alone") else None
         limit = spec.get("cpu_limit_s")
         if limit:
             signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])  # unblocked in the child
@@ -433,10 +488,13 @@ def main() -> int:
             os.close(errr)
             if report_fd != 2:
                 os.close(report_fd)
-            _child(spec, errw, inner[1] if inner else None)
+            _child(spec, errw, inner[1] if inner else None, out[1] if out else None)
         os.close(errw)
         if inner:
             os.close(inner[1])
+        if out:
+            os.close(out[1])
+            drain = _Drain(out[0], int(spec.get("log_bytes", 65536)))
         status = _wait_cpu(pid, float(limit), report) if limit else None
         while status is None and not limit:
             try:
@@ -468,6 +526,8 @@ def main() -> int:
         os.kill(-1, signal.SIGKILL)  # as PID 1: every other process of the namespace
     except ProcessLookupError:
         pass
+    if drain:
+        drain.finish()
     if inner:
         _relay_undrained(inner[0])
     if copied and spec.get("layer_out") and report_fd == 2:

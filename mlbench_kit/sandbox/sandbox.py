@@ -303,8 +303,8 @@ class Sandbox:
             spec["undrained_stdout"] = True
         if self.engine.name == "docker":  # its /sys/fs/cgroup is the container's own: the runner reads pids.events
             spec["cgroup_evidence"] = True
-        if self.engine.relays:  # the container's stderr is the report's alone (the answer's goes to its stdout)
-            spec["report_alone"] = True
+        if self.engine.relays:  # the container's stderr is the report's alone; the runner drains the answer's
+            spec["report_alone"], spec["log_bytes"] = True, limits.log_bytes  # output and relays its head and tail
         if copy and job.layer is not None and self.engine.copy_layer:
             if (job.layer / "upper").is_dir():
                 spec["layer_in"] = LAYER
