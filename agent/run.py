@@ -236,9 +236,9 @@ def run(args: argparse.Namespace) -> int:
 def sandbox_for(cfg: AgentConfig, rows: list[Sample], repos: dict[str, Path]) -> tuple[Sandbox, EnvConfig]:
     """The bash policy's sandbox and the rows' environments (``--envs``, resolved as eval resolves them), each
     environment probed once inside the sandbox before any episode starts."""
-    if cfg.bash.sandbox not in ("bwrap", "podman"):
+    if cfg.bash.sandbox not in ("bwrap", "podman", "docker"):
         raise MLBenchError(f"bash.sandbox {cfg.bash.sandbox!r} cannot keep files between actions", "bash.sandbox",
-                           "use bwrap (or podman as root)")
+                           "use bwrap, docker, or podman as root")
     check_backend(cfg.bash.sandbox, unsafe_local=False)
     repos_dir = cfg.repos_dir or (next(iter(repos.values())).parent if repos else None)
     envs = EnvConfig(cfg.envs, repos_dir)
@@ -246,7 +246,7 @@ def sandbox_for(cfg: AgentConfig, rows: list[Sample], repos: dict[str, Path]) ->
     try:
         if not box.layers_ok:
             raise MLBenchError(f"the {cfg.bash.sandbox} sandbox cannot keep files between actions here",
-                               "bash.sandbox", "use bwrap (podman keeps them only as root)")
+                               "bash.sandbox", "use bwrap or docker (podman keeps them only as root)")
         for name in sorted(repos):
             box.preflight(envs.for_repo(name), sorted({s.path for s in rows if s.repo == name}))
     except BaseException:

@@ -53,8 +53,8 @@ class AgentBash:
     """The ``bash`` policy (ML-Agent-Bench offline): each action is one sandboxed execution in the row's
     environment, network off, with the episode's files kept in a disk-capped layer between actions."""
 
-    # engines the stage script starts (they keep the layer)
-    sandbox: Literal["bwrap", "podman"] = option("bwrap", "the sandbox actions run in")
+    # engines that keep the layer: the stage script's (podman: as root), and docker's runner
+    sandbox: Literal["bwrap", "podman", "docker"] = option("bwrap", "the sandbox actions run in")
     action_wall_s: float = option(60.0, "one action's wall time")
     action_mem_mb: int = option(4096, "one action's memory")
     action_pids: int = option(256, "one action's processes at once")

@@ -56,16 +56,19 @@ class _Refused(Exception):
         self.member, self.why = member, why
 
 
-def safe_extract(tar: str | Path, dest: str | Path, limits: Limits | None = None, under: str | None = None) -> None:
+def safe_extract(tar: str | Path, dest: str | Path, limits: Limits | None = None, under: str | None = None,
+                 any_link: bool = False) -> None:
     """Extract ``tar`` into ``dest`` (created; must not exist or be empty) after checking every member.
 
     ``under``: every member must lie in this top-level folder of the archive, and its links must stay inside it.
-    Raises one MLBenchError naming the tarball and the offending member; nothing is written then."""
+    ``any_link``: symbolic links keep whatever target they name, inside the destination or not (a sandbox's files,
+    kept for its next execution, which resolves them inside the sandbox); they are still never passed through nor
+    followed here. Raises one MLBenchError naming the tarball and the offending member; nothing is written then."""
     tar, dest = Path(tar), Path(dest)
     limits = limits or Limits()
     try:
         with tarfile.open(tar, tarinfo=_BoundedInfo) as tf:
-            plan = _check(tf, limits, under)
+            plan = _check(tf, limits, under, any_link)
             dest.mkdir(parents=True, exist_ok=True)
             if any(dest.iterdir()):
                 raise MLBenchError("extraction needs an empty destination", str(dest))
@@ -144,7 +147,8 @@ def _within(path: str, root: str) -> bool:
     return not root or path == root or path.startswith(root + "/")
 
 
-def _check(tf: tarfile.TarFile, limits: Limits, under: str | None) -> list[tuple[tarfile.TarInfo, str]]:
+def _check(tf: tarfile.TarFile, limits: Limits, under: str | None,
+           any_link: bool = False) -> list[tuple[tarfile.TarInfo, str]]:
     plan: list[tuple[tarfile.TarInfo, str]] = []
     kinds: dict[str, str] = {}  # normalized name -> "dir" | "file" | "sym"
     parents: set[str] = set()   # every proper prefix of a member's name
@@ -186,11 +190,12 @@ def _check(tf: tarfile.TarFile, limits: Limits, under: str | None) -> list[tuple
             if not _within(target, root):
                 raise _Refused(m.name, f"a hard link outside the archive's folder {root!r}")
         elif m.issym():
-            if not m.linkname or m.linkname.startswith("/"):
+            if not m.linkname or (m.linkname.startswith("/") and not any_link):
                 raise _Refused(m.name, f"a link to an absolute path {m.linkname!r}")
             if "\0" in m.linkname or len(m.linkname.encode("utf-8", "surrogateescape")) > MAX_NAME:
                 raise _Refused(m.name, "a link target that is too long")
-            links[name] = posixpath.join(posixpath.dirname(name), m.linkname)
+            if not any_link:
+                links[name] = posixpath.join(posixpath.dirname(name), m.linkname)
         kinds[name] = kind
         parents.update("/".join(parts[:i]) for i in range(1, len(parts)))
         plan.append((m, name))

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -183,7 +185,6 @@ def base_image() -> str | None:
     """The podman base image (Debian + Python, built without a registry), or None where podman cannot run.
 
     CI sets MLBENCH_REQUIRE_PODMAN=1: there a missing podman fails instead of skipping."""
-    import shutil
     usable = os.geteuid() == 0 and shutil.which("podman") and shutil.which("mmdebstrap")
     if not usable:
         if required("MLBENCH_REQUIRE_PODMAN"):
@@ -191,3 +192,60 @@ def base_image() -> str | None:
         return None
     from mlbench_kit.eval.envs.images import build_base_image
     return build_base_image()
+
+
+# dockerd on this kind of host (a container, cgroup v1 hybrid, no systemd): cgroupfs, and no bridge or iptables
+# (executions run with --network none); overlay2 on the host's ext4
+DOCKERD = ["dockerd", "--exec-opt", "native.cgroupdriver=cgroupfs", "--iptables=false", "--ip-masq=false",
+           "--bridge=none", "--storage-driver", "overlay2"]
+
+
+def _answers() -> bool:
+    return subprocess.run(["docker", "info"], capture_output=True).returncode == 0
+
+
+@pytest.fixture(scope="session")
+def docker_daemon(tmp_path_factory):
+    """A Docker daemon: the one running, else one this fixture starts as root (and stops after the tests)."""
+    if shutil.which("docker") and _answers():
+        yield
+        return
+    proc = None
+    if os.geteuid() == 0 and shutil.which("dockerd") and shutil.which("docker"):
+        log = (tmp_path_factory.mktemp("dockerd") / "dockerd.log").open("w")
+        proc = subprocess.Popen(DOCKERD, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None and not _answers():
+            time.sleep(0.5)
+    if proc is None or proc.poll() is not None or not _answers():
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            proc.wait(30)
+        if os.environ.get("MLBENCH_REQUIRE_DOCKER"):
+            pytest.fail("MLBENCH_REQUIRE_DOCKER is set but no Docker daemon answers and none could be started "
+                        "(apt-get install docker.io; as root)")
+        pytest.skip("no Docker daemon, and none could be started here (needs root and docker.io)")
+    try:
+        yield
+    finally:
+        proc.terminate()  # dockerd stops its containerd with it
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="session")
+def docker_base(docker_daemon, base_image, tmp_path_factory):
+    """The podman base image, loaded into Docker (as a cluster user would: a docker-archive)."""
+    if base_image is None:
+        pytest.skip("building the base image needs podman (root, podman, mmdebstrap)")
+    archive = tmp_path_factory.mktemp("base") / "base.docker.tar"
+    subprocess.run(["podman", "save", "--format", "docker-archive", "-o", str(archive), base_image], check=True,
+                   capture_output=True)
+    r = subprocess.run(["docker", "load", "-i", str(archive)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    archive.unlink()
+    yield base_image
+    subprocess.run(["docker", "rmi", base_image], capture_output=True)

@@ -23,6 +23,7 @@ SANDBOX = "/sandbox"
 REPORT_FD = 3  # the runner's report pipe (bwrap, podman)
 NONCE_ENV = "MLBENCH_REPORT_NONCE"  # engines that cannot pass a pipe: the report goes to stderr under this nonce
 SECCOMP_FD = 4  # bwrap reads the compiled seccomp policy from it
+LAYER = f"{SANDBOX}/layer"  # docker: the earlier executions' changes (Job.layer), read-only, applied by the runner
 # the runner in a container: the base image's Python (>= 3.9, standard library), never the environment's, which
 # may be older than the runner supports (bert's 3.7) and is not the runner's to trust
 CONTAINER_RUNNER_PYTHON = "/usr/bin/python3"
@@ -156,14 +157,16 @@ def runner_argv(python: str = "python3", report: str = str(REPORT_FD)) -> list[s
 
 def container_argv(engine: str, image: str, name: str, m: Mounts, mem_mb: int, pids: int, cpus: float | None,
                    tmp_mb: int, uid: int, cgroup_parent: str | None, seccomp: Path | None,
-                   src: str | None = None) -> list[str]:
+                   src: str | None = None, layer: str | None = None) -> list[str]:
     """podman / docker: no network, no capabilities, no new privileges, a read-only image, an unprivileged
     uid, memory/pids/CPU limits, size-capped tmpfs, the runner as PID 1 (no ``--init``).
 
     Without ``src`` (podman started by the stage script) ``/sandbox/{work,home,job}`` are the stage script's
     overlay and tmpfs, and the report pipe is handed over with ``--preserve-fds``. With ``src`` (docker, whose
     daemon cannot see our mount namespace) the checkout is bound read-only at ``/sandbox/src``, the runner
-    copies it into a size-capped tmpfs, and the report comes back on stderr under a per-execution nonce.
+    copies it into a size-capped tmpfs, and the report comes back on stderr under a per-execution nonce; ``layer``
+    (:attr:`Job.layer`'s folder, when it holds files) is bound read-only at ``/sandbox/layer`` for the runner to
+    apply over that copy.
     """
     s = str(m.scratch)
     # docker: no --rm, so that its OOM record can be read before the container is removed (Docker.stop)
@@ -197,6 +200,7 @@ def container_argv(engine: str, image: str, name: str, m: Mounts, mem_mb: int, p
         argv += ["-v", f"{src}:{SANDBOX}/src:ro", "-v", f"{m.job}:{SANDBOX}/job:ro",
                  "--tmpfs", f"{SANDBOX}/work:rw,size={m.disk_mb}m,uid={uid}",
                  "--tmpfs", f"{SANDBOX}/home:rw,size={tmp_mb}m,uid={uid}", "-e", NONCE_ENV]
+        argv += ["-v", f"{layer}:{LAYER}:ro"] if layer else []
         report = "stderr"
     return argv + ["-w", f"{SANDBOX}/work", image] + runner_argv(CONTAINER_RUNNER_PYTHON, report)
 

@@ -62,7 +62,11 @@ class Engine(Protocol):
     cgroup: bool  # runs in the execution's own cgroup where the host gives one
     binds_env: bool  # the host's environment folders are bound in, read-only
     relays: bool  # its CLI relays the container's output (docker): the benchmark's undrained stdout is reproduced
-    #               inside, by the runner, so that nothing the answer prints can block the runner's report
+    #               inside, by the runner, so that nothing the answer prints can block the runner's report; the
+    #               container's stderr is the runner's alone (the report, then a layer's files: copy_layer)
+    copy_layer: bool  # keeps Job.layer without a stage script: the runner applies it and sends the changes back
+    uid_per_execution: bool  # each execution runs as a uid of its own (docker: it copies every file it writes, so
+    #                          no file's owner ties it to the run's uid), so per-user kernel quotas are its own
 
     def tools(self, root: bool) -> tuple[str, ...]: ...
 
@@ -99,7 +103,7 @@ class Bwrap:
     bwrap starts, and the seccomp policy is compiled to BPF."""
 
     name, isolated, container, cgroup, binds_env = "bwrap", True, False, True, True
-    relays = False
+    relays = copy_layer = uid_per_execution = False
 
     def tools(self, root: bool) -> tuple[str, ...]:
         return ("bwrap", "unshare", "setpriv") if root else ("bwrap", "unshare")
@@ -126,7 +130,7 @@ class Docker:
     nonce; the daemon's own limits hold (``--memory``, ``--pids-limit``)."""
 
     name, isolated, container, cgroup, binds_env = "docker", True, True, False, False
-    relays = True
+    relays = copy_layer = uid_per_execution = True
 
     def tools(self, root: bool) -> tuple[str, ...]:
         return ("docker",)
@@ -140,10 +144,11 @@ class Docker:
         return False
 
     def command(self, x: Launch) -> list[str]:
-        lim = x.limits
+        lim, layer = x.limits, x.job.layer
         return container_argv(self.name, need_image(x.job.env, self.name), x.name, x.mounts, lim.mem_mb, lim.pids,
                               lim.cpus, lim.tmp_mb, x.who.uid, x.cgroup.parent_for_podman() if x.cgroup else None,
-                              x.seccomp, src=None if x.staged else str(x.job.env.checkout.resolve()))
+                              x.seccomp, src=None if x.staged else str(x.job.env.checkout.resolve()),
+                              layer=str(layer) if self.copy_layer and layer and (layer / "upper").is_dir() else None)
 
     def stop(self, name: str, proc: subprocess.Popen, cg: cgroups.ExecCgroup | None) -> bool:
         # started without --rm: the container's own OOM record is read before it is removed (the runner may be
@@ -160,7 +165,8 @@ class Podman(Docker):
     without root, docker's way."""
 
     name, isolated, container, cgroup, binds_env = "podman", True, True, True, False
-    relays = False  # passthrough: the container's stdout is our pipe itself
+    relays = copy_layer = False  # passthrough: the container's stdout is our pipe itself
+    uid_per_execution = False  # as root its overlay's files belong to the run's uid; rootless, its subuid range
 
     def tools(self, root: bool) -> tuple[str, ...]:
         return ("podman", "unshare", "setpriv") if root else ("podman", "unshare")
@@ -185,7 +191,7 @@ class Apptainer:
     """Apptainer: a generated command line, the checkout copied by the runner, the report on stderr."""
 
     name, isolated, container, cgroup, binds_env = "apptainer", True, True, False, False
-    relays = False
+    relays = copy_layer = uid_per_execution = False
 
     def tools(self, root: bool) -> tuple[str, ...]:
         return ("apptainer",)
@@ -207,7 +213,7 @@ class Local:
     """No isolation: :func:`.local.run_local` runs the job in place; there is no command to start."""
 
     name, isolated, container, cgroup, binds_env = "local", False, False, False, False
-    relays = False
+    relays = copy_layer = uid_per_execution = False
 
     def tools(self, root: bool) -> tuple[str, ...]:
         return ()

@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import sys
 import time
 
@@ -83,11 +84,15 @@ def _copy_workspace(src: str, dst: str) -> None:
             shutil.copy2(s, d, follow_symlinks=False)
 
 
-def _child(spec: dict, errw: int, stdout_w: int | None = None) -> None:
+def _child(spec: dict, errw: int, stdout_w: int | None = None, out_w: int | None = None) -> None:
     """In the forked child: limits, working folder, then exec. Failures before exec go to ``errw``."""
     import resource
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])  # blocked in the runner (the cpu clock)
+        if out_w is not None:  # the runner drains the output (_Drain); the report's stream (docker's stderr) and
+            os.dup2(out_w, 2)  # the container's stdout stay the runner's alone
+            if stdout_w is None:
+                os.dup2(out_w, 1)
         if stdout_w is not None:  # the benchmark's checker: stdout a pipe nobody reads while the command runs
             os.dup2(stdout_w, 1)
         os.setsid()  # (oom_score_adj 1000 was set by the runner around the fork: see _oom_fork)
@@ -264,6 +269,188 @@ def _relay_undrained(fd: int) -> None:
             return
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except InterruptedError:
+            continue
+        except OSError:
+            return
+
+
+class _Drain:
+    """The answer's output drained here, in large reads (engines whose CLI relays the output: docker). Relayed as
+    written, a flood of small writes crossed the engine one frame each (3 million 64-byte writes outlasted a 10 s
+    limit). The first half of ``cap`` bytes goes to stdout as it comes; the last half follows once everything is
+    dead, after the count of the bytes dropped between, as the host's own capture writes it."""
+
+    def __init__(self, fd: int, cap: int) -> None:
+        import threading
+        self.fd, self.half, self.head, self.tail, self.dropped = fd, cap // 2, 0, bytearray(), 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.fd, 1 << 16)
+            except InterruptedError:
+                continue
+            except OSError:
+                return
+            if not chunk:
+                return
+            room = self.half - self.head
+            if room > 0:
+                _write_all(1, chunk[:room])
+                self.head += min(room, len(chunk))
+                chunk = chunk[room:]
+            self.tail += chunk
+            if len(self.tail) > self.half:  # (bytearray drops its front without copying the rest)
+                self.dropped += len(self.tail) - self.half
+                del self.tail[:len(self.tail) - self.half]
+
+    def finish(self) -> None:
+        """Once every writer is dead: the tail, after the count of what was dropped."""
+        self.thread.join()
+        os.close(self.fd)
+        mid = f"\n[... {self.dropped} bytes dropped ...]\n".encode() if self.dropped else b""
+        _write_all(1, mid + bytes(self.tail))
+
+
+class _Counted:
+    """A write-only stream onto a file descriptor that counts the bytes written and stops past ``cap``."""
+
+    def __init__(self, fd: int, cap: int) -> None:
+        self.fd, self.cap, self.n = fd, cap, 0
+
+    def write(self, data) -> int:
+        if self.n + len(data) > self.cap:
+            raise OSError(f"the layer exceeds {self.cap} bytes")
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view):]
+        self.n += len(data)
+        return len(data)
+
+
+def _same(a: os.stat_result, b: os.stat_result) -> bool:
+    return (stat.S_IFMT(a.st_mode) == stat.S_IFMT(b.st_mode) and a.st_size == b.st_size
+            and a.st_mtime_ns == b.st_mtime_ns and stat.S_IMODE(a.st_mode) == stat.S_IMODE(b.st_mode))
+
+
+def _changes(src: str, work: str) -> tuple[list[str], list[str]]:
+    """What differs between the pristine checkout ``src`` and the workspace ``work``, as an overlay's upper layer
+    sees it: the entries written or replaced (a new folder whole), and the entries removed (relative paths)."""
+    changed, deleted = [], []
+    for dirpath, dirnames, filenames in os.walk(work):
+        rel = os.path.relpath(dirpath, work)
+        for name in sorted(dirnames + filenames):
+            r = os.path.normpath(os.path.join(rel, name))
+            w = os.lstat(os.path.join(work, r))
+            try:
+                o = os.lstat(os.path.join(src, r))
+            except OSError:
+                o = None
+            if stat.S_ISDIR(w.st_mode) and o is not None and stat.S_ISDIR(o.st_mode):
+                continue  # walked into: its entries decide
+            if name in dirnames:
+                dirnames.remove(name)  # a new (or replaced) folder goes whole
+            if o is None or not _same(w, o) or (stat.S_ISLNK(w.st_mode) and os.readlink(os.path.join(work, r))
+                                                != os.readlink(os.path.join(src, r))):
+                changed.append(r)
+    for dirpath, dirnames, filenames in os.walk(src):
+        rel = os.path.relpath(dirpath, src)
+        for name in sorted(dirnames + filenames):
+            r = os.path.normpath(os.path.join(rel, name))
+            if not os.path.lexists(os.path.join(work, r)):
+                deleted.append(r)
+                if name in dirnames:
+                    dirnames.remove(name)
+    return changed, deleted
+
+
+def _apply_layer(layer: str, work: str) -> None:
+    """An earlier execution's changes (:func:`_send_layer`) onto the fresh copy of the checkout in ``work``."""
+    try:
+        with open(os.path.join(layer, "deleted"), "rb") as fh:
+            gone = [os.fsdecode(x) for x in fh.read().split(b"\0") if x]
+    except FileNotFoundError:
+        gone = []
+    for r in gone:
+        path = os.path.normpath(os.path.join(work, r))
+        if not path.startswith(work + "/"):
+            continue
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.unlink(path)
+    upper = os.path.join(layer, "upper")
+    for dirpath, dirnames, filenames in os.walk(upper):
+        rel = os.path.relpath(dirpath, upper)
+        for name in dirnames + filenames:
+            s, d = os.path.join(dirpath, name), os.path.normpath(os.path.join(work, rel, name))
+            is_dir = stat.S_ISDIR(os.lstat(s).st_mode)
+            if os.path.lexists(d) and not (is_dir and os.path.isdir(d) and not os.path.islink(d)):
+                shutil.rmtree(d) if os.path.isdir(d) and not os.path.islink(d) else os.unlink(d)
+            if is_dir:
+                os.makedirs(d, exist_ok=True)
+            else:
+                shutil.copy2(s, d, follow_symlinks=False)
+
+
+def _send_layer(fd: int, spec: dict, nonce: str, report: dict) -> None:
+    """The workspace's changes since the pristine checkout, every process dead, as a tar on ``fd`` (the report's
+    stream, which only this process writes): ``upper/`` (what was written, links stored and never followed, FIFOs,
+    sockets and devices left out) and ``deleted`` (the removed paths, NUL-separated). It is the files an engine
+    without a stage script keeps between executions (:attr:`Job.layer`). Its size goes into the report, which
+    follows it; a layer that fails or exceeds its caps is left out, and the host keeps the earlier one."""
+    import io
+    import tarfile
+    out, work = spec["layer_out"], spec["copy_to"]
+    counted = _Counted(fd, out["max_bytes"])
+    kept = [0]
+
+    def only_files(ti):
+        if not (ti.isreg() or ti.isdir() or ti.issym() or ti.islnk()):
+            return None
+        kept[0] += 1
+        if kept[0] > out["max_members"]:
+            raise OSError(f"the layer has more than {out['max_members']} entries")
+        ti.uid = ti.gid = 0
+        ti.uname = ti.gname = ""
+        return ti
+
+    os.write(fd, f"\nMLBENCH-LAYER {nonce}\n".encode())
+    try:
+        changed, deleted = _changes(spec["copy_from"], work)
+        gone = b"\0".join(os.fsencode(r) for r in deleted)
+        tar = tarfile.open(fileobj=counted, mode="w|", format=tarfile.PAX_FORMAT)  # type: ignore[call-overload]
+        with tar as tf:
+            tf.add(work, arcname="upper", recursive=False, filter=only_files)
+            for r in changed:
+                tf.add(os.path.join(work, r), arcname=f"upper/{r}", recursive=True, filter=only_files)
+            info = tarfile.TarInfo("deleted")
+            info.size = len(gone)
+            tf.addfile(info, io.BytesIO(gone))
+        report["layer_bytes"] = counted.n
+    except Exception as exc:  # noqa: BLE001 - no layer (the host keeps the earlier one), still a verdict
+        report["layer_error"] = f"{type(exc).__name__}: {exc}"[:300]
+
+
+def _quiesce() -> None:
+    """Wait until every other process of the namespace is gone (they were sent SIGKILL), so no file still changes."""
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+        except InterruptedError:
+            continue
+
+
 def main() -> int:
     spec_path, channel = sys.argv[1], sys.argv[2]
     nonce = os.environ.pop("MLBENCH_REPORT_NONCE", "")
@@ -271,6 +458,9 @@ def main() -> int:
     report: dict = {"v": 1, "exit": None, "signal": None, "survivors": None, "fault": None, "full": [],
                     "cpu_s": None, "at_fsize": False}
     inner: tuple[int, int] | None = None
+    drain: _Drain | None = None
+    spec: dict = {}
+    copied = False  # the workspace was made: a layer may be sent back
     try:
         oom_fd = _open_oom()
         _harden()
@@ -280,12 +470,16 @@ def main() -> int:
             raise RuntimeError(f"the runner must be PID 1 of a new PID namespace, is {os.getpid()}")
         if spec.get("copy_from"):
             _copy_workspace(spec["copy_from"], spec["copy_to"])
+            if spec.get("layer_in"):
+                _apply_layer(spec["layer_in"], spec["copy_to"])
+            copied = True
         errr, errw = os.pipe2(os.O_CLOEXEC)
         if spec.get("undrained_stdout"):
             # engines whose CLI relays the output (docker): the host drains it all, and the undrained stdout of
             # the benchmark's checker is this pipe, which the runner holds and reads only once everything is dead
             # (an answer that fills the host's pipe blocked the CLI, and with it the runner's report)
             inner = os.pipe2(os.O_CLOEXEC)
+        out = os.pipe2(os.O_CLOEXEC) if spec.get("report_alone") else None
         limit = spec.get("cpu_limit_s")
         if limit:
             signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])  # unblocked in the child
@@ -294,10 +488,13 @@ def main() -> int:
             os.close(errr)
             if report_fd != 2:
                 os.close(report_fd)
-            _child(spec, errw, inner[1] if inner else None)
+            _child(spec, errw, inner[1] if inner else None, out[1] if out else None)
         os.close(errw)
         if inner:
             os.close(inner[1])
+        if out:
+            os.close(out[1])
+            drain = _Drain(out[0], int(spec.get("log_bytes", 65536)))
         status = _wait_cpu(pid, float(limit), report) if limit else None
         while status is None and not limit:
             try:
@@ -329,8 +526,13 @@ def main() -> int:
         os.kill(-1, signal.SIGKILL)  # as PID 1: every other process of the namespace
     except ProcessLookupError:
         pass
+    if drain:
+        drain.finish()
     if inner:
         _relay_undrained(inner[0])
+    if copied and spec.get("layer_out") and report_fd == 2:
+        _quiesce()
+        _send_layer(report_fd, spec, nonce, report)
     data = json.dumps(report).encode()
     os.write(report_fd, f"\nMLBENCH-REPORT {nonce} ".encode() + data + b"\n" if report_fd == 2 else data)
     return 0

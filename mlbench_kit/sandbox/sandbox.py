@@ -38,11 +38,11 @@ from mlbench_kit.errors import MLBenchError
 
 from . import cgroups
 from .capture import capture_and_wait, captured
-from .cmdline import NONCE_ENV, SANDBOX, Identity, Mounts
+from .cmdline import LAYER, NONCE_ENV, SANDBOX, Identity, Mounts
 from .engines import Launch, engine
 from .local import run_local
 from .spec import Env, ExecResult, Job, Limits, Warmed, thread_vars
-from .verdict import cpu_limit_hit, read_report, report_from_log, result_from_report
+from .verdict import cpu_limit_hit, read_report, report_from_log, report_from_stream, result_from_report
 
 RUNNER = Path(__file__).with_name("runner.py")
 DEFAULT_UID = 65534  # as root, untrusted code runs as nobody:nogroup (never as host root)
@@ -69,6 +69,9 @@ for m in %r:
 print("MLBENCH-WARM " + json.dumps(out), flush=True)
 """
 CONTAINER_PREFIX = "/opt/venv"
+# uids of single executions (docker): above every range useradd, systemd and subuid allocations hand out
+EXEC_UIDS = (1 << 30, (1 << 31) - 2)
+LAYER_MEMBERS = 100_000  # entries of a layer an engine sends back (docker), as many as untar's default
 
 
 def _interpreter_dirs() -> list[str]:
@@ -160,8 +163,9 @@ class Sandbox:
 
     @property
     def layers_ok(self) -> bool:
-        """Whether executions can keep files between them (:attr:`Job.layer`): engines the stage script starts."""
-        return self.engine.isolated and self.engine.staged(self.who)
+        """Whether executions can keep files between them (:attr:`Job.layer`): engines the stage script starts, and
+        docker (its runner applies the layer and sends the changes back)."""
+        return self.engine.isolated and (self.engine.staged(self.who) or self.engine.copy_layer)
 
     def new_layer(self) -> Path:
         """An empty persistent layer (see :attr:`Job.layer`) in the scratch folder; remove it with
@@ -299,6 +303,13 @@ class Sandbox:
             spec["undrained_stdout"] = True
         if self.engine.name == "docker":  # its /sys/fs/cgroup is the container's own: the runner reads pids.events
             spec["cgroup_evidence"] = True
+        if self.engine.relays:  # the container's stderr is the report's alone; the runner drains the answer's
+            spec["report_alone"], spec["log_bytes"] = True, limits.log_bytes  # output and relays its head and tail
+        if copy and job.layer is not None and self.engine.copy_layer:
+            if (job.layer / "upper").is_dir():
+                spec["layer_in"] = LAYER
+            spec["layer_out"] = {"max_bytes": limits.disk_mb * 2**20 + LAYER_MEMBERS * 2048,
+                                 "max_members": LAYER_MEMBERS}
         (jobdir / "spec.json").write_text(json.dumps(spec))
         if job.as_shell:
             (jobdir / "cmd.sh").write_text(job.code + "\n")
@@ -324,8 +335,8 @@ class Sandbox:
         eng = self.engine
         if job.layer is not None and not self.layers_ok:
             raise MLBenchError(f"the {self.backend} backend cannot keep files between executions here (a persistent "
-                               "layer needs an engine started by the stage script)", "--backend",
-                               "use bwrap (or podman as root)")
+                               "layer needs an engine started by the stage script, or docker)", "--backend",
+                               "use bwrap, docker, or podman as root")
         if not eng.isolated:
             return run_local(job, limits, self.root, drain, self._job_env(job, limits))
         xid = uuid.uuid4().hex[:12]
@@ -349,18 +360,22 @@ class Sandbox:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", NONCE_ENV: nonce,
                f"APPTAINERENV_{NONCE_ENV}": nonce}
         try:
-            argv = eng.command(Launch(job, limits, m, name, self.who, cg, self._seccomp, self._runner_python,
-                                      report_w, staged))
+            argv = eng.command(Launch(job, limits, m, name, self._exec_who(), cg, self._seccomp,
+                                      self._runner_python, report_w, staged))
         except BaseException:  # refused (no `image:`): nothing of this execution may outlive it, its cgroup included
             os.close(report_r)
             os.close(report_w)
             self._cleanup(scratch, jobdir, cg)
             raise
         t0 = time.monotonic()
+        # docker: its stderr is the runner's alone (a report, and a layer's files, that no output can block or push
+        # out of a capped log), into a file of its own
+        stream = scratch / "report" if eng.relays else None
         try:
-            proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT if drain or inside else subprocess.PIPE,
-                                    pass_fds=(report_w,), start_new_session=True)
+            with open(stream, "wb") if stream else open(os.devnull, "wb") as sink:
+                proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=sink if stream else subprocess.STDOUT if drain or inside
+                                        else subprocess.PIPE, pass_fds=(report_w,), start_new_session=True)
         except OSError as exc:
             os.close(report_r)
             os.close(report_w)
@@ -371,9 +386,15 @@ class Sandbox:
         engine_oom = self._kill(proc, cg, name)
         log = captured(proc, out_cap, err_cap)
         raw = read_report(report_r)
-        if not staged:  # engines without a pipe: the report is the stderr line carrying our nonce
+        span = None
+        if stream is not None:  # the report (and a layer) in the stream of their own; the engine's words to the log
+            raw, said, span = report_from_stream(stream, nonce)
+            log = f"{log}\n{said}" if said else log
+        elif not staged:  # engines without a pipe: the report is the stderr line carrying our nonce
             raw, log = report_from_log(log, nonce)
         res = result_from_report(raw, timed_out, duration, log, proc.returncode, limits)
+        if job.layer is not None and eng.copy_layer and not timed_out:
+            self._keep_layer(job.layer, stream, span, limits, res)
         if engine_oom and not timed_out:  # the container's own record (docker): a verdict, even without a report
             res.limit, res.fault = "memory", None
         if cg is not None:
@@ -390,6 +411,58 @@ class Sandbox:
                 res.limit = "cpu"  # the runner's sampled rusage read under the limit; the cgroup's count did not
         self._cleanup(scratch, jobdir, cg)
         return res
+
+    def _exec_who(self) -> Identity:
+        """Who runs one execution: the run's sandbox uid, or, where the engine allows (docker), a uid of its own
+        drawn from :data:`EXEC_UIDS`, so that per-user kernel quotas (inotify instances and watches, the user's
+        key quota, POSIX message queue bytes) are not shared with the executions running beside it."""
+        if not self.engine.uid_per_execution:
+            return self.who
+        uid = EXEC_UIDS[0] + secrets.randbelow(EXEC_UIDS[1] - EXEC_UIDS[0])
+        return Identity(uid, uid, self.who.root)
+
+    def _keep_layer(self, layer: Path, stream: Path | None, span: tuple[int, int] | None, limits: Limits,
+                    res: ExecResult) -> None:
+        """Docker's layer (see :func:`runner._send_layer`): the tar of the execution's changes, checked member by
+        member (:func:`mlbench_kit.untar.safe_extract`, links kept as they are and never followed), replaces the
+        earlier layer whole, or not at all (then the log says so)."""
+        from mlbench_kit.untar import Limits as TarLimits
+        from mlbench_kit.untar import safe_extract
+        if span is None or stream is None:
+            if res.fault is None:
+                res.log += "\n[mlbench: this execution's files were not kept (no layer came back)]"
+            return
+        new, tar = layer / "new", layer / "new.tar"
+        shutil.rmtree(new, ignore_errors=True)
+        try:
+            with stream.open("rb") as src, tar.open("wb") as dst:
+                src.seek(span[0])
+                left = span[1]
+                while left > 0:
+                    chunk = src.read(min(left, 1 << 20))
+                    if not chunk:
+                        raise OSError("the layer's tar is cut short")
+                    dst.write(chunk)
+                    left -= len(chunk)
+            safe_extract(tar, new, TarLimits(max_bytes=limits.disk_mb * 2**20, max_members=LAYER_MEMBERS),
+                         any_link=True)
+            # the next execution's runner reads it, whatever its uid and the umask (files are 0644 or 0755 already;
+            # the layers' own folder, 0700, keeps everyone else out)
+            for dirpath, dirnames, _ in os.walk(new):
+                for name in dirnames:
+                    if not os.path.islink(os.path.join(dirpath, name)):
+                        os.chmod(os.path.join(dirpath, name), 0o755)
+            os.chmod(new / "upper", 0o755)
+            os.chmod(layer, 0o755)
+            shutil.rmtree(layer / "upper", ignore_errors=True)
+            (layer / "deleted").unlink(missing_ok=True)
+            os.rename(new / "upper", layer / "upper")
+            os.rename(new / "deleted", layer / "deleted")
+        except (OSError, MLBenchError) as exc:
+            res.log += f"\n[mlbench: this execution's files were not kept ({exc})]"
+        finally:
+            tar.unlink(missing_ok=True)
+            shutil.rmtree(new, ignore_errors=True)
 
     def _kill(self, proc: subprocess.Popen, cg: cgroups.ExecCgroup | None, name: str) -> bool:
         """Kill what is left of an execution; True when its engine recorded an OOM kill."""

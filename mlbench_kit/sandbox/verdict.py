@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from pathlib import Path
 from typing import Any, cast
 
 from .spec import ExecResult, Limits
@@ -37,6 +38,36 @@ def report_from_log(log: str, nonce: str) -> tuple[bytes, str]:
         return b"", log
     line = log[i + len(marker):].split("\n", 1)[0]
     return line.encode(), log[:i].rstrip("\n")
+
+
+def report_from_stream(path: Path, nonce: str) -> tuple[bytes, str, tuple[int, int] | None]:
+    """The report in a stream that only the runner writes (docker's stderr, in a file): ``(report, the engine's own
+    text around it, (offset, size) of the layer's tar before it or None)``. Read from its two ends only: the layer
+    before the report may be large."""
+    size = path.stat().st_size
+    with path.open("rb") as fh:
+        head = fh.read(4096)
+        fh.seek(max(0, size - 2 * REPORT_CAP))
+        tail_at = fh.tell()
+        tail = fh.read()
+        marker = f"\nMLBENCH-REPORT {nonce} ".encode()
+        i = tail.rfind(marker)
+        if i < 0:  # no report: the engine's own words (an image it cannot find, a daemon it cannot reach)
+            return b"", head.decode("utf-8", errors="replace").strip(), None
+        raw = tail[i + len(marker):].split(b"\n", 1)[0]
+        at = tail_at + i  # where the report starts in the file
+        span = None
+        try:
+            n = json.loads(raw).get("layer_bytes")
+        except (ValueError, AttributeError):
+            n = None
+        header = f"\nMLBENCH-LAYER {nonce}\n".encode()
+        if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= at - len(header):
+            fh.seek(at - n - len(header))
+            if fh.read(len(header)) == header:
+                span = (at - n, n)
+        before = head[:max(0, (span[0] - len(header)) if span else at)]
+    return raw, before.decode("utf-8", errors="replace").strip(), span
 
 
 def cpu_limit_hit(code: object, sig: object, cpu: object, limits: Limits) -> bool:

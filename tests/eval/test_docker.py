@@ -10,10 +10,8 @@ report on stderr under a per-execution nonce. Uses the Docker daemon that runs, 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -25,48 +23,6 @@ from mlbench_kit.cli import main
 FIXTURES = REPO_ROOT / "configs" / "eval" / "envs-sample"
 
 pytestmark = pytest.mark.integration
-
-
-# dockerd on this kind of host (a container, cgroup v1 hybrid, no systemd): cgroupfs, and no bridge or iptables
-# (executions run with --network none); overlay2 on the host's ext4
-DOCKERD = ["dockerd", "--exec-opt", "native.cgroupdriver=cgroupfs", "--iptables=false", "--ip-masq=false",
-           "--bridge=none", "--storage-driver", "overlay2"]
-
-
-def _answers() -> bool:
-    return subprocess.run(["docker", "info"], capture_output=True).returncode == 0
-
-
-@pytest.fixture(scope="module")
-def docker_daemon(tmp_path_factory):
-    """A Docker daemon: the one running, else one this fixture starts as root (and stops after the tests)."""
-    if shutil.which("docker") and _answers():
-        yield
-        return
-    proc = None
-    if os.geteuid() == 0 and shutil.which("dockerd") and shutil.which("docker"):
-        log = (tmp_path_factory.mktemp("dockerd") / "dockerd.log").open("w")
-        proc = subprocess.Popen(DOCKERD, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and proc.poll() is None and not _answers():
-            time.sleep(0.5)
-    if proc is None or proc.poll() is not None or not _answers():
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            proc.wait(30)
-        if os.environ.get("MLBENCH_REQUIRE_DOCKER"):
-            pytest.fail("MLBENCH_REQUIRE_DOCKER is set but no Docker daemon answers and none could be started "
-                        "(apt-get install docker.io; as root)")
-        pytest.skip("no Docker daemon, and none could be started here (needs root and docker.io)")
-    try:
-        yield
-    finally:
-        proc.terminate()  # dockerd stops its containerd with it
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def test_sample_gold_passes_through_the_docker_backend(tmp_path: Path, docker_daemon, base_image):
@@ -102,21 +58,6 @@ def test_sample_gold_passes_through_the_docker_backend(tmp_path: Path, docker_da
         assert left.stdout.strip() == ""
     finally:
         subprocess.run(["docker", "rmi", *tags], capture_output=True)
-
-
-@pytest.fixture(scope="module")
-def docker_base(docker_daemon, base_image, tmp_path_factory):
-    """The podman base image, loaded into Docker (as a cluster user would: a docker-archive)."""
-    if base_image is None:
-        pytest.skip("building the base image needs podman (root, podman, mmdebstrap)")
-    archive = tmp_path_factory.mktemp("base") / "base.docker.tar"
-    subprocess.run(["podman", "save", "--format", "docker-archive", "-o", str(archive), base_image], check=True,
-                   capture_output=True)
-    r = subprocess.run(["docker", "load", "-i", str(archive)], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    archive.unlink()
-    yield base_image
-    subprocess.run(["docker", "rmi", base_image], capture_output=True)
 
 
 NONBLOCK = ("python -c \"import fcntl, os\nfcntl.fcntl(1, fcntl.F_SETFL, os.O_NONBLOCK)\nfor _ in range(64):\n"
