@@ -184,7 +184,9 @@ class Sweep:
 
     def resources(self, stage: str) -> Resources:
         res = self.cfg.slurm.resources
-        return res["agent"] if stage == "agent" and "agent" in res else res["infer" if stage == "agent" else stage]
+        if stage == "agent":  # its own when the sweep gives them, else infer's
+            return res.get("agent", res["infer"])
+        return res[stage]
 
     def options(self, stage: str, model: str) -> dict[str, Any]:
         """A stage's command-line options: the sweep's, then the model's own on top."""

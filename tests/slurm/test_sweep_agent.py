@@ -225,3 +225,15 @@ def test_the_rendered_agent_unit_runs_and_its_eval_and_the_report_read_its_gener
     assert (tmp_path / "sweep/state/agent/tiny.none.task3.s0.done").exists()
     assert (tmp_path / "sweep/state/eval/tiny.none.task3.s0.agent.done").exists()
     assert "agent: ml-agent" in (tmp_path / "sweep/report/report.md").read_text()
+
+
+def test_agent_jobs_ask_for_their_own_resources_else_infer_s(tmp_path: Path) -> None:
+    spec = yaml.safe_load(AGENT_SWEEP.read_text())
+    sweep = load_sweep(AGENT_SWEEP, REPO_ROOT)
+    assert sweep.resources("agent").mem == "4G" and sweep.resources("infer").mem == "6G"
+    del spec["slurm"]["resources"]["agent"]
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    without = load_sweep(tmp_path / "sweep.yaml", REPO_ROOT)
+    assert without.resources("agent") == without.resources("infer")
+    agent = {j.name: j for j in jobs(without)}["agent"]
+    assert "#SBATCH --mem=6G" in render(without, agent)
