@@ -59,7 +59,8 @@ def execute(cfg: EvalConfig, threads: int, samples: dict[tuple[int, int], Sample
     done = resume(out / "results.jsonl", builds)
     todo = [(samples[k], i, o) for k, outs in gens.outputs.items() for i, o in enumerate(outs)
             if (k[0], k[1], i) not in done]
-    with Sandbox(cfg.backend, uid=cfg.sandbox_uid, strict_limits=cfg.require_cgroups) as sandbox:
+    with Sandbox(cfg.backend, uid=cfg.sandbox_uid, strict_limits=cfg.require_cgroups,
+                 concurrent=cfg.workers) as sandbox:
         if cfg.cpus and sandbox.limits_mode.startswith("rlimit"):
             print(f"eval: warning: --cpus {cfg.cpus:g} is not enforced: a CPU quota needs a per-execution cgroup "
                   "(root, or a delegated cgroup v2 subtree); only the threads it implies apply", file=sys.stderr)
@@ -105,7 +106,7 @@ def prepare(sandbox: Sandbox, envs: EnvConfig, repos: list[str], todo: list[Item
     with ThreadPoolExecutor(max_workers=cfg.workers) as pool:  # seconds per environment: overlap them
         warmed = dict(zip(used, pool.map(sandbox.warm, [env for env, _ in used.values()]), strict=True))
     for repo, (env, probe) in used.items():
-        _say_ready(repo, env, probe, warmed[repo], cfg.backend, sandbox.limits_mode)
+        _say_ready(repo, env, probe, warmed[repo], cfg.backend, f"{sandbox.limits_mode}; {sandbox.uids(env)}")
 
 
 def _say_ready(repo: str, env: Env, probe: dict[str, str], warm: list[Warmed], backend: str, limits: str) -> None:

@@ -63,7 +63,8 @@ class EvalConfig:
     threads: int | None = option(None, "OMP/MKL threads of one execution (default: the --cpus quota, else the "
                                  "cores this process may use divided by --workers)")
     disk_mb: int = option(Limits.disk_mb, "what one execution may write into the repository and its home")
-    sandbox_uid: int | None = option(None, "run as root: the uid untrusted code runs as (default 65534)")
+    sandbox_uid: int | None = option(None, "run as root: the uid untrusted code runs as (default: a uid of "
+                                     "its own per execution, the checkout staged as 65534)")
     require_cgroups: bool = option(False, "refuse to run when memory/process limits could only hold per process")
     repos: list[str] | None = option(None, "score only these repositories' rows")
     limit: int | None = option(None, "only the first N rows of the data (after --repos): smoke runs")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,7 @@ CONTAINER_RUNNER_PYTHON = "/usr/bin/python3"
 _MASKED_PROC = ("/proc/keys", "/proc/key-users", "/proc/kcore", "/proc/timer_list", "/proc/sched_debug",
                 "/proc/latency_stats")
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/etc")
+IDMAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "idmap.py")  # run by the stage script as root
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,10 @@ class Mounts:
     disk_mb: int
     ro_binds: tuple[str, ...] = ()  # host folders bound read-only at their own path (environment, interpreter)
     layer: Path | None = None  # a persistent upper layer (Job.layer): copied in before, back after the engine
+    lower_ids: tuple[int, int] | None = None  # the owner of lower's files where the execution runs as another uid
+    #                                           (as root): lower is bound idmapped, its files shown as the execution's
+    user_quotas: tuple[tuple[str, int], ...] = ()  # without root: /proc/sys/user limits of the execution's own
+    #                                                user namespace (its share of the caller's per-user quotas)
 
 
 def stage_script(m: Mounts, who: Identity, cgroup_procs: list[str], report_fd: int, engine_argv: list[str],
@@ -61,6 +67,11 @@ def stage_script(m: Mounts, who: Identity, cgroup_procs: list[str], report_fd: i
     folders, mounts the overlay (relative paths, so ``/proc/self/mountinfo`` shows no host path), moves the
     report pipe to fd 3 and execs the engine, after dropping to the sandbox uid when running as root (``drop``;
     a rootful container engine switches uid itself, with ``--user``).
+
+    ``m.user_quotas`` (without root): the user namespace the stage script runs in is the execution's own, and its
+    per-user limits (``/proc/sys/user``: inotify instances and watches, fanotify groups and marks) are set to a
+    share of the caller's, so one answer cannot take them all from its neighbours (every level of nested
+    namespaces is charged and checked, up to the caller's own limit).
 
     ``shm_mb``: where no cgroup counts memory no process maps, the execution's own IPC namespace (``unshare
     --ipc``, kept by bwrap) holds at most this much SysV shared memory, and a segment is removed as soon as no
@@ -73,6 +84,8 @@ def stage_script(m: Mounts, who: Identity, cgroup_procs: list[str], report_fd: i
     if who.root:  # the runner is never the OOM killer's victim where we may (CAP_SYS_RESOURCE) lower it
         lines.append("echo -1000 2>/dev/null > /proc/self/oom_score_adj || true")
     lines += [f"echo $$ > {q(p)}" for p in cgroup_procs]
+    if not who.root:  # where a kernel refuses, the quotas stay shared (docs/sandbox.md), never a fault
+        lines += [f"echo {n} 2>/dev/null > /proc/sys/user/{k} || true" for k, n in m.user_quotas]
     if shm_mb is not None:
         lines += ["echo 1 > /proc/sys/kernel/shm_rmid_forced", f"echo {shm_mb * 256} > /proc/sys/kernel/shmall",
                   f"echo {shm_mb * 2**20} > /proc/sys/kernel/shmmax"]
@@ -83,10 +96,10 @@ def stage_script(m: Mounts, who: Identity, cgroup_procs: list[str], report_fd: i
     layer = q(str(m.layer)) if m.layer is not None else None
     if layer is not None:  # the earlier executions' changes, into this one's size-capped tmpfs
         lines += [f"rm -rf {layer}/new", f"if [ -d {layer}/upper ]; then cp -a {layer}/upper/. upper/; fi"]
+        if m.lower_ids is not None:  # written by an earlier execution's uid: now this one's (links not followed)
+            lines.append(f"chown -hR {who.uid}:{who.gid} upper")
     if m.lower is not None:
-        xattr = "" if who.root else ",userxattr"
-        lines += [f"mount --bind {q(str(m.lower))} lower",
-                  f"mount -t overlay mlbench -o lowerdir=lower,upperdir=upper,workdir=ovw{xattr} work"]
+        lines += overlay_lines(m, who)
     if who.root:
         lines.append(f"chown {who.uid}:{who.gid} upper ovw work home")
     setpriv = (["setpriv", f"--reuid={who.uid}", f"--regid={who.gid}", "--clear-groups", "--inh-caps=-all",
@@ -103,6 +116,29 @@ def stage_script(m: Mounts, who: Identity, cgroup_procs: list[str], report_fd: i
                   f"cp -a upper {layer}/new", f"rm -rf {layer}/upper", f"mv {layer}/new {layer}/upper",
                   "exit $rc"]
     return "\n".join(lines) + "\n"
+
+
+def overlay_lines(m: Mounts, who: Identity) -> list[str]:
+    """Shell lines, run in the scratch tmpfs, that mount the overlay of ``m.lower`` at ``work``: its lower layer
+    bound plainly, or idmapped (:mod:`.idmap`) so that files of ``m.lower_ids`` show as ``who``'s."""
+    assert m.lower is not None
+    q = shlex.quote
+    if m.lower_ids is not None and who.root:
+        (uid, gid), python = m.lower_ids, os.path.realpath(sys.executable)
+        bind = f"{q(python)} -I -S {q(IDMAP)} {q(str(m.lower))} lower {uid} {who.uid} {gid} {who.gid}"
+    else:
+        bind = f"mount --bind {q(str(m.lower))} lower"
+    xattr = "" if who.root else ",userxattr"
+    return [bind, f"mount -t overlay mlbench -o lowerdir=lower,upperdir=upper,workdir=ovw{xattr} work"]
+
+
+def idmap_probe_script(lower: Path, folder: Path, run: Identity, execution: Identity) -> str:
+    """A script (run as root in a private mount namespace) that exits 0 when an idmapped overlay of ``lower``
+    works here: the kernel has idmapped mounts and overlayfs takes them, and ``lower``'s filesystem allows them."""
+    m = Mounts(folder, folder, lower, 1, lower_ids=(run.uid, run.gid))
+    return "\n".join(["set -eu", f"mount -t tmpfs -o size=1m,mode=0700 mlbench {shlex.quote(str(folder))}",
+                      f"cd {shlex.quote(str(folder))}", "mkdir upper ovw work lower", *overlay_lines(m, execution),
+                      f'test "$(stat -c %u:%g lower)" = {execution.uid}:{execution.gid}']) + "\n"
 
 
 def unshare_argv(who: Identity, script: Path) -> list[str]:

@@ -65,8 +65,10 @@ class Engine(Protocol):
     #               inside, by the runner, so that nothing the answer prints can block the runner's report; the
     #               container's stderr is the runner's alone (the report, then a layer's files: copy_layer)
     copy_layer: bool  # keeps Job.layer without a stage script: the runner applies it and sends the changes back
-    uid_per_execution: bool  # each execution runs as a uid of its own (docker: it copies every file it writes, so
-    #                          no file's owner ties it to the run's uid), so per-user kernel quotas are its own
+    uid_per_execution: str  # when each execution runs as a uid of its own, so per-user kernel quotas are its own:
+    #                         "always" (docker: it copies every file it writes, so no file's owner ties it to the
+    #                         run's uid), "idmap" (staged as root: the stage script binds the lower layer idmapped
+    #                         where the kernel and its filesystem allow, see Sandbox.idmaps), "" never
 
     def tools(self, root: bool) -> tuple[str, ...]: ...
 
@@ -103,7 +105,8 @@ class Bwrap:
     bwrap starts, and the seccomp policy is compiled to BPF."""
 
     name, isolated, container, cgroup, binds_env = "bwrap", True, False, True, True
-    relays = copy_layer = uid_per_execution = False
+    relays = copy_layer = False
+    uid_per_execution = "idmap"
 
     def tools(self, root: bool) -> tuple[str, ...]:
         return ("bwrap", "unshare", "setpriv") if root else ("bwrap", "unshare")
@@ -130,7 +133,8 @@ class Docker:
     nonce; the daemon's own limits hold (``--memory``, ``--pids-limit``)."""
 
     name, isolated, container, cgroup, binds_env = "docker", True, True, False, False
-    relays = copy_layer = uid_per_execution = True
+    relays = copy_layer = True
+    uid_per_execution = "always"
 
     def tools(self, root: bool) -> tuple[str, ...]:
         return ("docker",)
@@ -166,7 +170,7 @@ class Podman(Docker):
 
     name, isolated, container, cgroup, binds_env = "podman", True, True, True, False
     relays = copy_layer = False  # passthrough: the container's stdout is our pipe itself
-    uid_per_execution = False  # as root its overlay's files belong to the run's uid; rootless, its subuid range
+    uid_per_execution = "idmap"  # rootless (not staged), only its subuid range is mapped: the run's uid
 
     def tools(self, root: bool) -> tuple[str, ...]:
         return ("podman", "unshare", "setpriv") if root else ("podman", "unshare")
@@ -191,7 +195,8 @@ class Apptainer:
     """Apptainer: a generated command line, the checkout copied by the runner, the report on stderr."""
 
     name, isolated, container, cgroup, binds_env = "apptainer", True, True, False, False
-    relays = copy_layer = uid_per_execution = False
+    relays = copy_layer = False
+    uid_per_execution = ""
 
     def tools(self, root: bool) -> tuple[str, ...]:
         return ("apptainer",)
@@ -213,7 +218,8 @@ class Local:
     """No isolation: :func:`.local.run_local` runs the job in place; there is no command to start."""
 
     name, isolated, container, cgroup, binds_env = "local", False, False, False, False
-    relays = copy_layer = uid_per_execution = False
+    relays = copy_layer = False
+    uid_per_execution = ""
 
     def tools(self, root: bool) -> tuple[str, ...]:
         return ()

@@ -38,7 +38,7 @@ from mlbench_kit.errors import MLBenchError
 
 from . import cgroups
 from .capture import capture_and_wait, captured
-from .cmdline import LAYER, NONCE_ENV, SANDBOX, Identity, Mounts
+from .cmdline import LAYER, NONCE_ENV, SANDBOX, Identity, Mounts, idmap_probe_script, unshare_argv
 from .engines import Launch, engine
 from .local import run_local
 from .spec import Env, ExecResult, Job, Limits, Warmed, thread_vars
@@ -71,6 +71,8 @@ print("MLBENCH-WARM " + json.dumps(out), flush=True)
 CONTAINER_PREFIX = "/opt/venv"
 # uids of single executions (docker): above every range useradd, systemd and subuid allocations hand out
 EXEC_UIDS = (1 << 30, (1 << 31) - 2)
+# per-user kernel quotas that a user namespace of one's own can lower (kernel/ucount.c)
+USER_QUOTAS = ("max_inotify_instances", "max_inotify_watches", "max_fanotify_groups", "max_fanotify_marks")
 LAYER_MEMBERS = 100_000  # entries of a layer an engine sends back (docker), as many as untar's default
 
 
@@ -111,6 +113,20 @@ def write_shims(folder: Path, prefix: str) -> bool:
     return True
 
 
+def user_quota_shares(concurrent: int, folder: Path = Path("/proc/sys/user")) -> tuple[tuple[str, int], ...]:
+    """Without root, one execution's share of the caller's per-user kernel quotas (see :func:`.cmdline.stage_script`):
+    each limit of :data:`USER_QUOTAS` divided by ``concurrent`` executions plus one share kept for the caller's own
+    processes, so that ``concurrent`` executions holding all they may still leave their neighbours theirs."""
+    out = []
+    for key in USER_QUOTAS:
+        try:
+            limit = int((folder / key).read_text())
+        except (OSError, ValueError):
+            continue
+        out.append((key, max(1, limit // (max(1, concurrent) + 1))))
+    return tuple(out)
+
+
 def _owned_by(root: Path, uid: int) -> bool:
     """Every entry of ``root`` belongs to ``uid`` (so the overlay's writable copy behaves like the checkout)."""
     for dirpath, dirnames, filenames in os.walk(root):
@@ -127,12 +143,15 @@ class Sandbox:
     """Executions of one eval run: a scratch folder, staged checkouts, and the backend's settings."""
 
     def __init__(self, backend: str, scratch_root: Path | None = None, uid: int | None = None,
-                 strict_limits: bool = False) -> None:
+                 strict_limits: bool = False, concurrent: int = 1) -> None:
         self.backend = backend
         self.engine = engine(backend)
         is_root = os.geteuid() == 0
+        explicit_uid = uid
         uid = (DEFAULT_UID if is_root else os.getuid()) if uid is None else uid
         self.who = Identity(uid, uid if is_root else os.getgid(), is_root)
+        self._draw_uids = explicit_uid is None  # a uid the user named runs every execution
+        self.user_quotas = () if is_root else user_quota_shares(concurrent)
         self.cgroups = cgroups.available() if is_root or os.environ.get("MLBENCH_CGROUPS") else None
         if strict_limits and self.cgroups is None and not self.engine.container:
             # before the scratch folder exists: a refusal leaves nothing behind
@@ -144,6 +163,7 @@ class Sandbox:
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o711)  # the sandbox uid must traverse to the staged checkouts, never list them
         self._lower: dict[Path, Path] = {}
+        self._idmaps: dict[Path, bool] = {}
         self._shims: dict[str, str | None] = {}
         self._lock = threading.Lock()
         self.staged_s = 0.0
@@ -353,14 +373,16 @@ class Sandbox:
             except OSError as exc:
                 return ExecResult(None, False, 0.0, 0, "", fault=f"SANDBOX: cannot create a cgroup ({exc})")
         binds = self._ro_binds(job.env) if eng.binds_env else ()
-        m = Mounts(scratch, jobdir, lower, limits.disk_mb, binds, job.layer)
+        who = self._exec_who(lower)
+        m = Mounts(scratch, jobdir, lower, limits.disk_mb, binds, job.layer,
+                   (self.who.uid, self.who.gid) if lower is not None and who != self.who else None, self.user_quotas)
         name = f"mlbench-{xid}"
         report_r, report_w = os.pipe()
         nonce = secrets.token_hex(16)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", NONCE_ENV: nonce,
                f"APPTAINERENV_{NONCE_ENV}": nonce}
         try:
-            argv = eng.command(Launch(job, limits, m, name, self._exec_who(), cg, self._seccomp,
+            argv = eng.command(Launch(job, limits, m, name, who, cg, self._seccomp,
                                       self._runner_python, report_w, staged))
         except BaseException:  # refused (no `image:`): nothing of this execution may outlive it, its cgroup included
             os.close(report_r)
@@ -412,14 +434,53 @@ class Sandbox:
         self._cleanup(scratch, jobdir, cg)
         return res
 
-    def _exec_who(self) -> Identity:
-        """Who runs one execution: the run's sandbox uid, or, where the engine allows (docker), a uid of its own
-        drawn from :data:`EXEC_UIDS`, so that per-user kernel quotas (inotify instances and watches, the user's
-        key quota, POSIX message queue bytes) are not shared with the executions running beside it."""
-        if not self.engine.uid_per_execution:
+    def _exec_who(self, lower: Path | None) -> Identity:
+        """Who runs one execution: a uid of its own drawn from :data:`EXEC_UIDS`, so that per-user kernel quotas
+        (inotify instances and watches, the user's key quota, POSIX message queue bytes, ``RLIMIT_NPROC``) are not
+        shared with the executions running beside it, where the engine allows: docker always; bwrap and podman
+        staged as root where ``lower`` can be bound idmapped (:meth:`idmaps`; the group stays the run's). Else,
+        and for a uid the user named (``sandbox_uid``), the run's sandbox uid."""
+        how = self.engine.uid_per_execution
+        if not self._draw_uids or not how or (how == "idmap" and (lower is None or not self.idmaps(lower))):
             return self.who
         uid = EXEC_UIDS[0] + secrets.randbelow(EXEC_UIDS[1] - EXEC_UIDS[0])
-        return Identity(uid, uid, self.who.root)
+        return Identity(uid, uid if how == "always" else self.who.gid, self.who.root)
+
+    def uids(self, env: Env) -> str:
+        """Who runs ``env``'s executions, in words for the run's first lines (see :meth:`_exec_who`)."""
+        how = self.engine.uid_per_execution
+        if not self.engine.isolated:
+            return "your own uid, unisolated"
+        if not self.who.root:
+            return "your uid, per-user quotas shared by namespace" if self.user_quotas else "your uid"
+        staged = self.engine.staged(self.who)
+        if self._draw_uids and (how == "always" or (how == "idmap" and staged and self.idmaps(self.lower(env)))):
+            return "a uid per execution"
+        why = "named" if not self._draw_uids else "no idmapped mounts here" if how == "idmap" and staged else \
+            f"one for {self.backend}"
+        return f"uid {self.who.uid} for every execution ({why})"
+
+    def idmaps(self, lower: Path) -> bool:
+        """Whether an overlay of ``lower`` can be bound idmapped here (as root; Linux >= 5.19 and a filesystem that
+        allows idmapped mounts, such as ext4, xfs, btrfs or tmpfs, not NFS), tried once per lower layer."""
+        if not self.who.root:
+            return False
+        with self._lock:
+            if lower not in self._idmaps:
+                probe = self.root / f"idmap-probe-{uuid.uuid4().hex[:6]}"
+                probe.mkdir(mode=0o700)
+                script = probe.with_suffix(".sh")
+                script.write_text(idmap_probe_script(lower, probe, self.who, Identity(EXEC_UIDS[0], self.who.gid,
+                                                                                       True)))
+                try:
+                    r = subprocess.run(unshare_argv(self.who, script), capture_output=True, timeout=60)
+                    self._idmaps[lower] = r.returncode == 0
+                except (OSError, subprocess.TimeoutExpired):
+                    self._idmaps[lower] = False
+                finally:
+                    script.unlink(missing_ok=True)
+                    shutil.rmtree(probe, ignore_errors=True)
+            return self._idmaps[lower]
 
     def _keep_layer(self, layer: Path, stream: Path | None, span: tuple[int, int] | None, limits: Limits,
                     res: ExecResult) -> None:

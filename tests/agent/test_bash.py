@@ -150,7 +150,9 @@ def test_files_persist_between_actions_processes_do_not(box, tmp_path: Path):
 
     def script(messages, sample):
         return [bash(f"mkdir -p notes && echo kept > notes/a.txt && rm README.md; sleep {marker} & echo started"),
-                bash("cat notes/a.txt; ls README.md; grep -l sleep /proc/[0-9]*/cmdline | wc -l"),  # no ps in images
+                # a file and a folder of the earlier action, written by it (each action may run as a uid of its own)
+                bash("echo more >> notes/a.txt && touch notes/b && cat notes/a.txt; ls README.md; "
+                     "grep -l sleep /proc/[0-9]*/cmdline | wc -l"),  # no ps in images
                 bash("echo done"),
                 ][len(messages) // 2]
     cfg = _cfg()
@@ -159,7 +161,7 @@ def test_files_persist_between_actions_processes_do_not(box, tmp_path: Path):
     _run(box, tmp_path / "run", script, cfg, rows=ROWS[:1])
     t = [json.loads(x) for x in (tmp_path / "run" / "transcripts" / "101-9001" / "ep0.jsonl").read_text().splitlines()]
     obs = t[1]["observation"]
-    assert "kept" in obs and "No such file" in obs  # the file written, the file removed: both kept
+    assert "kept\nmore\n" in obs and "No such file" in obs  # the file written, the file removed: both kept
     assert obs.endswith("\n1\n</output>")  # only grep itself: the sleep did not survive
     assert t[2]["exit"] == "turn_limit" and t[-1]["end"]["openhands"] is None
     assert not any(marker in " ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))

@@ -1,14 +1,21 @@
-"""Answers and load shared by the sandbox tests of every engine (test_sandbox.py): the cpu
-clock's cases, a busy core beside them, and the socket-family probe."""
+"""Answers and load shared by the sandbox tests of every engine (test_sandbox.py, test_unprivileged.py): the cpu
+clock's cases, a busy core beside them, the socket-family probe, and an answer hoarding a per-user quota beside
+its neighbour."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
+import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
+
+import psutil
 
 BURN_THEN_FAIL = """import time
 t = time.process_time()
@@ -100,3 +107,57 @@ def check_sockets(log: str) -> None:
     allowed = ("unix", "inet", "inet6", "netlink")
     assert {k: got[k] != "EPERM" for k in allowed} == dict.fromkeys(allowed, True), got
     assert {k: v for k, v in got.items() if k not in allowed} == {k: "EPERM" for k in got if k not in allowed}, got
+
+
+HOARD_INOTIFY = ("import ctypes, time\nlibc = ctypes.CDLL(None)\nheld = []\nwhile len(held) < 4096:\n"
+                 "    fd = libc.inotify_init()\n    if fd < 0:\n        break\n    held.append(fd)\n"
+                 "print('held', len(held), flush=True)\ntime.sleep(600)\n")  # until it is killed
+ONE_INOTIFY = "import ctypes, sys\nsys.exit(0 if ctypes.CDLL(None).inotify_init() >= 0 else 1)\n"
+
+
+def _inotify_hoarder(min_fds: int) -> int | None:
+    """The pid of the process holding the most inotify instances, at least ``min_fds``."""
+    counts: dict[int, int] = {}
+    for p in psutil.process_iter():
+        try:
+            n = sum(1 for fd in os.listdir(f"/proc/{p.pid}/fd")
+                    if os.readlink(f"/proc/{p.pid}/fd/{fd}") == "anon_inode:inotify")
+        except OSError:
+            continue
+        if n >= min_fds:
+            counts[p.pid] = n
+    return max(counts, key=counts.__getitem__) if counts else None
+
+
+def hoard_beside(run_one: Callable[[str, float], Any], min_fds: int = 16) -> dict[str, Any]:
+    """An answer that takes every inotify instance it can and holds them, and, once its count holds still, a
+    neighbour needing one: ``{"alone": exit code of the neighbour run alone first, "held": how many the hoarder
+    got (its own words), "neighbour": its exit code beside the hoarder}``. ``run_one(python_code, wall_s)`` runs one
+    execution; the hoarder is killed by pid (host or caller's namespace) once the neighbour is done, so load cannot
+    make it let go first."""
+    out: dict[str, Any] = {"alone": run_one(ONE_INOTIFY, 60).exit_code}
+    hoard = threading.Thread(target=lambda: out.setdefault("hoarder", run_one(HOARD_INOTIFY, 900)), daemon=True)
+    hoard.start()
+    deadline, last = time.monotonic() + 300, None
+    while time.monotonic() < deadline:  # until the hoarder holds all it could get, its count steady
+        pid = _inotify_hoarder(min_fds)
+        try:
+            now = (pid, len(os.listdir(f"/proc/{pid}/fd"))) if pid else None
+        except OSError:  # it ended meanwhile
+            now = None
+        if now and now == last:
+            break
+        last = now
+        time.sleep(0.5)
+    try:
+        if last is not None:
+            out["neighbour"] = run_one(ONE_INOTIFY, 60).exit_code
+    finally:
+        if last is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(last[0], signal.SIGKILL)
+        hoard.join(120)
+    found = re.search(r"held (\d+)", out["hoarder"].log) if "hoarder" in out else None
+    out["held"] = int(found.group(1)) if found else 0
+    out.pop("hoarder", None)
+    return out

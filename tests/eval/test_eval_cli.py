@@ -1,4 +1,5 @@
 import json
+import os
 import shutil
 
 import pytest
@@ -124,6 +125,8 @@ def test_libraries_without_bytecode_are_named_before_scoring(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "warm-up: toylib" in err and "(not compiled)" in err and "toybench's libraries have no bytecode" in err
     assert "; compile them once: " in err and " -m compileall -q DIR" in err  # the environment's own interpreter
+    # who runs the executions: as root a uid of its own each (the staged checkout bound idmapped), else the caller's
+    assert ("; a uid per execution; warm-up" if os.geteuid() == 0 else "; your uid") in err, err
 
 
 def test_limit_scores_only_the_first_rows(tmp_path):

@@ -14,12 +14,13 @@ import sys
 import threading
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
 import pytest
 from conftest import REPO_ROOT
-from sandbox_cases import SOCKETS_PY, busy_core, check_cpu_clock, check_sockets, clock_cases
+from sandbox_cases import SOCKETS_PY, busy_core, check_cpu_clock, check_sockets, clock_cases, hoard_beside
 
 from mlbench_kit.cli import main as cli_main
 from mlbench_kit.errors import MLBenchError
@@ -37,8 +38,9 @@ from mlbench_kit.sandbox import (
     seccomp,
     warm_summary,
 )
-from mlbench_kit.sandbox.cmdline import CONTAINER_RUNNER_PYTHON, Identity, Mounts, container_argv
+from mlbench_kit.sandbox.cmdline import CONTAINER_RUNNER_PYTHON, IDMAP, Identity, Mounts, container_argv, stage_script
 from mlbench_kit.sandbox.engines import Launch
+from mlbench_kit.sandbox.sandbox import EXEC_UIDS
 
 REPO = REPO_ROOT / "examples" / "sample" / "repos" / "toybench"
 IS_ROOT = os.geteuid() == 0
@@ -548,6 +550,26 @@ def test_one_engine_per_backend(tmp_path):
         assert ("--seccomp" in script) == (backend == "bwrap") and ("4<" in script) == (backend == "bwrap")
 
 
+def test_the_stage_script_idmaps_the_lower_layer_and_shares_quotas_by_who_runs_it(tmp_path):
+    """As root with the execution's own uid: the lower layer bound through idmap.py from the run's ids to the
+    execution's, an earlier execution's layer handed over (chown, links not followed); the run's uid: a plain bind.
+    Without root: the namespace's quota shares, never a uid map. (What each does: the box tests and
+    test_unprivileged.py.)"""
+    run_ids, own = (65534, 65534), Identity(EXEC_UIDS[0] + 7, 65534, True)
+    quotas = (("max_inotify_instances", 42),)
+    m = Mounts(tmp_path / "s", tmp_path / "j", REPO, 64, layer=tmp_path / "l", lower_ids=run_ids, user_quotas=quotas)
+    script = stage_script(m, own, [], 3, ["bwrap"]).splitlines()
+    bind = next(x for x in script if IDMAP in x)
+    assert bind.split()[-6:] == [str(REPO), "lower", "65534", str(own.uid), "65534", "65534"]
+    assert f"chown -hR {own.uid}:65534 upper" in script and not any("mount --bind" in x and str(REPO) in x
+                                                                     for x in script)
+    assert not any("/proc/sys/user" in x for x in script)
+    plain = stage_script(replace(m, lower_ids=None), Identity(65534, 65534, True), [], 3, ["bwrap"])
+    assert f"mount --bind {REPO} lower" in plain and IDMAP not in plain and "chown -hR" not in plain
+    user = stage_script(replace(m, lower_ids=None), Identity(os.getuid(), os.getgid(), False), [], 3, ["bwrap"])
+    assert "echo 42 2>/dev/null > /proc/sys/user/max_inotify_instances || true" in user and IDMAP not in user
+
+
 def test_one_seccomp_policy_for_every_engine(tmp_path):
     """podman's JSON profile and bwrap's BPF program are both derived from mlbench_kit/sandbox/seccomp.py's rules."""
     prof = seccomp.podman_profile()
@@ -947,62 +969,71 @@ def test_only_the_socket_families_python_uses(box):
 
 # -- fairness between executions: per-user kernel quotas ----------------------------------------------------------
 
-HOARD_INOTIFY = ("import ctypes, time\nlibc = ctypes.CDLL(None)\nheld = []\nwhile len(held) < 4096:\n"
-                 "    fd = libc.inotify_init()\n    if fd < 0:\n        break\n    held.append(fd)\n"
-                 "print('held', len(held), flush=True)\ntime.sleep(600)\n")  # until the test kills it
-ONE_INOTIFY = "import ctypes, sys\nsys.exit(0 if ctypes.CDLL(None).inotify_init() >= 0 else 1)\n"
-
-
-def _inotify_hoarder(min_fds: int = 32) -> int | None:
-    """The pid of a process holding at least ``min_fds`` inotify instances, once its count holds still."""
-    counts: dict[int, int] = {}
-    for p in psutil.process_iter():
-        try:
-            n = sum(1 for fd in os.listdir(f"/proc/{p.pid}/fd")
-                    if os.readlink(f"/proc/{p.pid}/fd/{fd}") == "anon_inode:inotify")
-        except OSError:
-            continue
-        if n >= min_fds:
-            counts[p.pid] = n
-    return max(counts, key=counts.__getitem__) if counts else None
-
-
 @pytest.mark.integration  # two executions at once, one holding a host-wide per-user quota for a few seconds
 def test_an_answer_exhausting_a_per_user_quota_cannot_fail_its_neighbour(box):
     """Issue 30 item 7: every execution ran as the same host uid (65534), so per-user kernel quotas were shared: an
     answer holding every inotify instance the kernel allows a user (fs.inotify.max_user_instances) made a neighbour
-    running beside it fail, one that passes alone. Docker runs each execution as a uid of its own; bwrap and podman
-    (as root) keep the run's uid, since their overlay's files belong to it (docs/sandbox.md says so)."""
-    sb, _ = box
-    assert run(box, ONE_INOTIFY, shell=False).exit_code == 0  # alone, it passes
-    out: dict = {}
-    hoard = threading.Thread(target=lambda: out.setdefault("a", run(box, HOARD_INOTIFY, shell=False, wall_s=900)),
+    running beside it fail, one that passes alone. Every execution now runs as a uid of its own: docker's copy of the
+    checkout is its own; bwrap and podman (as root) bind their overlay's lower layer idmapped, its files shown as the
+    execution's uid. Fails on the old code (the neighbour exits 1)."""
+    sb, env = box
+    got = hoard_beside(lambda code, wall_s: sb.run(Job(code, False, env, "./"), Limits(wall_s=wall_s)))
+    assert got["alone"] == 0 and got["held"] >= 32, got  # the hoarder held what the kernel allows one user
+    assert got["neighbour"] == 0, f"the neighbour failed: the quota is shared ({got})"
+    assert sb.engine.uid_per_execution == ("always" if sb.backend == "docker" else "idmap")
+    assert sb.backend == "docker" or sb.idmaps(sb.lower(env))
+
+
+def _host_uid_of(marker: str, within: float = 60) -> int | None:
+    """The real host uid of the process whose command line holds ``marker``, once it runs."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        for p in psutil.process_iter(["cmdline", "uids"]):
+            if marker in " ".join(p.info["cmdline"] or []) and "sleep" in (p.info["cmdline"] or [""])[0]:
+                return p.info["uids"].real
+        time.sleep(0.1)
+    return None
+
+
+def test_each_execution_runs_as_a_host_uid_of_its_own(box):
+    """Two executions run as two host uids, drawn from EXEC_UIDS, neither the run's (65534); the answer owns the
+    checkout's files (it appends to one and chmods it: bwrap and podman through the idmapped lower layer), and the
+    staged checkout on disk is unchanged and still the run's; a ``sandbox_uid`` named runs every execution as that
+    uid. On the old code both ran as 65534."""
+    sb, env = box
+    seen = []
+    for box_ in (box, box, (Sandbox(sb.backend, uid=65534), env)):  # the third: a sandbox_uid named runs them all
+        marker = f"{uuid.uuid4().int % 10**6}.{uuid.uuid4().int % 1000 + 1000}"
+        out: dict = {}
+        code = f"echo more >> README.md && chmod 600 README.md && tail -n 1 README.md && sleep {marker}"
+        t = threading.Thread(target=lambda o=out, c=code, b=box_: o.setdefault("r", run(b, c, wall_s=120)),
                              daemon=True)
-    hoard.start()
-    deadline, last = time.monotonic() + 300, None
-    while time.monotonic() < deadline:  # until the hoarder holds all it could get, its count steady
-        pid = _inotify_hoarder()
-        try:
-            now = (pid, len(os.listdir(f"/proc/{pid}/fd"))) if pid else None
-        except OSError:  # it ended meanwhile
-            now = None
-        if now and now == last:
-            break
-        last = now
-        time.sleep(0.5)
-    try:
-        assert last is not None, "the hoarding answer never held its inotify instances"
-        neighbour = run(box, ONE_INOTIFY, shell=False)  # the hoarder holds them until it is killed: load cannot
-    finally:                                            # make it let go first
-        if last is not None:
-            os.kill(last[0], signal.SIGKILL)
-        hoard.join(120)
-    assert "held" in out["a"].log, out["a"].log
-    if sb.backend == "docker":  # a uid of its own per execution (Engine.uid_per_execution)
-        assert neighbour.exit_code == 0, "the neighbour failed: the quota is shared"
-    else:  # documents the limit that remains (docs/sandbox.md): fails, telling you to update it, once fixed
-        assert neighbour.exit_code == 1, "the quota is no longer shared here: update docs/sandbox.md"
-    assert sb.engine.uid_per_execution == (sb.backend == "docker")
+        t.start()
+        uid = _host_uid_of(marker)
+        for p in psutil.process_iter(["cmdline"]):
+            if marker in " ".join(p.info["cmdline"] or []):
+                p.kill()
+        t.join(120)
+        assert uid is not None, out.get("r") and out["r"].log
+        assert out["r"].log.startswith("more\n"), out["r"].log
+        seen.append(uid)
+    box_[0].close()
+    assert seen[0] != seen[1] and all(EXEC_UIDS[0] <= u <= EXEC_UIDS[1] for u in seen[:2]), seen
+    assert seen[2] == 65534, seen
+    assert sb.who.uid == 65534 and (REPO / "README.md").read_text().endswith("\n") and \
+        "more" not in (REPO / "README.md").read_text()
+    if sb.backend != "docker":  # the one staged lower layer, shared by every execution: as it was
+        st = os.stat(sb.lower(env) / "README.md")
+        assert (st.st_uid, oct(st.st_mode & 0o777)) == (65534, "0o644")
+
+
+def test_an_idmapped_bind_that_cannot_be_made_exits_3_saying_why(tmp_path):
+    """The stage script's helper: a refusal (here a lower layer that is not there; without root, the mapping
+    itself) is exit status 3 and one line naming the call and the reason, never a traceback."""
+    r = subprocess.run([sys.executable, "-I", "-S", IDMAP, str(tmp_path / "missing"), str(tmp_path), "65534",
+                        str(EXEC_UIDS[0]), "65534", "65534"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 3 and r.stderr.startswith("mlbench idmap: ") and len(r.stderr.splitlines()) == 1, r
+    assert ("open_tree" in r.stderr and "No such file" in r.stderr) if os.geteuid() == 0 else r.stderr
 
 
 def test_a_layer_sent_back_on_the_report_stream_round_trips(tmp_path):

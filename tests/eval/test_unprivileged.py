@@ -220,7 +220,7 @@ def test_gold_answers_pass_in_bwrap_as_an_unprivileged_user(user):
     r = user.mlbench("eval", "--data", str(SAMPLES), "--gold", "--envs", str(ENVS), "--out", str(out), "--no-ci")
     took = time.monotonic() - t0
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    assert "bwrap sandbox; limits: rlimit (per process)" in r.stderr
+    assert "bwrap sandbox; limits: rlimit (per process); your uid, per-user quotas shared by namespace" in r.stderr
     summary = json.loads((out / "summary.json").read_text())
     rows = SAMPLES.read_text().splitlines()
     overall = summary["metrics"]["overall"]
@@ -428,3 +428,32 @@ def test_the_cpu_clock_holds_without_root(user):
            for k, v in json.loads(line[len("CLOCK "):]).items()}
     print(f"cpu clock as {user.name}: {got}")
     check_cpu_clock(got)
+
+
+QUOTA_DRIVER = r"""
+import json, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+from sandbox_cases import hoard_beside
+from mlbench_kit.sandbox import Env, Job, Limits, Sandbox
+with Sandbox("bwrap", concurrent=2) as sb:
+    env = Env("toybench", Path(sys.argv[1]))
+    got = hoard_beside(lambda code, wall_s: sb.run(Job(code, False, env, "./"), Limits(wall_s=wall_s)))
+print("QUOTA " + json.dumps(dict(got, shares=dict(sb.user_quotas))))
+"""
+
+
+def test_a_quota_hoarder_leaves_its_neighbour_its_share_without_root(user):
+    """Without root every execution is the caller's uid, so per-user kernel quotas cannot be split by uid: the
+    stage script's user namespace, the execution's own, gets a share of each (inotify instances: 128 // (2 workers
+    + 1) = 42 here). An answer holding every inotify instance it can gets its share, and the neighbour running
+    beside it passes. On the old code the hoarder held all 128 and the neighbour failed."""
+    r = user.run([sys.executable, "-c", QUOTA_DRIVER, str(SAMPLE / "repos" / "toybench"), str(Path(__file__).parent)],
+                 timeout=600)
+    line = next((x for x in r.stdout.splitlines() if x.startswith("QUOTA ")), None)
+    assert r.returncode == 0 and line, r.stdout[-2000:] + r.stderr[-3000:]
+    got = json.loads(line[len("QUOTA "):])
+    print(f"quotas as {user.name}: {got}")
+    host = int(Path("/proc/sys/fs/inotify/max_user_instances").read_text())
+    assert got["shares"]["max_inotify_instances"] == host // 3 and got["held"] == host // 3, got
+    assert got["alone"] == 0 and got["neighbour"] == 0, got
