@@ -68,14 +68,18 @@ def idmapped_bind(src: str, dst: str, from_uid: int, to_uid: int, from_gid: int,
     every other owner shows as the overflow id."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
+    long = ctypes.c_long  # syscall(2) is variadic: every argument a full register wide, sizes as size_t
     ns = _userns(f"{from_uid} {to_uid} 1\n", f"{from_gid} {to_gid} 1\n")
-    tree = libc.syscall(SYS_OPEN_TREE, AT_FDCWD, src.encode(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)
+    tree = libc.syscall(long(SYS_OPEN_TREE), long(AT_FDCWD), ctypes.c_char_p(src.encode()),
+                        long(OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC))
     if tree < 0:
         raise _fail(f"open_tree {src}")
     attr = _MountAttr(MOUNT_ATTR_IDMAP, 0, 0, ns)
-    if libc.syscall(SYS_MOUNT_SETATTR, tree, b"", AT_EMPTY_PATH, ctypes.byref(attr), ctypes.sizeof(attr)) < 0:
+    if libc.syscall(long(SYS_MOUNT_SETATTR), long(tree), ctypes.c_char_p(b""), long(AT_EMPTY_PATH),
+                    ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr))) < 0:
         raise _fail(f"mount_setattr(MOUNT_ATTR_IDMAP) {src}")
-    if libc.syscall(SYS_MOVE_MOUNT, tree, b"", AT_FDCWD, dst.encode(), MOVE_MOUNT_F_EMPTY_PATH) < 0:
+    if libc.syscall(long(SYS_MOVE_MOUNT), long(tree), ctypes.c_char_p(b""), long(AT_FDCWD),
+                    ctypes.c_char_p(dst.encode()), long(MOVE_MOUNT_F_EMPTY_PATH)) < 0:
         raise _fail(f"move_mount {dst}")
     os.close(tree)
     os.close(ns)
