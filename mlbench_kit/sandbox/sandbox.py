@@ -127,12 +127,14 @@ def user_quota_shares(concurrent: int, folder: Path = Path("/proc/sys/user")) ->
     return tuple(out)
 
 
-def _owned_by(root: Path, uid: int) -> bool:
-    """Every entry of ``root`` belongs to ``uid`` (so the overlay's writable copy behaves like the checkout)."""
+def _owned_by(root: Path, uid: int, gid: int | None = None) -> bool:
+    """Every entry of ``root`` belongs to ``uid`` (and group ``gid`` where given), so the overlay's writable copy
+    behaves like the checkout."""
     for dirpath, dirnames, filenames in os.walk(root):
         for name in [*dirnames, *filenames, ""]:
             try:
-                if os.lstat(os.path.join(dirpath, name)).st_uid != uid:
+                st = os.lstat(os.path.join(dirpath, name))
+                if st.st_uid != uid or (gid is not None and st.st_gid != gid):
                     return False
             except FileNotFoundError:
                 continue
@@ -219,7 +221,9 @@ class Sandbox:
         with self._lock:
             if src in self._lower:
                 return self._lower[src]
-            if _owned_by(src, self.who.uid):
+            # as root, the group too: an idmapped lower layer maps the run's uid and gid alone, so a file of
+            # another group would show unmapped and the execution's own uid could not write it (EOVERFLOW/EACCES)
+            if _owned_by(src, self.who.uid, self.who.gid if self.who.root else None):
                 self._lower[src] = src
                 return src
             t0 = time.monotonic()
