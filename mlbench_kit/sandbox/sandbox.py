@@ -71,8 +71,13 @@ print("MLBENCH-WARM " + json.dumps(out), flush=True)
 CONTAINER_PREFIX = "/opt/venv"
 # uids of single executions (docker): above every range useradd, systemd and subuid allocations hand out
 EXEC_UIDS = (1 << 30, (1 << 31) - 2)
-# per-user kernel quotas that a user namespace of one's own can lower (kernel/ucount.c)
-USER_QUOTAS = ("max_inotify_instances", "max_inotify_watches", "max_fanotify_groups", "max_fanotify_marks")
+# per-user kernel quotas that a user namespace of one's own can lower (kernel/ucount.c), each with the same limit
+# of the initial user namespace, readable from any namespace: a child namespace's own start at INT_MAX, so inside
+# a container's user namespace /proc/sys/user alone says nothing of the limit that holds
+HOST_QUOTAS = {"max_inotify_instances": "fs/inotify/max_user_instances",
+               "max_inotify_watches": "fs/inotify/max_user_watches",
+               "max_fanotify_groups": "fs/fanotify/max_user_groups", "max_fanotify_marks": "fs/fanotify/max_user_marks"}
+USER_QUOTAS = tuple(HOST_QUOTAS)
 LAYER_MEMBERS = 100_000  # entries of a layer an engine sends back (docker), as many as untar's default
 
 
@@ -113,26 +118,32 @@ def write_shims(folder: Path, prefix: str) -> bool:
     return True
 
 
-def user_quota_shares(concurrent: int, folder: Path = Path("/proc/sys/user")) -> tuple[tuple[str, int], ...]:
+def user_quota_shares(concurrent: int, sys_folder: Path = Path("/proc/sys")) -> tuple[tuple[str, int], ...]:
     """Without root, one execution's share of the caller's per-user kernel quotas (see :func:`.cmdline.stage_script`):
-    each limit of :data:`USER_QUOTAS` divided by ``concurrent`` executions plus one share kept for the caller's own
-    processes, so that ``concurrent`` executions holding all they may still leave their neighbours theirs."""
+    each limit of :data:`USER_QUOTAS` (the lower of the caller's namespace's and the host's, :data:`HOST_QUOTAS`)
+    divided by ``concurrent`` executions plus one share kept for the caller's own processes, so that
+    ``concurrent`` executions holding all they may still leave their neighbours theirs."""
     out = []
     for key in USER_QUOTAS:
-        try:
-            limit = int((folder / key).read_text())
-        except (OSError, ValueError):
-            continue
-        out.append((key, max(1, limit // (max(1, concurrent) + 1))))
+        limits = []
+        for path in (f"user/{key}", HOST_QUOTAS[key]):
+            try:
+                limits.append(int((sys_folder / path).read_text()))
+            except (OSError, ValueError):
+                continue
+        if limits:
+            out.append((key, max(1, min(limits) // (max(1, concurrent) + 1))))
     return tuple(out)
 
 
-def _owned_by(root: Path, uid: int) -> bool:
-    """Every entry of ``root`` belongs to ``uid`` (so the overlay's writable copy behaves like the checkout)."""
+def _owned_by(root: Path, uid: int, gid: int | None = None) -> bool:
+    """Every entry of ``root`` belongs to ``uid`` (and group ``gid`` where given), so the overlay's writable copy
+    behaves like the checkout."""
     for dirpath, dirnames, filenames in os.walk(root):
         for name in [*dirnames, *filenames, ""]:
             try:
-                if os.lstat(os.path.join(dirpath, name)).st_uid != uid:
+                st = os.lstat(os.path.join(dirpath, name))
+                if st.st_uid != uid or (gid is not None and st.st_gid != gid):
                     return False
             except FileNotFoundError:
                 continue
@@ -219,7 +230,9 @@ class Sandbox:
         with self._lock:
             if src in self._lower:
                 return self._lower[src]
-            if _owned_by(src, self.who.uid):
+            # as root, the group too: an idmapped lower layer maps the run's uid and gid alone, so a file of
+            # another group would show unmapped and the execution's own uid could not write it (EOVERFLOW/EACCES)
+            if _owned_by(src, self.who.uid, self.who.gid if self.who.root else None):
                 self._lower[src] = src
                 return src
             t0 = time.monotonic()

@@ -1027,6 +1027,26 @@ def test_each_execution_runs_as_a_host_uid_of_its_own(box):
         assert (st.st_uid, oct(st.st_mode & 0o777)) == (65534, "0o644")
 
 
+@pytest.mark.skipif(not IS_ROOT, reason="a uid per execution needs root")
+def test_a_checkout_of_the_run_uid_in_another_group_stays_writable_by_the_execution_uid(box, tmp_path):
+    """A checkout already the run's (uid 65534) but of another group (root's) is not used in place: the idmapped
+    lower layer maps the run's uid and gid alone, so its files would show unmapped and the execution's own uid
+    could not append to them, a verdict that a named ``sandbox_uid`` (a plain bind) does not give. On 9d803eb the
+    append failed (Permission denied)."""
+    sb, env = box
+    if sb.backend == "docker":
+        pytest.skip("docker copies the checkout: no lower layer")
+    src = tmp_path / "toy"
+    shutil.copytree(REPO, src, symlinks=True)
+    for dirpath, dirnames, filenames in os.walk(src):
+        for name in [*dirnames, *filenames, ""]:
+            os.lchown(os.path.join(dirpath, name), 65534, 0)
+    r = sb.run(Job("echo more >> README.md && tail -n 1 README.md", True, replace(env, checkout=src), "./"),
+               Limits(wall_s=60))
+    assert r.exit_code == 0 and r.log.startswith("more"), r.log
+    assert "more" not in (src / "README.md").read_text()
+
+
 def test_an_idmapped_bind_that_cannot_be_made_exits_3_saying_why(tmp_path):
     """The stage script's helper: a refusal (here a lower layer that is not there; without root, the mapping
     itself) is exit status 3 and one line naming the call and the reason, never a traceback."""

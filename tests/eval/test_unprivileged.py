@@ -443,13 +443,17 @@ print("QUOTA " + json.dumps(dict(got, shares=dict(sb.user_quotas))))
 """
 
 
-def test_a_quota_hoarder_leaves_its_neighbour_its_share_without_root(user):
+@pytest.mark.parametrize("in_userns", [False, True], ids=["host", "in-userns"])
+def test_a_quota_hoarder_leaves_its_neighbour_its_share_without_root(user, in_userns):
     """Without root every execution is the caller's uid, so per-user kernel quotas cannot be split by uid: the
     stage script's user namespace, the execution's own, gets a share of each (inotify instances: 128 // (2 workers
     + 1) = 42 here). An answer holding every inotify instance it can gets its share, and the neighbour running
-    beside it passes. On the old code the hoarder held all 128 and the neighbour failed."""
-    r = user.run([sys.executable, "-c", QUOTA_DRIVER, str(SAMPLE / "repos" / "toybench"), str(Path(__file__).parent)],
-                 timeout=600)
+    beside it passes. On the old code the hoarder held all 128 and the neighbour failed. ``in-userns``: the caller
+    in a user namespace of its own (a container runtime's), whose /proc/sys/user limits read INT_MAX: the share is
+    still the host's limit's (on 9d803eb it was INT_MAX // 3, the hoarder held all 128, the neighbour failed)."""
+    nest = ["unshare", "--map-current-user"] if in_userns else []
+    r = user.run([*nest, sys.executable, "-c", QUOTA_DRIVER, str(SAMPLE / "repos" / "toybench"),
+                  str(Path(__file__).parent)], timeout=600)
     line = next((x for x in r.stdout.splitlines() if x.startswith("QUOTA ")), None)
     assert r.returncode == 0 and line, r.stdout[-2000:] + r.stderr[-3000:]
     got = json.loads(line[len("QUOTA "):])
