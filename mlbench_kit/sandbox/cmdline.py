@@ -193,7 +193,7 @@ def runner_argv(python: str = "python3", report: str = str(REPORT_FD)) -> list[s
 
 def container_argv(engine: str, image: str, name: str, m: Mounts, mem_mb: int, pids: int, cpus: float | None,
                    tmp_mb: int, uid: int, cgroup_parent: str | None, seccomp: Path | None,
-                   src: str | None = None, layer: str | None = None) -> list[str]:
+                   src: str | None = None, layer: str | None = None, gid: int | None = None) -> list[str]:
     """podman / docker: no network, no capabilities, no new privileges, a read-only image, an unprivileged
     uid, memory/pids/CPU limits, size-capped tmpfs, the runner as PID 1 (no ``--init``).
 
@@ -214,7 +214,7 @@ def container_argv(engine: str, image: str, name: str, m: Mounts, mem_mb: int, p
     else:
         argv += ["--log-driver", "none"]
     argv += ["--network", "none", "--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--read-only",
-             "--user", f"{uid}:{uid}", "--hostname", "sandbox", "--ulimit", "nofile=1024:1024",
+             "--user", f"{uid}:{uid if gid is None else gid}", "--hostname", "sandbox", "--ulimit", "nofile=1024:1024",
              "--ulimit", "nproc=4096:4096", "--tmpfs", f"/tmp:rw,size={tmp_mb}m,mode=1777", "--shm-size", f"{tmp_mb}m"]
     if cgroup_parent:
         # our per-execution cgroup holds the limits, so the kernel counts the OOM kill or refused fork there

@@ -152,7 +152,8 @@ class Docker:
         return container_argv(self.name, need_image(x.job.env, self.name), x.name, x.mounts, lim.mem_mb, lim.pids,
                               lim.cpus, lim.tmp_mb, x.who.uid, x.cgroup.parent_for_podman() if x.cgroup else None,
                               x.seccomp, src=None if x.staged else str(x.job.env.checkout.resolve()),
-                              layer=str(layer) if self.copy_layer and layer and (layer / "upper").is_dir() else None)
+                              layer=str(layer) if self.copy_layer and layer and (layer / "upper").is_dir() else None,
+                              gid=x.who.gid)
 
     def stop(self, name: str, proc: subprocess.Popen, cg: cgroups.ExecCgroup | None) -> bool:
         # started without --rm: the container's own OOM record is read before it is removed (the runner may be

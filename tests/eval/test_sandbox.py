@@ -984,13 +984,13 @@ def test_an_answer_exhausting_a_per_user_quota_cannot_fail_its_neighbour(box):
     assert sb.backend == "docker" or sb.idmaps(sb.lower(env))
 
 
-def _host_uid_of(marker: str, within: float = 60) -> int | None:
-    """The real host uid of the process whose command line holds ``marker``, once it runs."""
+def _host_ids_of(marker: str, within: float = 60) -> tuple[int, int] | None:
+    """The real host uid and gid of the process whose command line holds ``marker``, once it runs."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        for p in psutil.process_iter(["cmdline", "uids"]):
+        for p in psutil.process_iter(["cmdline", "uids", "gids"]):
             if marker in " ".join(p.info["cmdline"] or []) and "sleep" in (p.info["cmdline"] or [""])[0]:
-                return p.info["uids"].real
+                return p.info["uids"].real, p.info["gids"].real
         time.sleep(0.1)
     return None
 
@@ -999,7 +999,8 @@ def test_each_execution_runs_as_a_host_uid_of_its_own(box):
     """Two executions run as two host uids, drawn from EXEC_UIDS, neither the run's (65534); the answer owns the
     checkout's files (it appends to one and chmods it: bwrap and podman through the idmapped lower layer), and the
     staged checkout on disk is unchanged and still the run's; a ``sandbox_uid`` named runs every execution as that
-    uid. On the old code both ran as 65534."""
+    uid. The group is the run's (65534: the checkout's files are its), docker's its uid. On the old code both ran as
+    65534."""
     sb, env = box
     seen = []
     for box_ in (box, box, (Sandbox(sb.backend, uid=65534), env)):  # the third: a sandbox_uid named runs them all
@@ -1009,14 +1010,15 @@ def test_each_execution_runs_as_a_host_uid_of_its_own(box):
         t = threading.Thread(target=lambda o=out, c=code, b=box_: o.setdefault("r", run(b, c, wall_s=120)),
                              daemon=True)
         t.start()
-        uid = _host_uid_of(marker)
+        ids = _host_ids_of(marker)
         for p in psutil.process_iter(["cmdline"]):
             if marker in " ".join(p.info["cmdline"] or []):
                 p.kill()
         t.join(120)
-        assert uid is not None, out.get("r") and out["r"].log
+        assert ids is not None, out.get("r") and out["r"].log
         assert out["r"].log.startswith("more\n"), out["r"].log
-        seen.append(uid)
+        seen.append(ids[0])
+        assert ids[1] == (ids[0] if sb.backend == "docker" else 65534), ids
     box_[0].close()
     assert seen[0] != seen[1] and all(EXEC_UIDS[0] <= u <= EXEC_UIDS[1] for u in seen[:2]), seen
     assert seen[2] == 65534, seen
