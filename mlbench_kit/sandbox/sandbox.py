@@ -77,7 +77,6 @@ EXEC_UIDS = (1 << 30, (1 << 31) - 2)
 HOST_QUOTAS = {"max_inotify_instances": "fs/inotify/max_user_instances",
                "max_inotify_watches": "fs/inotify/max_user_watches",
                "max_fanotify_groups": "fs/fanotify/max_user_groups", "max_fanotify_marks": "fs/fanotify/max_user_marks"}
-USER_QUOTAS = tuple(HOST_QUOTAS)
 LAYER_MEMBERS = 100_000  # entries of a layer an engine sends back (docker), as many as untar's default
 
 
@@ -120,13 +119,13 @@ def write_shims(folder: Path, prefix: str) -> bool:
 
 def user_quota_shares(concurrent: int, sys_folder: Path = Path("/proc/sys")) -> tuple[tuple[str, int], ...]:
     """Without root, one execution's share of the caller's per-user kernel quotas (see :func:`.cmdline.stage_script`):
-    each limit of :data:`USER_QUOTAS` (the lower of the caller's namespace's and the host's, :data:`HOST_QUOTAS`)
+    each limit of :data:`HOST_QUOTAS` (the lower of the caller's namespace's and the host's)
     divided by ``concurrent`` executions plus one share kept for the caller's own processes, so that
     ``concurrent`` executions holding all they may still leave their neighbours theirs."""
     out = []
-    for key in USER_QUOTAS:
+    for key, host in HOST_QUOTAS.items():
         limits = []
-        for path in (f"user/{key}", HOST_QUOTAS[key]):
+        for path in (f"user/{key}", host):
             try:
                 limits.append(int((sys_folder / path).read_text()))
             except (OSError, ValueError):
@@ -158,10 +157,9 @@ class Sandbox:
         self.backend = backend
         self.engine = engine(backend)
         is_root = os.geteuid() == 0
-        explicit_uid = uid
+        self._draw_uids = uid is None  # a uid the user named runs every execution
         uid = (DEFAULT_UID if is_root else os.getuid()) if uid is None else uid
         self.who = Identity(uid, uid if is_root else os.getgid(), is_root)
-        self._draw_uids = explicit_uid is None  # a uid the user named runs every execution
         self.user_quotas = () if is_root else user_quota_shares(concurrent)
         self.cgroups = cgroups.available() if is_root or os.environ.get("MLBENCH_CGROUPS") else None
         if strict_limits and self.cgroups is None and not self.engine.container:
@@ -453,22 +451,26 @@ class Sandbox:
         shared with the executions running beside it, where the engine allows: docker always; bwrap and podman
         staged as root where ``lower`` can be bound idmapped (:meth:`idmaps`; the group stays the run's). Else,
         and for a uid the user named (``sandbox_uid``), the run's sandbox uid."""
-        how = self.engine.uid_per_execution
-        if not self._draw_uids or not how or (how == "idmap" and (lower is None or not self.idmaps(lower))):
+        if not self._draws_uids(lower):
             return self.who
         uid = EXEC_UIDS[0] + secrets.randbelow(EXEC_UIDS[1] - EXEC_UIDS[0])
-        return Identity(uid, uid if how == "always" else self.who.gid, self.who.root)
+        return Identity(uid, uid if self.engine.uid_per_execution == "always" else self.who.gid, self.who.root)
+
+    def _draws_uids(self, lower: Path | None) -> bool:
+        """Whether executions over ``lower`` (None: not staged) each get a uid of their own (see :meth:`_exec_who`)."""
+        how = self.engine.uid_per_execution
+        return self._draw_uids and (how == "always" or (how == "idmap" and lower is not None and self.idmaps(lower)))
 
     def uids(self, env: Env) -> str:
         """Who runs ``env``'s executions, in words for the run's first lines (see :meth:`_exec_who`)."""
-        how = self.engine.uid_per_execution
         if not self.engine.isolated:
             return "your own uid, unisolated"
         if not self.who.root:
             return "your uid, per-user quotas shared by namespace" if self.user_quotas else "your uid"
         staged = self.engine.staged(self.who)
-        if self._draw_uids and (how == "always" or (how == "idmap" and staged and self.idmaps(self.lower(env)))):
+        if self._draws_uids(self.lower(env) if staged else None):
             return "a uid per execution"
+        how = self.engine.uid_per_execution
         why = "named" if not self._draw_uids else "no idmapped mounts here" if how == "idmap" and staged else \
             f"one for {self.backend}"
         return f"uid {self.who.uid} for every execution ({why})"
