@@ -5,6 +5,7 @@ files kept between them, limits, transcripts, resume, the OpenHands rule) is."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import shlex
 import shutil
@@ -171,7 +172,8 @@ def test_files_persist_between_actions_processes_do_not(box, tmp_path: Path):
 
 def test_hostile_actions_are_contained(box, tmp_path: Path):
     """eval's hostile cases, issued as actions: no network, no write outside the work tree, the host unchanged, a
-    link to a host file as run.sh is not followed (not an answer), and nothing left running."""
+    link to a host file as run.sh is not followed (not an answer), nor are links when the layer is handed to the
+    next action's uid, and nothing left running."""
     canary = tmp_path / "canary"
     canary.write_text("host\n")
     naps = str(random.randrange(30000, 99999))  # this test's own: the same test may run beside it (CI's as-user)
@@ -179,7 +181,7 @@ def test_hostile_actions_are_contained(box, tmp_path: Path):
     def script(messages, sample):
         return [bash(f"echo pwned > {canary}; echo x > /usr/pwned; echo x > /sandbox/job/x; "
                      "python3 -c 'import socket; socket.create_connection((\"1.1.1.1\", 53), 2)'; "
-                     f"ln -s /etc/passwd run.sh; (setsid sleep {naps} &) ; echo end"),
+                     f"ln -s /etc/passwd run.sh; ln -s {canary} to-canary; (setsid sleep {naps} &) ; echo end"),
                 bash(":(){ :|:& };: ; echo bomb"),
                 bash("cat /etc/hostname; rm run.sh; echo fine > run.sh"),
                 ][len(messages) // 2]
@@ -193,6 +195,8 @@ def test_hostile_actions_are_contained(box, tmp_path: Path):
     assert t[1]["exec"]["fault"] is None  # the fork bomb is a verdict about the action, not a sandbox fault
     assert t[2]["exit"] == "submitted" and t[-1]["end"]["answer"] == "fine\n"
     assert canary.read_text() == "host\n" and not Path("/usr/pwned").exists()
+    # each action's layer, links and all, was handed to the next action's uid (as root): no link was followed
+    assert (canary.stat().st_uid, Path("/etc/passwd").stat().st_uid) == (os.getuid(), 0)
     assert not any(f"sleep {naps}" in " ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))
     assert _layers(box) == []
 
