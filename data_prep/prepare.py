@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mlbench_kit.config import save_resolved
-from mlbench_kit.dataset import Sample, load_samples
+from mlbench_kit.dataset import Sample, check_no_leak, load_samples
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.flags import resolve
 from mlbench_kit.hf import check_model_available, load_tokenizer, model_positions
@@ -29,7 +29,7 @@ from mlbench_kit.stages import stage
 from .corpus import ReadmeCorpus, checkout_repos
 from .render import Renderer
 from .retrieval import check_punkt, get_splitter
-from .splits import build_splits, check_no_leak
+from .splits import build_splits
 from .stats import prompt_stats, prompt_stats_markdown
 
 

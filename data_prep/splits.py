@@ -1,17 +1,13 @@
-"""ID/OOD training splits built from any rows, and the leak check between train and test."""
+"""ID/OOD training splits built from any rows (the leak check between train and test is the core's:
+:func:`mlbench_kit.dataset.check_no_leak`)."""
 
 from __future__ import annotations
 
 import random
-import re
 from collections import defaultdict
 
-from mlbench_kit.dataset import Sample
+from mlbench_kit.dataset import Sample, check_no_leak, normalized_text
 from mlbench_kit.errors import MLBenchError
-
-
-def _norm(text: str) -> str:
-    return re.sub(r"\s+", " ", text.strip().lower())
 
 
 def _groups(samples: list[Sample]) -> list[list[Sample]]:
@@ -26,7 +22,7 @@ def _groups(samples: list[Sample]) -> list[list[Sample]]:
 
     first: dict[str, int] = {}
     for i, s in enumerate(samples):
-        for key in ("I:" + _norm(s.instruction), "O:" + _norm(s.output)):
+        for key in ("I:" + normalized_text(s.instruction), "O:" + normalized_text(s.output)):
             if key in first:
                 parent[find(i)] = find(first[key])
             else:
@@ -68,17 +64,3 @@ def build_splits(samples: list[Sample], ood_repos: list[str], id_test_fraction: 
         rows.sort(key=lambda s: s.key)
     check_no_leak(out["id_train"] + out["ood_train"], out["test"])
     return out
-
-
-def check_no_leak(train: list[Sample], test: list[Sample]) -> None:
-    """Raise if any test instruction or answer (whitespace/case-normalised) appears in a training split."""
-    seen = {("instruction", _norm(s.instruction)): s for s in train}
-    seen.update({("answer", _norm(s.output)): s for s in train})
-    leaks = [(kind, t, seen[(kind, _norm(getattr(t, attr)))]) for t in test
-             for kind, attr in (("instruction", "instruction"), ("answer", "output"))
-             if (kind, _norm(getattr(t, attr))) in seen]
-    if leaks:
-        kind, t, s = leaks[0]
-        raise MLBenchError(f"{len(leaks)} test {kind}(s) also appear in a training split; first: test id {t.id} "
-                           f"({t.where}) = train id {s.id} ({s.where})", "train/test splits",
-                           "remove the overlapping rows from the training data")

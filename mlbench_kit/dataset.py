@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 import re
 import shlex
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -216,3 +216,24 @@ def prefix_exports(prefix_code: str) -> tuple[tuple[str, str], ...]:
         value = parts[0] if parts else ""
         out[m.group(1)] = re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda v: out.get(v.group(1), ""), value)
     return tuple(out.items())
+
+
+def normalized_text(text: str) -> str:
+    """Whitespace- and case-normalised text: what the leak check compares."""
+    return re.sub(r"\s+", " ", text.strip().lower())
+
+
+def check_no_leak(train: Sequence[Any], test: Sequence[Any]) -> None:
+    """Raise if any test instruction or answer (whitespace/case-normalised) appears in a training split. Rows are
+    :class:`Sample` or anything with ``id``, ``instruction`` and ``output`` (prep records: learning checks its
+    training prompts against the evaluation split's)."""
+    seen = {("instruction", normalized_text(s.instruction)): s for s in train}
+    seen.update({("answer", normalized_text(s.output)): s for s in train})
+    leaks = [(kind, t, seen[(kind, normalized_text(getattr(t, attr)))]) for t in test
+             for kind, attr in (("instruction", "instruction"), ("answer", "output"))
+             if (kind, normalized_text(getattr(t, attr))) in seen]
+    if leaks:
+        kind, t, s = leaks[0]
+        raise MLBenchError(f"{len(leaks)} test {kind}(s) also appear in a training split; first: test id {t.id} "
+                           f"({getattr(t, 'where', '')}) = train id {s.id} ({getattr(s, 'where', '')})",
+                           "train/test splits", "remove the overlapping rows from the training data")

@@ -91,6 +91,9 @@ STAGES: tuple[Stage, ...] = (
           one_of=((("repos_dir", "tarballs"), False),)),  # one of them is required: AgentConfig.require_inputs
     Stage("eval", "execute generations in a sandbox and score them", "mlbench_kit.eval.run",
           "mlbench_kit.eval_config:EvalConfig", one_of=((("generations", "gold"), False),)),
+    Stage("learn", "learn from execution verdicts: SFT records and pairs from verdicts (data), rejection-sampling "
+          "fine-tuning (rft), DPO, GRPO with sandboxed execution rewards",
+          "mlbench_kit.learn.run", "mlbench_kit.learn_config:LearnConfig"),
     Stage("report", "eval runs side by side: markdown, CSV, PNG", "mlbench_kit.eval.report.cli"),
     Stage("env", "build, check and gold-validate the repositories' execution environments", "mlbench_kit.eval.envcli"),
     Stage("sweep", "plan, submit and follow a Slurm sweep (train -> infer -> eval -> report)",

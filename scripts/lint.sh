@@ -24,8 +24,8 @@ if [ "$what" = all ] || [ "$what" = mypy ]; then
     d=${d%/}; if [ -f "$d/__init__.py" ]; then ln -s "../../../$d" "$tree/$d"; fi
   done
   # the same mapping as [tool.setuptools] package-dir in pyproject.toml
-  for stage in data_prep eval train infer slurm agent; do ln -s "../../../$stage" "$tree/mlbench_kit/$stage"; done
-  MYPYPATH=$tree "$BIN/mypy" -p mlbench_kit 2>&1 | sed -e "s#^$tree/mlbench_kit/\(data_prep\|eval\|train\|infer\|slurm\|agent\)/#\1/#" \
+  for stage in data_prep eval train infer slurm agent learn; do ln -s "../../../$stage" "$tree/mlbench_kit/$stage"; done
+  MYPYPATH=$tree "$BIN/mypy" -p mlbench_kit 2>&1 | sed -e "s#^$tree/mlbench_kit/\(data_prep\|eval\|train\|infer\|slurm\|agent\|learn\)/#\1/#" \
                                                     -e "s#^$tree/mlbench_kit/#mlbench_kit/#"
   exit "${PIPESTATUS[0]}"
 fi

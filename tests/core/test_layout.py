@@ -6,7 +6,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 STAGES = {"data_prep": "data_prep", "train": "train", "infer": "infer", "eval": "eval", "slurm": "slurm",
-          "agent": "agent"}
+          "agent": "agent", "learn": "learn"}
 # eval/'s wings and the wings each may import; "scoring" is everything at the top of eval/ (run.py, envcli.py, ...)
 WINGS = {"envs": set(), "report": set(), "scoring": {"envs"}}
 

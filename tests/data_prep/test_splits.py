@@ -2,8 +2,8 @@ import dataclasses
 
 import pytest
 
-from mlbench_kit.data_prep.splits import build_splits, check_no_leak
-from mlbench_kit.dataset import load_samples
+from mlbench_kit.data_prep.splits import build_splits
+from mlbench_kit.dataset import check_no_leak, load_samples
 from mlbench_kit.errors import MLBenchError
 
 

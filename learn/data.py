@@ -1,0 +1,154 @@
+"""From verdicts to training data: a training split's prompts, its generations and their eval results -> SFT records
+of passing answers (deduplicated per row, optionally with the gold answers) and preference pairs (a passing and a
+failing answer to the same prompt).
+
+Only verdicts count: an answer the checker could not run (an environment fault, kept out of ``results.jsonl``) is
+neither chosen nor rejected. Records keep the prep record's prompt and template, so ``mlbench train`` reads them as
+it reads prep's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from mlbench_kit.dataset import check_no_leak, normalized_text
+from mlbench_kit.errors import MLBenchError
+from mlbench_kit.io import read_jsonl
+from mlbench_kit.learn_config import LearnConfig
+from mlbench_kit.parse import parse_response
+from mlbench_kit.records import EvalResult, PrepRecord, read_eval_results, read_prep_records
+
+Key = tuple[int, int]
+
+
+@dataclass
+class Answer:
+    """One sampled answer and its verdict."""
+
+    idx: int
+    text: str  # what the model said (trained on)
+    code: str  # what the checker ran (deduplicated on)
+    passed: bool
+    error_class: str | None = None
+
+
+@dataclass
+class LearningData:
+    """What one split's verdicts give: SFT records, preference pairs and the counts behind them."""
+
+    sft: list[PrepRecord] = field(default_factory=list)
+    pairs: list[dict[str, Any]] = field(default_factory=list)
+    stats: dict[str, int] = field(default_factory=dict)
+
+
+def training_prompts(cfg: LearnConfig) -> dict[Key, PrepRecord]:
+    """The training split's prompts, after the leak check against the evaluation split: learning never starts
+    on a split that shares a row, an instruction or an answer with the split models are scored on."""
+    path = cfg.training_prompts()
+    if not path.is_file():
+        raise MLBenchError(f"no prompts of split {cfg.split!r}, task {cfg.task}", str(path),
+                           "run `mlbench prep` for the training split (--build-splits makes id_train/ood_train)")
+    train = {rec.key: rec for _, rec in read_prep_records(path, cfg.task)}
+    evaluated = [rec for _, rec in read_prep_records(cfg.eval_prompts(), cfg.task)]
+    shared = sorted(set(train) & {r.key for r in evaluated})
+    if shared:
+        raise MLBenchError(f"{len(shared)} rows of the training split are in the evaluation split (first: "
+                           f"github_id={shared[0][0]} id={shared[0][1]})", str(path),
+                           "learn on a training split: never the rows models are scored on")
+    check_no_leak(list(train.values()), evaluated)
+    if not train:
+        raise MLBenchError("the training split has no prompts", str(path), "re-run `mlbench prep` for it")
+    return train
+
+
+def read_answers(generations: str | Path, results: list[EvalResult], prompts: dict[Key, PrepRecord],
+                 parser: str, mode: str) -> dict[Key, list[Answer]]:
+    """Each training row's sampled answers with their verdicts (answers without one are left out). A generation
+    or a verdict of a row that is not a training prompt is an error: learning reads training rows only."""
+    verdicts: dict[tuple[Key, int], EvalResult] = {}
+    for r in results:
+        if r.mode != mode:
+            raise MLBenchError(f"the eval results are {r.mode} verdicts; the reward reads {mode}", "--results",
+                               f"score the generations with `mlbench eval --mode {mode}` (or set reward.mode)")
+        verdicts[(r.key, r.idx)] = r
+    out: dict[Key, list[Answer]] = {}
+    for ln, row in read_jsonl(generations):
+        where = f"{generations}:{ln}"
+        try:
+            key = (int(row["github_id"]), int(row["id"]))
+        except (KeyError, TypeError, ValueError, OverflowError):
+            raise MLBenchError("each line needs integer `github_id` and `id`", where) from None
+        if key not in prompts:
+            raise MLBenchError(f"github_id={key[0]} id={key[1]} is not a prompt of the training split", where,
+                               "pass the generations of the training split's prompts")
+        texts = row.get("raw") or row.get("output")
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+            raise MLBenchError("`raw` (or `output`) must be a list of strings", where)
+        answers = []
+        for i, text in enumerate(texts):
+            v = verdicts.get((key, i))
+            if v is not None:
+                answers.append(Answer(i, text, parse_response(text, parser), bool(v.passed), v.error_class))
+        out[key] = answers
+    stray = sorted({k for k, _ in verdicts} - set(prompts))
+    if stray:
+        raise MLBenchError(f"verdicts on rows outside the training split (first: github_id={stray[0][0]} "
+                           f"id={stray[0][1]})", "--results", "pass the eval folder of the training split's answers")
+    return out
+
+
+def build(prompts: dict[Key, PrepRecord], answers: dict[Key, list[Answer]], *, include_gold: bool,
+          max_per_row: int, max_pairs_per_row: int, gold_as_chosen: bool) -> LearningData:
+    """SFT records (per row: the gold answer when ``include_gold``, then up to ``max_per_row`` distinct passing
+    answers, distinct by their whitespace-normalised code) and pairs (distinct passing x distinct failing, in
+    sample order, up to ``max_pairs_per_row``; with ``gold_as_chosen`` a row without a passing answer pairs the
+    gold answer with its failures)."""
+    data = LearningData()
+    n = dict.fromkeys(("rows", "answers", "passed", "rows_with_pass", "rows_with_pair", "sft_passing", "sft_gold"), 0)
+    for key, rec in sorted(prompts.items()):
+        got = answers.get(key, [])
+        n["rows"] += 1
+        n["answers"] += len(got)
+        passing = _distinct([a for a in got if a.passed])
+        failing = _distinct([a for a in got if not a.passed])
+        n["passed"] += sum(a.passed for a in got)
+        n["rows_with_pass"] += bool(passing)
+        if include_gold:
+            data.sft.append(rec)
+            n["sft_gold"] += 1
+        for a in passing[:max_per_row]:
+            if include_gold and normalized_text(a.code) == normalized_text(rec.answer):
+                continue  # the gold answer itself, already there
+            data.sft.append(replace(rec, answer=a.text))
+            n["sft_passing"] += 1
+        chosen = [a.text for a in passing] or ([rec.answer] if gold_as_chosen else [])
+        pairs = [(c, r.text) for c in chosen for r in failing][:max_pairs_per_row]
+        n["rows_with_pair"] += bool(pairs)
+        data.pairs += [{"github_id": key[0], "id": key[1], "prompt": rec.prompt, "chosen": c, "rejected": r}
+                       for c, r in pairs]
+    n["pairs"] = len(data.pairs)
+    data.stats = n
+    return data
+
+
+def _distinct(answers: list[Answer]) -> list[Answer]:
+    seen: set[str] = set()
+    out = []
+    for a in answers:
+        norm = normalized_text(a.code)
+        if norm and norm not in seen:
+            seen.add(norm)
+            out.append(a)
+    return out
+
+
+def from_verdicts(cfg: LearnConfig, generations: str | Path, results_dir: str | Path, include_gold: bool,
+                  max_per_row: int) -> LearningData:
+    """The learning data of one scored run of the training split (the ``data`` method; every rft round)."""
+    prompts = training_prompts(cfg)
+    results = read_eval_results(Path(results_dir) / "results.jsonl")
+    answers = read_answers(generations, results, prompts, cfg.parser, cfg.reward.mode)
+    return build(prompts, answers, include_gold=include_gold, max_per_row=max_per_row,
+                 max_pairs_per_row=cfg.dpo.max_pairs_per_row, gold_as_chosen=cfg.dpo.gold_as_chosen)

@@ -1,0 +1,91 @@
+"""`mlbench learn` (and ``accelerate launch learn/run.py``): learning from execution verdicts.
+
+The stage reads a *training* split only (the leak check against the evaluation split runs first, every time) and
+writes into ``--out``: ``config.yaml`` (replays the run), ``learn.json`` (the settings a resumed run must share),
+then per method ``sft.jsonl`` + ``pairs.jsonl`` + ``data.json`` (data), ``round-R/`` + ``rounds.jsonl`` (rft),
+``pairs.jsonl`` (dpo, when built from verdicts here), ``rewards/`` + ``rewards.jsonl`` (grpo), and the learned
+``adapter/`` with ``metrics.jsonl`` (rft, dpo, grpo). See docs/learn.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from mlbench_kit.config import save_resolved, to_dict
+from mlbench_kit.errors import MLBenchError
+from mlbench_kit.flags import add_options, resolve
+from mlbench_kit.io import claim_run_folder, write_json_atomic, write_jsonl_atomic
+from mlbench_kit.learn_config import LearnConfig
+from mlbench_kit.progress import bars_only_on_tty
+from mlbench_kit.stages import stage
+
+from .data import LearningData, from_verdicts, training_prompts
+
+
+def resolve_config(args: argparse.Namespace) -> LearnConfig:
+    """The run's options: ``--config`` (else the defaults), then every flag given, then ``--set``."""
+    return resolve(stage("learn"), args)
+
+
+def write_data(out: Path, data: LearningData) -> None:
+    """The ``data`` method's files: SFT records (prep's format), pairs, and the counts."""
+    write_jsonl_atomic(out / "sft.jsonl", [r.to_json() for r in data.sft])
+    write_jsonl_atomic(out / "pairs.jsonl", data.pairs)
+    write_json_atomic(out / "data.json", data.stats)
+    s = data.stats
+    print(f"learn: {s['passed']}/{s['answers']} answers passed on {s['rows_with_pass']}/{s['rows']} rows -> "
+          f"{len(data.sft)} SFT records ({s['sft_gold']} gold), {s['pairs']} pairs", file=sys.stderr)
+
+
+def learn(cfg: LearnConfig) -> int:
+    """Run ``cfg.method``; returns the exit status."""
+    cfg.require_inputs()
+    out = Path(str(cfg.out))
+    out.mkdir(parents=True, exist_ok=True)
+    claim_run_folder(out / "learn.json", {k: v for k, v in to_dict(cfg).items() if k != "out"})
+    save_resolved(cfg, out / "config.yaml")
+    if cfg.method == "data" or (cfg.method == "dpo" and cfg.generations):
+        data = from_verdicts(cfg, str(cfg.generations), str(cfg.results), cfg.rft.include_gold, cfg.rft.max_per_row)
+        write_data(out, data)
+        if cfg.method == "data":
+            return 0
+    if cfg.method == "rft":
+        from .rft import RFTRecipe
+        recipe = RFTRecipe(cfg)
+        recipe.setup()
+        recipe.train()
+        return 0
+    from .trl_recipes import DPORecipe, GRPORecipe
+    prompts = training_prompts(cfg)
+    if cfg.method == "dpo":
+        dpo = DPORecipe(cfg, out / "pairs.jsonl", {k: r.template for k, r in prompts.items()})
+        dpo.setup()
+        dpo.train()
+    else:
+        grpo = GRPORecipe(cfg, prompts)
+        grpo.setup()
+        grpo.train()
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """``mlbench learn``: the options resolved into a :class:`LearnConfig`, then :func:`learn`."""
+    return learn(resolve_config(args))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``accelerate launch learn/run.py ...`` (or ``python learn/run.py``): the same options as `mlbench learn`."""
+    bars_only_on_tty()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_options(parser, stage("learn"))
+    try:
+        return run(parser.parse_args(argv))
+    except MLBenchError as exc:
+        print(f"error: {exc.render()}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,237 @@
+"""Learning from execution: verdicts -> training data, the execution reward (the same verdicts as `mlbench eval`),
+and each method end to end on the embedded sample with a tiny model (verdicts must reach the update)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import REPO_ROOT, SAMPLE, run_cli
+
+from mlbench_kit.errors import MLBenchError
+from mlbench_kit.learn_config import LearnConfig
+from mlbench_kit.records import PrepRecord
+
+ENVS = REPO_ROOT / "configs" / "eval" / "sample.yaml"
+DATA = SAMPLE / "samples.jsonl"
+LEARN_CFG = "configs/learn/tiny-cpu.yaml"
+
+
+def _rec(gid: int, i: int, answer: str, instruction: str = "") -> PrepRecord:
+    return PrepRecord(task=3, github_id=gid, id=i, template="llama-inst", prompt=f"P{i}", answer=answer,
+                      instruction=instruction or f"do {i}", output=answer)
+
+
+def _prep(root: Path, split: str, recs: list[PrepRecord]) -> None:
+    (root / split).mkdir(parents=True, exist_ok=True)
+    (root / split / "task3.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in recs))
+
+
+# ---------------------------------------------------------------- verdicts -> data (fast)
+
+def test_passing_answers_become_sft_records_and_pass_fail_pairs():
+    from mlbench_kit.learn.data import Answer, build
+    prompts = {(1, 1): _rec(1, 1, "python a.py --x 1"), (1, 2): _rec(1, 2, "python b.py"),
+               (1, 3): _rec(1, 3, "python c.py")}
+    answers = {
+        # two passing answers that differ only in spacing count once; the gold answer itself is not added twice
+        (1, 1): [Answer(0, "```\npython  a.py --x 2\n```", "python  a.py --x 2", True),
+                 Answer(1, "python a.py --x 2", "python a.py --x 2", True),
+                 Answer(2, "python a.py --x 1", "python a.py --x 1", True),
+                 Answer(3, "rm -rf /", "rm -rf /", False, "E2")],
+        (1, 2): [Answer(0, "python z.py", "python z.py", False, "E5")],  # no pass: no pair unless gold is chosen
+    }
+    data = build(prompts, answers, include_gold=True, max_per_row=4, max_pairs_per_row=4, gold_as_chosen=False)
+    sft = [(r.key, r.answer) for r in data.sft]
+    assert sft == [((1, 1), "python a.py --x 1"), ((1, 1), "```\npython  a.py --x 2\n```"),
+                   ((1, 2), "python b.py"), ((1, 3), "python c.py")]
+    assert [(p["id"], p["chosen"], p["rejected"]) for p in data.pairs] == [
+        (1, "```\npython  a.py --x 2\n```", "rm -rf /"), (1, "python a.py --x 1", "rm -rf /")]
+    assert data.stats["passed"] == 3 and data.stats["rows_with_pass"] == 1 and data.stats["sft_passing"] == 1
+    with_gold = build(prompts, answers, include_gold=False, max_per_row=1, max_pairs_per_row=1, gold_as_chosen=True)
+    assert [(r.key, r.answer) for r in with_gold.sft] == [((1, 1), "```\npython  a.py --x 2\n```")]
+    assert [(p["id"], p["chosen"]) for p in with_gold.pairs] == [(1, "```\npython  a.py --x 2\n```"),
+                                                                 (2, "python b.py")]
+
+
+def test_learning_refuses_a_training_split_that_leaks_into_the_evaluation_split(tmp_path):
+    from mlbench_kit.learn.data import training_prompts
+    _prep(tmp_path, "id_train", [_rec(1, 1, "python a.py"), _rec(1, 2, "python b.py")])
+    _prep(tmp_path, "test", [_rec(1, 3, "python c.py")])
+    cfg = LearnConfig(prep_dir=str(tmp_path))
+    assert set(training_prompts(cfg)) == {(1, 1), (1, 2)}
+    # the same answer under another id: the leak check of prep, on every learning run
+    _prep(tmp_path, "test", [_rec(1, 3, "python c.py"), _rec(1, 9, "python  B.py")])
+    with pytest.raises(MLBenchError, match="test answer"):
+        training_prompts(cfg)
+    _prep(tmp_path, "test", [_rec(1, 2, "python other.py", "another")])  # a training row itself
+    with pytest.raises(MLBenchError, match="in the evaluation split"):
+        training_prompts(cfg)
+    with pytest.raises(MLBenchError, match="no evaluation split"):
+        training_prompts(LearnConfig(prep_dir=str(tmp_path), eval_split="quarter"))
+    r = run_cli("mlbench", "learn", "--method", "data", "--prep-dir", tmp_path, "--split", "test",
+                "--eval-split", "test", "--out", tmp_path / "o")
+    assert r.returncode == 2 and "is the evaluation split" in r.stderr and not (tmp_path / "o").exists()
+
+
+def test_verdicts_of_rows_outside_the_training_split_are_refused(tmp_path):
+    from mlbench_kit.learn.data import read_answers
+    gens = tmp_path / "g.jsonl"
+    gens.write_text(json.dumps({"github_id": 1, "id": 7, "raw": ["x"]}) + "\n")
+    with pytest.raises(MLBenchError, match="not a prompt of the training split"):
+        read_answers(gens, [], {(1, 1): _rec(1, 1, "a")}, "compat", "strict")
+
+
+# ---------------------------------------------------------------- the sample, a tiny model, real engines
+
+@pytest.fixture(scope="module")
+def sample_prep(tmp_path_factory, tiny_model_dir) -> Path:
+    """The sample's task-3 prompts, split ID-train / test (toyvision held out as OOD), with the tiny tokenizer."""
+    out = tmp_path_factory.mktemp("learnprep")
+    r = run_cli("mlbench", "prep", "--data", DATA, "--splits", "full", "--readmes", SAMPLE / "repos",
+                "--build-splits", "--ood-repos", "toyvision", "--id-test-fraction", "0.3", "--tasks", "3",
+                "--template", "llama-inst", "--tokenizer", tiny_model_dir, "--max-context-tokens", "1024",
+                "--no-hf", "--out", out)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def sft_model(tmp_path_factory, tiny_model_dir, sample_prep) -> Path:
+    """The tiny model tuned on the training split's gold answers (full weights, the prompt masked) until its
+    samples at temperature 1 pass on some rows and fail on others: what every method needs to learn from."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mlbench_kit.records import read_prep_records
+    from mlbench_kit.train.data import tokenize_record
+    out = tmp_path_factory.mktemp("sftmodel") / "model"
+    shutil.copytree(tiny_model_dir, out)
+    tok = AutoTokenizer.from_pretrained(out)
+    model = AutoModelForCausalLM.from_pretrained(out)
+    examples = [tokenize_record(rec, tok) for _, rec in read_prep_records(sample_prep / "id_train" / "task3.jsonl")]
+    torch.manual_seed(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    width = max(len(ex) for ex in examples)
+    ids = torch.tensor([ex.input_ids + [0] * (width - len(ex)) for ex in examples])
+    labels = torch.tensor([ex.labels + [-100] * (width - len(ex)) for ex in examples])
+    mask = (torch.arange(width)[None, :] < torch.tensor([len(ex) for ex in examples])[:, None]).long()
+    for _ in range(40):  # all rows a step: at 40 steps about two samples in three pass, at 120 nearly all
+        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.save_pretrained(out)
+    return out
+
+
+def _learn(*args, out: Path, **kw):
+    return run_cli("mlbench", "learn", "--config", LEARN_CFG, "--data", DATA, "--envs", ENVS, "--out", out, *args,
+                   **kw)
+
+
+@pytest.fixture(scope="module")
+def rft_run(tmp_path_factory, sft_model, sample_prep) -> Path:
+    out = tmp_path_factory.mktemp("rft") / "run"
+    r = _learn("--method", "rft", "--model", sft_model, "--prep-dir", sample_prep, out=out)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
+@pytest.mark.integration
+def test_rft_keeps_only_strictly_passing_answers_and_trains_on_them(rft_run):
+    (round_,) = [json.loads(x) for x in (rft_run / "rounds.jsonl").read_text().splitlines()]
+    assert 0 < round_["passed"] < round_["answers"], round_  # the verdicts vary: there is something to learn
+    results = [json.loads(x) for x in (rft_run / "round-1" / "eval" / "results.jsonl").read_text().splitlines()]
+    assert {r["mode"] for r in results} == {"strict"}
+    gens = {(g["github_id"], g["id"]): g for g in map(json.loads, (rft_run / "round-1" / "infer" / "task3.jsonl")
+                                                      .read_text().splitlines())}
+    passing = {" ".join(gens[(r["github_id"], r["id"])]["raw"][r["idx"]].split()) for r in results if r["passed"]}
+    failing = {" ".join(gens[(r["github_id"], r["id"])]["raw"][r["idx"]].split()) for r in results
+               if not r["passed"]}
+    sft = [json.loads(x) for x in (rft_run / "round-1" / "sft.jsonl").read_text().splitlines()]
+    trained = {" ".join(s["answer"].split()) for s in sft}
+    assert trained & passing and not (trained & (failing - passing))
+    meta = json.loads((rft_run / "adapter" / "mlbench_train.json").read_text())
+    assert meta["learned"]["method"] == "rft"
+    steps = [json.loads(x) for x in (rft_run / "round-1" / "train" / "metrics.jsonl").read_text().splitlines()]
+    assert any(s.get("event") == "done" for s in steps)
+    # a finished run re-run does nothing and says so
+    r = _learn("--method", "rft", "--model", rft_run.parent, out=rft_run)  # another model: another run
+    assert r.returncode == 2 and "other settings" in r.stderr
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("backend", ["bwrap", "podman"])
+def test_the_reward_is_mlbench_evals_strict_verdict_on_every_engine(tmp_path, backend, sample_prep, base_image):
+    """The same answers through the reward and through `mlbench eval` as a user runs it: the same verdicts; and
+    an answer that sleeps past the limit, which compat passes, earns nothing."""
+    if backend == "podman" and base_image is None:
+        pytest.skip("podman needs root, podman and mmdebstrap")
+    from mlbench_kit.learn.reward import ExecutionReward
+    from mlbench_kit.records import read_prep_records
+    recs = [rec for _, rec in read_prep_records(sample_prep / "id_train" / "task3.jsonl")][:3]
+    keys, texts = [], []
+    for rec in recs:
+        wrong = rec.output.replace(rec.output.split()[-1], "999") if rec.output.split() else "x"
+        for text in (rec.output, wrong, "sleep 1000", "python -c 'import sys; sys.exit(3)'"):
+            keys.append(rec.key)
+            texts.append(text)
+    cfg = LearnConfig(prep_dir=str(sample_prep), data=str(DATA), envs=str(ENVS), backend=backend, timeout=3.0,
+                      out=str(tmp_path / "learn"))
+    rewards = ExecutionReward(cfg, tmp_path / "learn").score(keys, texts)
+    gens = tmp_path / "gens.jsonl"
+    gens.write_text("".join(json.dumps({"github_id": rec.key[0], "id": rec.key[1],
+                                        "output": texts[4 * i: 4 * i + 4]}) + "\n" for i, rec in enumerate(recs)))
+    verdicts = {}
+    for mode in ("strict", "compat"):
+        r = run_cli("mlbench", "eval", "--data", DATA, "--generations", gens, "--envs", ENVS, "--mode", mode,
+                    "--backend", backend, "--timeout", "3", "--no-ci", "--out", tmp_path / mode)
+        assert r.returncode == 0, r.stderr[-2000:]
+        verdicts[mode] = {(v["github_id"], v["id"], v["idx"]): v["passed"]
+                          for v in map(json.loads, (tmp_path / mode / "results.jsonl").read_text().splitlines())}
+    strict = [verdicts["strict"][(*k, i % 4)] for i, k in enumerate(keys)]
+    assert rewards == [float(p) for p in strict]
+    assert strict[0::4] == [True] * 3 and not any(strict[2::4])  # gold passes; the sleeper never does in strict
+    assert all(verdicts["compat"][(*k, 2)] for k in {k for k in keys})  # ... while compat passes it at the limit
+
+
+def _lora_weights(adapter: Path) -> dict:
+    from safetensors.torch import load_file
+    return load_file(str(adapter / "adapter_model.safetensors"))
+
+
+@pytest.mark.integration
+def test_dpo_on_pass_fail_pairs_moves_the_adapter(tmp_path, rft_run, sft_model, sample_prep):
+    out = tmp_path / "dpo"
+    start = rft_run / "round-1" / "train" / "adapter"
+    scored = rft_run / "round-1"
+    r = _learn("--method", "dpo", "--model", sft_model, "--adapter", start, "--prep-dir", sample_prep,
+               "--generations", scored / "infer" / "task3.jsonl", "--results", scored / "eval", out=out)
+    assert r.returncode == 0, r.stderr[-3000:]
+    pairs = [json.loads(x) for x in (out / "pairs.jsonl").read_text().splitlines()]
+    assert pairs, "no pass/fail pair reached DPO"
+    logged = [m for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in m]
+    assert len(logged) == 2
+    before, after = _lora_weights(start), _lora_weights(out / "adapter")
+    assert any(not (before[k] == after[k]).all() for k in before), "the adapter did not change"
+
+
+@pytest.mark.integration
+def test_grpo_rewards_come_from_execution_and_reach_the_update(tmp_path, rft_run, sft_model, sample_prep):
+    out = tmp_path / "grpo"
+    start = rft_run / "round-1" / "train" / "adapter"
+    r = _learn("--method", "grpo", "--model", sft_model, "--adapter", start, "--prep-dir", sample_prep, out=out)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rewards = [json.loads(x) for x in (out / "rewards.jsonl").read_text().splitlines()]
+    assert len(rewards) == 2 * 2 * 4  # steps x prompts x group
+    assert {x["reward"] for x in rewards} == {0.0, 1.0}, "rewards did not vary: nothing to learn from"
+    for x in rewards:  # each reward is the strict verdict of `mlbench eval` in that batch's folder
+        batch = out / "rewards" / f"batch-{x['batch']:05d}" / "eval" / "results.jsonl"
+        verdict = next(v for v in map(json.loads, batch.read_text().splitlines())
+                       if (v["github_id"], v["id"], v["idx"]) == (x["github_id"], x["id"], x["idx"]))
+        assert verdict["mode"] == "strict" and x["reward"] == float(verdict["passed"])
+    before, after = _lora_weights(start), _lora_weights(out / "adapter")
+    assert any(not (before[k] == after[k]).all() for k in before), "the adapter did not change"
