@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import io
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from conftest import run_cli
-from test_agent_config import AGENT, tokenizer_dir  # noqa: F401 (a fixture)
+from test_agent_config import AGENT, Loopback, tokenizer_dir  # noqa: F401 (a fixture)
 
 # the bad replies, each with what the refusal says
 BAD = {"surrogate": "UTF-8 cannot encode", "null": "NoneType, not a string", "empty": "0 choices",
@@ -37,42 +35,17 @@ def _reply(mode: str, body: dict) -> bytes:
                                                      "total_tokens": tokens + 1}}).encode()
 
 
-class BadServer:
+class BadServer(Loopback):
     """Answers request i with the i-th bad reply of :data:`BAD` (then empty choices)."""
 
     def __init__(self) -> None:
         self.served: list[str] = []
-        lock = threading.Lock()
-        outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with lock:
-                    mode = list(BAD)[len(outer.served)] if len(outer.served) < len(BAD) else "empty"
-                    outer.served.append(mode)
-                data = _reply(mode, body)
-                try:
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except OSError:  # the client stopped reading a reply over its cap
-                    pass
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.http.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.http.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.http.shutdown()
-        self.http.server_close()
-        self.thread.join()
+        def answer(body: dict) -> bytes:
+            mode = list(BAD)[len(self.served)] if len(self.served) < len(BAD) else "empty"
+            self.served.append(mode)
+            return _reply(mode, body)
+        super().__init__(answer)
 
 
 @pytest.fixture
