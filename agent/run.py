@@ -30,9 +30,10 @@ from mlbench_kit.agent_config import AgentConfig
 from mlbench_kit.chat_template import render_chat
 from mlbench_kit.config import save_resolved
 from mlbench_kit.dataset import Sample, load_samples
-from mlbench_kit.engine import Engine, GenParams, GenRequest
+from mlbench_kit.engine import Engine, GenParams, GenRequest, reply_fault
 from mlbench_kit.envspec import EnvConfig
 from mlbench_kit.errors import MLBenchError
+from mlbench_kit.escape import visible
 from mlbench_kit.flags import resolve
 from mlbench_kit.io import AppendLog, claim_run_folder, read_jsonl_tolerant, write_json_atomic
 from mlbench_kit.sandbox import Sandbox, check_backend
@@ -332,7 +333,13 @@ def run_episodes(cfg: AgentConfig, rows: list[Sample], repos: dict[str, Path], e
                                       for _, _, p in todo], params)
             wall = time.perf_counter() - t0
             rounds += 1
-            for (ep, path, _), g in zip(todo, outs, strict=True):
+            for (ep, path, p), g in zip(todo, outs, strict=True):
+                # any engine's reply is checked before it is a turn: a bad one ends its episode as a fault
+                why = g.fault or reply_fault(g.text, g.n_tokens, min(params.max_new_tokens,
+                                                                      p.max_new_tokens or params.max_new_tokens))
+                if why is not None:
+                    ep.fault(f"the engine's reply was refused: {visible(why)}")
+                    continue
                 # the turn's share of the call: a batch of 100 turns in 100 s gives each 1 s (the time limit
                 # counts shares, so lockstep batches do not make each episode "take" the whole call)
                 rec = ep.feed(g.text, g.n_tokens, wall / len(todo), g.truncated)

@@ -19,6 +19,7 @@ from .prompts import PromptItem
 class Completion:
     text: str
     n_tokens: int
+    error: str | None = None  # the engine's reply was refused (mlbench_kit.engine.reply_fault): why; text is ""
 
 
 class Backend(Protocol):

@@ -1,6 +1,7 @@
 """An OpenAI-compatible endpoint (`vllm serve`, or an API model): retries, a request-rate limit, concurrency.
 
-The key comes from the environment variable the config names, never from a file or the command line.
+The key comes from an environment variable, never from a file or the command line; which variable, and a server
+other than this machine, only from the command line (mlbench_kit.engine.check_endpoint).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, cast
 
-from mlbench_kit.engine import openai_client
+from mlbench_kit.engine import openai_client, refused_reply
 from mlbench_kit.infer_config import InferConfig
 
 from .backends import Completion
@@ -55,16 +56,26 @@ class OpenAIBackend:
         common: dict[str, Any] = dict(model=self.model, n=s.n, temperature=s.temperature, top_p=s.top_p,
                                       max_tokens=s.max_new_tokens, seed=s.for_prompt(it.key), stop=list(s.stop) or None)
         self.limit.wait()
-        if api == "chat":
-            r = self.client.chat.completions.create(messages=cast("list[ChatCompletionMessageParam]", it.messages),
-                                                    **common)
-            return [Completion(c.message.content or "", _tokens(r, s.n)) for c in r.choices]
-        if s.top_k:
-            common["extra_body"] = {"top_k": s.top_k}  # vLLM's extension; plain OpenAI has no top_k
-        prompt: Any = list(it.token_ids) if self.ids else it.text
-        r = self.client.completions.create(prompt=prompt, **common)
-        choices = sorted(r.choices, key=lambda c: c.index)
-        return [Completion(c.text, _tokens(r, s.n)) for c in choices]
+        texts: list[Any]  # what the server sent, checked with every engine's replies (infer.run._record)
+        try:
+            if api == "chat":
+                r = self.client.chat.completions.create(
+                    messages=cast("list[ChatCompletionMessageParam]", it.messages), **common)
+                texts = [getattr(getattr(c, "message", None), "content", None) for c in _choices(r)]
+            else:
+                if s.top_k:
+                    common["extra_body"] = {"top_k": s.top_k}  # vLLM's extension; plain OpenAI has no top_k
+                prompt: Any = list(it.token_ids) if self.ids else it.text
+                r = self.client.completions.create(prompt=prompt, **common)
+                texts = [getattr(c, "text", None) for c in sorted(_choices(r), key=_index)]
+        except Exception as exc:
+            why = refused_reply(exc)
+            if why is None:
+                raise  # the server is unreachable or failed: the run's problem, not this prompt's
+            return [Completion("", 0, why)] * s.n
+        tokens = _tokens(r, s.n)
+        out = [Completion(t, tokens) for t in texts[:s.n]]
+        return out + [Completion("", 0, f"{len(texts)} choices for n={s.n}")] * (s.n - len(out))
 
     def generate(self, items: list[PromptItem], adapter: str | None = None) -> list[list[Completion]]:
         return list(self.pool.map(self._one, items))
@@ -73,7 +84,20 @@ class OpenAIBackend:
         self.pool.shutdown(wait=True)
 
 
-def _tokens(response: Any, n: int) -> int:
-    """Per-choice completion tokens (the usage block only has the total)."""
-    usage = getattr(response, "usage", None)
-    return int(usage.completion_tokens / n) if usage and usage.completion_tokens else 0
+def _choices(response: Any) -> list[Any]:
+    choices = getattr(response, "choices", None)
+    return choices if isinstance(choices, list) else []
+
+
+def _index(choice: Any) -> int:
+    i = getattr(choice, "index", 0)
+    return i if isinstance(i, int) else 0
+
+
+def _tokens(response: Any, n: int) -> Any:
+    """Per-choice completion tokens (the usage block only has the total); a count that is not a number is kept as
+    it is, for the reply's check (:func:`~mlbench_kit.engine.reply_fault`) to refuse."""
+    used = getattr(getattr(response, "usage", None), "completion_tokens", None)
+    if used is None:
+        return 0
+    return used // n if isinstance(used, int) and not isinstance(used, bool) and used >= 0 else used

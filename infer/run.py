@@ -10,12 +10,15 @@ cannot be resumed into the same folder.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from mlbench_kit.config import rename_old_keys, save_resolved
+from mlbench_kit.engine import reply_fault
 from mlbench_kit.errors import MLBenchError
+from mlbench_kit.escape import visible
 from mlbench_kit.flags import resolve
 from mlbench_kit.hf import (
     TRAIN_META,
@@ -37,7 +40,7 @@ from .adapters import (
     engine_lora_rank,
     model_identity,
 )
-from .backends import Backend
+from .backends import Backend, Completion
 from .prompts import PromptItem, encode, load_prompts, task_file
 
 ENGINE_LOG = "logs/engine.log"  # under --out: vLLM's / transformers' own output unless --verbose
@@ -252,8 +255,17 @@ def generate_plan(backend: Backend, plan: list[tuple], cfg: InferConfig, stream:
 
 
 def _record(it: PromptItem, comps: list, ident: dict[str, Any], cfg: InferConfig) -> GenerationRecord:
+    """A prompt's line; any engine's replies are checked first (:func:`reply_fault`): a bad one is an empty sample
+    with its reason in ``errors``, said on the terminal, and the run goes on."""
+    errors = [c.error or reply_fault(c.text, c.n_tokens, cfg.sampling.max_new_tokens) for c in comps]
+    comps = [Completion("", 0) if e else c for c, e in zip(comps, errors, strict=True)]
+    for k, e in enumerate(errors):
+        if e:
+            print(f"infer: {it.github_id}/{it.id} sample {k}: the engine's reply was refused: {visible(e)}",
+                  file=sys.stderr)
     raw = [c.text for c in comps]
     return GenerationRecord(it.github_id, it.id, [parse_response(r, cfg.parser) for r in raw], task=it.task, raw=raw,
                             n_tokens=[c.n_tokens for c in comps], prompt_sha=it.sha, model=ident["model"]["name"],
                             adapter=ident["adapter"]["name"] if ident["adapter"] else None,
-                            backend=ident["backend"], sampling=ident["sampling"])
+                            backend=ident["backend"], sampling=ident["sampling"],
+                            errors=[e or None for e in errors] if any(errors) else None)

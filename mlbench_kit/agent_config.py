@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from .config import Check, load, option
+from .engine import check_endpoint
 from .errors import MLBenchError
 
 
@@ -165,6 +166,7 @@ class AgentConfig:
                 raise MLBenchError(f"read.{key} must be at least 100", at(f"read.{key}"))
         if self.openai.concurrency < 1:
             raise MLBenchError("openai.concurrency must be at least 1", at("openai.concurrency"))
+        check_endpoint(self.openai.base_url, self.openai.api_key_env, at)
         b = self.bash
         for key, low in (("action_wall_s", 1), ("action_mem_mb", 64), ("action_pids", 8), ("disk_mb", 16),
                          ("observation_chars", 200), ("observation_tokens", 64),

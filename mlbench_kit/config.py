@@ -66,6 +66,7 @@ class Lines:
     def __init__(self, source: str, text: str | None = None) -> None:
         self.source = source
         self.lines: dict[tuple[str, ...], str] = {}
+        self.given: set[tuple[str, ...]] = set()  # keys the user gave on the command line (load's user_overrides)
         if text:
             try:
                 root = yaml.compose(text)
@@ -121,8 +122,10 @@ def _set(raw: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 def load(cls: type[T], path: str | Path | None = None, overrides: dict[str, tuple[Any, str]] | None = None,
-         raw: dict[str, Any] | None = None, lines: Lines | None = None) -> T:
-    """Build ``cls`` from a YAML file (or an already read mapping) plus ``{dotted key: (value, origin)}``."""
+         raw: dict[str, Any] | None = None, lines: Lines | None = None, user_overrides: bool = False) -> T:
+    """Build ``cls`` from a YAML file (or an already read mapping) plus ``{dotted key: (value, origin)}``;
+    ``user_overrides``: those came from the user's command line, not from a file (a sweep's), which
+    :meth:`At.from_file` tells ``check`` apart."""
     if raw is None:
         raw, lines = read_yaml(path) if path is not None else ({}, Lines("defaults"))
     lines = lines or Lines(str(path or "defaults"))
@@ -133,6 +136,8 @@ def load(cls: type[T], path: str | Path | None = None, overrides: dict[str, tupl
         dotted = _new_name(cls, dotted, origin)
         _set(raw, dotted, value)
         lines.lines[tuple(dotted.split("."))] = origin
+        if user_overrides:
+            lines.given.add(tuple(dotted.split(".")))
     obj = build(cls, raw, lines)
     _check(obj, lines, ())
     return obj
@@ -230,7 +235,7 @@ def _check(obj: Any, lines: Lines, path: tuple[str, ...]) -> None:
             for i, item in enumerate(v):
                 _check(item, lines, path + (f.name, str(i)))
     if hasattr(obj, "check"):
-        obj.check(lambda key: lines.at(path + tuple(key.split("."))))
+        obj.check(At(lines, path))
 
 
 def build(cls: type[T], raw: Any, lines: Lines, path: tuple[str, ...] = ()) -> T:
@@ -342,7 +347,24 @@ def to_dict(obj: Any) -> dict[str, Any]:
     return dataclasses.asdict(obj)
 
 
-Check = Callable[[str], str]  # what ``check(self, at)`` receives: a key -> its location
+class At:
+    """What ``check(self, at)`` receives: ``at("data.task")`` is that key's location (file:line, or the flag);
+    ``at.from_file("openai.base_url")`` whether a file set it (the config's or a sweep's), not the command line."""
+
+    def __init__(self, lines: Lines, path: tuple[str, ...]) -> None:
+        self.lines, self.path = lines, path
+
+    def __call__(self, key: str) -> str:
+        return self.lines.at(self.path + tuple(key.split(".")))
+
+    def from_file(self, key: str) -> bool:
+        full = self.path + tuple(key.split("."))
+        if any(full[:n] in self.lines.given for n in range(1, len(full) + 1)):
+            return False
+        return any(full[:n] in self.lines.lines for n in range(len(self.path) + 1, len(full) + 1))
+
+
+Check = At  # the type of ``check``'s argument
 
 
 def option(default: Any = dataclasses.MISSING, help: str = "", *, factory: Callable[[], Any] | None = None,

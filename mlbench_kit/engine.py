@@ -14,13 +14,20 @@ seed from (row, episode, turn) gets the same tokens whether the request ran alon
 
 from __future__ import annotations
 
+import functools
+import json
 import os
+import re
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlparse
 
 from .errors import MLBenchError
+
+if TYPE_CHECKING:
+    from .config import Check
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,30 @@ class Generated:
     n_tokens: int
     truncated: bool = False  # stopped at max_new_tokens, not at EOS or a stop string
     token_ids: tuple[int, ...] = field(default=(), compare=False)
+    fault: str | None = None  # the engine's reply was refused (:func:`reply_fault`): why; the text is then empty
+
+
+# The most characters one token decodes to, generously (long tokens are runs of spaces or dashes, tens of
+# characters): a reply longer than this times its max_tokens did not come from sampling that many tokens.
+CHARS_PER_TOKEN = 128
+
+
+def reply_fault(text: object, n_tokens: object, max_new_tokens: int) -> str | None:
+    """Why a reply to a request for at most ``max_new_tokens`` tokens cannot be one (None when it can): its text
+    is not a string, UTF-8 cannot hold it (a lone surrogate), it is longer than that many tokens can be; its count
+    is not an integer from 0 to ``max_new_tokens``. Engines are trusted no more than their replies: a server may
+    send anything."""
+    if not isinstance(text, str):
+        return f"its text is {type(text).__name__}, not a string"
+    if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or not 0 <= n_tokens <= max_new_tokens:
+        return f"its token count {n_tokens!r} is not between 0 and the request's max_tokens ({max_new_tokens})"
+    if len(text) > max_new_tokens * CHARS_PER_TOKEN:
+        return f"{len(text)} characters for at most {max_new_tokens} tokens"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"its text holds {text[exc.start:exc.end]!a} at {exc.start}, which UTF-8 cannot encode"
+    return None
 
 
 class Engine(Protocol):
@@ -157,15 +188,88 @@ def is_loopback(url: str) -> bool:
         return False
 
 
+DEFAULT_KEY_ENV = "OPENAI_API_KEY"
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_endpoint(base_url: str, api_key_env: str, at: Check, key: str = "openai") -> None:
+    """Where a key goes and which variable is sent as the key are the user's to say: a config file (one someone
+    handed over, a sweep's) may name a loopback server and the default variable, nothing else; another variable or
+    a remote server comes from the command line (``--set openai.base_url=…``). Errors at the file's line."""
+    if not _ENV_NAME.fullmatch(api_key_env):
+        raise MLBenchError(f"{key}.api_key_env {api_key_env!r} is not an environment variable's name",
+                           at(f"{key}.api_key_env"), f"e.g. {DEFAULT_KEY_ENV}")
+    if api_key_env != DEFAULT_KEY_ENV and at.from_file(f"{key}.api_key_env"):
+        raise MLBenchError(f"{key}.api_key_env names {api_key_env} in a config file: a file may not choose which "
+                           "environment variable is sent to the server as the API key", at(f"{key}.api_key_env"),
+                           f"leave it out of the file and pass --set {key}.api_key_env={api_key_env}")
+    if not is_loopback(base_url) and at.from_file(f"{key}.base_url"):
+        raise MLBenchError(f"{key}.base_url {base_url} in a config file: a file may name only a server on this "
+                           "machine (a remote one would receive the API key and the prompts)", at(f"{key}.base_url"),
+                           f"leave it out of the file and pass --set {key}.base_url={base_url}")
+
+
+def reply_bytes(body: bytes) -> int:
+    """The most bytes a reply to the request ``body`` (its JSON) may take: 1 MiB of envelope, plus its ``n`` times
+    ``max_tokens`` tokens of :data:`CHARS_PER_TOKEN` characters, each up to 12 bytes of JSON (a surrogate pair)."""
+    try:
+        req = json.loads(body)
+        n, tokens = int(req.get("n") or 1), int(req.get("max_tokens") or 0)
+    except (ValueError, TypeError, AttributeError):
+        n, tokens = 1, 0
+    return 2**20 + max(1, n) * max(tokens, 1024) * CHARS_PER_TOKEN * 12
+
+
 def openai_client(base_url: str, api_key_env: str, max_retries: int, timeout_s: float, where: str) -> Any:
     """An OpenAI client for ``base_url``, its key read from the environment variable ``api_key_env`` only; without
-    a key only a loopback server is used (an error at ``where`` otherwise)."""
-    from openai import OpenAI
+    a key only a loopback server is used (an error at ``where`` otherwise). A reply's body is read up to
+    :func:`reply_bytes` of its request, then refused (:class:`ReplyTooLarge`, not retried)."""
+    from openai import DefaultHttpx2Client, OpenAI
     key = os.environ.get(api_key_env, "")
     if not key and not is_loopback(base_url):
         raise MLBenchError(f"no API key: the environment variable {api_key_env} is empty", where,
                            f"export {api_key_env}=... (keys are read from the environment only)")
-    return OpenAI(base_url=base_url, api_key=key or "EMPTY", max_retries=max_retries, timeout=timeout_s)
+    too_large, capped = _reply_cap()
+
+    def cap(response: Any) -> None:  # before the body is read
+        response.stream = capped(response.stream, reply_bytes(response.request.content))
+
+    http = DefaultHttpx2Client(event_hooks={"response": [cap]})
+    return OpenAI(base_url=base_url, api_key=key or "EMPTY", max_retries=max_retries, timeout=timeout_s,
+                  http_client=http)
+
+
+@functools.cache
+def _reply_cap() -> tuple[type[Exception], Any]:
+    """The error of a reply over its cap, and the body stream that raises it (built on first use: the openai
+    package loads only for the openai engine). An ``OpenAIError``: the client raises it as it is, never retried."""
+    import httpx2
+    from openai import OpenAIError
+
+    class ReplyTooLarge(OpenAIError):
+        pass
+
+    class Capped(httpx2.SyncByteStream):
+        def __init__(self, stream: httpx2.SyncByteStream, limit: int) -> None:
+            self.stream, self.limit = stream, limit
+
+        def __iter__(self) -> Iterator[bytes]:
+            seen = 0
+            for chunk in self.stream:
+                seen += len(chunk)
+                if seen > self.limit:
+                    raise ReplyTooLarge(f"a reply of more than {self.limit} bytes")
+                yield chunk
+
+        def close(self) -> None:
+            self.stream.close()
+
+    return ReplyTooLarge, Capped
+
+
+def refused_reply(exc: BaseException) -> str | None:
+    """Why the client refused a reply (:func:`openai_client`'s cap), or None for any other failure."""
+    return str(exc) if isinstance(exc, _reply_cap()[0]) else None
 
 
 class OpenAIEngine:
@@ -182,14 +286,28 @@ class OpenAIEngine:
         self.pool = ThreadPoolExecutor(max_workers=max(1, concurrency))
 
     def _one(self, r: GenRequest, p: GenParams) -> Generated:
-        resp = self.client.completions.create(
-            model=self.adapters[r.adapter] if r.adapter else self.model, prompt=list(r.token_ids), n=1,
-            temperature=p.temperature, top_p=p.top_p, max_tokens=min(p.max_new_tokens, r.max_new_tokens or
-                                                                     p.max_new_tokens),
-            seed=r.seed, stop=list(p.stop) or None, extra_body={"top_k": p.top_k} if p.top_k else None)
-        c = resp.choices[0]
-        n = resp.usage.completion_tokens if resp.usage and resp.usage.completion_tokens else 0
-        return Generated(c.text, n, c.finish_reason == "length")
+        cap = min(p.max_new_tokens, r.max_new_tokens or p.max_new_tokens)
+        try:
+            resp = self.client.completions.create(
+                model=self.adapters[r.adapter] if r.adapter else self.model, prompt=list(r.token_ids), n=1,
+                temperature=p.temperature, top_p=p.top_p, max_tokens=cap, seed=r.seed, stop=list(p.stop) or None,
+                extra_body={"top_k": p.top_k} if p.top_k else None)
+        except Exception as exc:
+            why = refused_reply(exc)
+            if why is None:
+                raise  # the server is unreachable or failed: the run's problem, not this request's
+            return Generated("", 0, fault=why)
+        choices = getattr(resp, "choices", None)
+        if not isinstance(choices, list) or len(choices) != 1:
+            return Generated("", 0, fault=f"{len(choices) if isinstance(choices, list) else 'no'} choices for n=1")
+        usage = getattr(resp, "usage", None)
+        n = getattr(usage, "completion_tokens", None)
+        n = cap if n is None else n  # a server that does not count: charged the most it could have sent
+        c = choices[0]
+        why = reply_fault(getattr(c, "text", None), n, cap)
+        if why is not None:
+            return Generated("", 0, fault=why)
+        return Generated(c.text, n, getattr(c, "finish_reason", None) == "length")
 
     def generate(self, requests: list[GenRequest], params: GenParams) -> list[Generated]:
         return list(self.pool.map(lambda r: self._one(r, params), requests))

@@ -3,6 +3,8 @@ helper per kind of reader, used wherever such text leaves the toolkit.
 
 - :func:`visible`: a terminal or a text viewer; control characters are shown as escapes, never acted on.
 - :func:`html`: markdown (report.md, validation.md); raw HTML is shown as text, never rendered.
+- :func:`inert_links`: markdown too; no link, image or link definition is ever formed (``javascript:`` links,
+  remote images that report a reader's visit).
 - :func:`csv_cell`: a spreadsheet opening report.csv; a cell is never a formula (OWASP's CSV injection rule).
 - :func:`mathtext_literal`: a matplotlib label; ``$…$`` is shown as typed, never parsed as mathtext.
 """
@@ -35,13 +37,21 @@ def html(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+def inert_links(text: str) -> str:
+    """``text`` for markdown outside code spans with every ``[`` escaped (and ``\\`` first, so an escape in the
+    text cannot undo it): ``[x](javascript:…)``, ``![x](https://…)`` and ``[x]: url`` then show as typed, never as
+    a link, an image or a link definition. Autolinks (``<javascript:…>``) are :func:`html`'s."""
+    return text.replace("\\", "\\\\").replace("[", "\\[")
+
+
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
 def csv_cell(value: Any) -> Any:
-    """A CSV cell a spreadsheet cannot run: a string starting with ``= + - @``, a tab or a carriage return gets a
-    leading apostrophe (OWASP); numbers are left as numbers."""
-    if isinstance(value, str) and value.startswith(_FORMULA_START):
+    """A CSV cell a spreadsheet cannot run: a string starting with ``= + - @``, a tab or a carriage return, also after
+    leading whitespace (`` =cmd|…``: spreadsheets trim it), gets a leading apostrophe (OWASP); numbers are left as
+    numbers."""
+    if isinstance(value, str) and (value.startswith(_FORMULA_START) or value.lstrip().startswith(_FORMULA_START)):
         return "'" + value
     return value
 

@@ -189,4 +189,4 @@ def resolve(st: Stage, args: Any) -> Any:
     if path is not None and not path.is_file():
         raise MLBenchError("config file not found", str(path),
                            f"check the path; `mlbench configs ls {st.name}` lists the shipped ones")
-    return load(cls, path, args_overrides(cls, args))
+    return load(cls, path, args_overrides(cls, args), user_overrides=True)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from .config import Check, load, option
+from .engine import check_endpoint
 from .errors import MLBenchError
 from .records import TASKS
 
@@ -97,6 +98,7 @@ class InferConfig:
         if unknown:
             raise MLBenchError(f"unknown openai keys {sorted(unknown)}", at("openai"))
         self.openai = {**defaults, **self.openai}  # a file may set a few; the rest keep their defaults
+        check_endpoint(str(self.openai["base_url"]), str(self.openai["api_key_env"]), at)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -123,4 +125,4 @@ def load_config(path: str | Path | None, overrides: dict[str, Any]) -> InferConf
         raise MLBenchError("config not found", str(path), "pass one of configs/infer/*.yaml")
     over = {InferConfig.FLAGS.get(k, k): (v, f"--{k.replace('_', '-')}") for k, v in overrides.items()
             if v is not None}
-    return load(InferConfig, path, over)
+    return load(InferConfig, path, over, user_overrides=True)

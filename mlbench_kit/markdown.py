@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from .escape import html, visible
+from .escape import html, inert_links, visible
 
 
 def _cell(text: str, limit: int | None) -> str:
@@ -16,8 +16,9 @@ def _cell(text: str, limit: int | None) -> str:
 
 def md_text(text: str, limit: int | None = None) -> str:
     """``text`` as one markdown table cell: newlines as `` ; ``, ``|`` escaped, every control character shown as
-    an escape (``\\x1b``), raw HTML shown as text (``&lt;``), cut to ``limit`` characters."""
-    return html(_cell(text, limit))
+    an escape (``\\x1b``), raw HTML shown as text (``&lt;``), no link or image (:func:`~.escape.inert_links`), cut
+    to ``limit`` characters."""
+    return html(_cell(inert_links(text), limit))
 
 
 def md_code(text: str, limit: int | None = None) -> str:

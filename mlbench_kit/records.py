@@ -95,6 +95,7 @@ class GenerationRecord:
     adapter: str | None = None
     backend: str | None = None
     sampling: dict[str, Any] | None = None
+    errors: list[str | None] | None = None  # per sample: why the engine's reply was refused (an empty sample)
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}

@@ -10,6 +10,7 @@ own chain. The report runs after everything else has ended, whatever the outcome
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from collections.abc import Callable
@@ -312,10 +313,32 @@ def done_marker(sweep: Sweep, stage: str, key: str) -> Path:
     return state_dir(sweep, stage) / f"{key}.done"
 
 
+def _one_line(value: Any) -> str:
+    """A value for an #SBATCH directive or a comment line: nothing that ends the line (the spec refuses such values
+    at their sweep file's line; this catches one from elsewhere, such as the folder the sweep runs in)."""
+    text = str(value)
+    if _LINE_BREAK.search(text):
+        raise MLBenchError(f"{text!r} holds a control character and cannot go on a line of the sbatch script",
+                           "mlbench sweep", "use paths and values without line breaks or control characters")
+    return text
+
+
+def _shell_name(value: Any) -> str:
+    if not _NAME.fullmatch(str(value)):
+        raise MLBenchError(f"{str(value)!r} is not a shell variable's name", "slurm.env", "e.g. NCCL_SOCKET_IFNAME")
+    return str(value)
+
+
+_LINE_BREAK = re.compile(r"[\x00-\x1f\x7f]")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 def _env() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     env.filters["q"] = lambda s: shlex.quote(str(s))
+    env.filters["line"] = _one_line
+    env.filters["name"] = _shell_name
     # "$PY" stays a variable (the job's interpreter); everything else is quoted literally
     env.filters["join_q"] = lambda argv: " ".join('"$PY"' if a == "$PY" else shlex.quote(a) for a in argv)
     return env

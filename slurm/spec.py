@@ -6,6 +6,7 @@ Every mistake is reported with the sweep file's line (``paper.yaml:12: unknown k
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -15,6 +16,24 @@ from mlbench_kit.errors import MLBenchError
 from mlbench_kit.records import TASKS
 
 STAGES = ("prep", "train", "infer", "agent", "eval", "report")
+
+# What the sbatch script holds of a sweep file, each value to its Slurm syntax: a value is data in the script (a
+# newline in `partition` would end the #SBATCH block and run the rest as a command when the job starts)
+_NAME = re.compile(r"[A-Za-z0-9_.-]+")  # a Slurm partition or account name
+_PARTITIONS = re.compile(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*")  # sbatch --partition takes a list
+# sbatch --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours[:minutes[:seconds]], or no limit
+_TIME = re.compile(r"\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|UNLIMITED|INFINITE|unlimited|infinite")
+_MEM = re.compile(r"\d+[KMGT]?")  # sbatch --mem: megabytes, or a K, M, G or T suffix
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a shell variable's name
+# one sbatch option on its #SBATCH line (a comment to bash: only a line break could end it)
+_EXTRA = re.compile(r"--?[A-Za-z][A-Za-z0-9-]*(=[^\x00-\x1f\x7f]*)?")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def check_syntax(value: Any, pattern: re.Pattern[str], what: str, where: str, example: str) -> None:
+    """``value`` (a string or a number) must match ``pattern`` whole, else one error naming ``where``."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or not pattern.fullmatch(str(value)):
+        raise MLBenchError(f"{what} {value!r} is not in Slurm's syntax", where, f"e.g. {example}")
 
 
 @dataclass
@@ -48,6 +67,11 @@ class Resources:
             raise MLBenchError("nodes must be a positive integer", at("nodes"))
         if self.gpus_per_node < 0:
             raise MLBenchError("gpus_per_node must be >= 0", at("gpus_per_node"))
+        if self.cpus < 1:
+            raise MLBenchError("cpus must be a positive integer", at("cpus"))
+        check_syntax(self.time, _TIME, "time", at("time"), '"01:30:00" or "2-00:00:00"')
+        if self.mem is not None:
+            check_syntax(self.mem, _MEM, "mem", at("mem"), '"16G" or 0 (all of the node\'s memory)')
 
 
 @dataclass
@@ -65,6 +89,16 @@ class SlurmConfig:
     def check(self, at: Check) -> None:
         if self.signal_before_s <= 0:
             raise MLBenchError("signal_before_s must be a positive integer (seconds)", at("signal_before_s"))
+        if self.partition is not None:
+            check_syntax(self.partition, _PARTITIONS, "partition", at("partition"), "gpu or gpu,cpu")
+        if self.account is not None:
+            check_syntax(self.account, _NAME, "account", at("account"), "my-project")
+        for key, value in self.env.items():
+            check_syntax(key, _ENV_KEY, "env key", at(f"env.{key}"), "NCCL_SOCKET_IFNAME")
+            if isinstance(value, (dict, list)) or (isinstance(value, str) and "\x00" in value):
+                raise MLBenchError(f"env.{key} must be a string or a number (no NUL byte)", at(f"env.{key}"))
+        for i, line in enumerate(self.extra):
+            check_syntax(line, _EXTRA, "extra option", at(f"extra.{i}"), "--exclusive or --constraint=a100")
         for stage in self.resources:
             if stage not in STAGES:
                 raise MLBenchError(f"unknown stage {stage!r} under resources", at(f"resources.{stage}"),
@@ -103,6 +137,9 @@ class SweepConfig:
         if not self.name.replace("-", "").replace("_", "").isalnum():
             raise MLBenchError("`name`: letters, digits, - and _", at("name"))
         self.run_dir = self.run_dir or f"runs/sweeps/{self.name}"
+        if _CONTROL.search(self.run_dir):
+            raise MLBenchError(f"run_dir {self.run_dir!r} holds a control character (a newline, a tab, ...)",
+                               at("run_dir"), "a plain path")
         if not self.models:
             raise MLBenchError("`models` must name at least one model", at("models"))
         for name in self.models:

@@ -9,7 +9,7 @@ import json
 import re
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -39,31 +39,25 @@ def policy(prompt: str, seed: int) -> str:
     return '{"flag": "CODE", "code": "python train_cnn.py", "finally_code": "python train_cnn.py --epochs 1"}'
 
 
-class Server:
-    """A loopback OpenAI completions endpoint answering with :func:`policy`; counts the requests it served."""
+class Loopback:
+    """An OpenAI endpoint on loopback: ``answer(body)`` gives the bytes of each POST's reply (under a lock)."""
 
-    def __init__(self, tokenizer) -> None:
-        self.requests = 0
+    def __init__(self, answer: Callable[[dict], bytes]) -> None:
         lock = threading.Lock()
-        outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 (http.server's name)
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with lock:
-                    outer.requests += 1
-                    text = tokenizer.decode(body["prompt"])
-                reply = policy(text, int(body["seed"]))
-                data = json.dumps({"id": "x", "object": "text_completion", "created": 0, "model": body["model"],
-                                   "choices": [{"index": 0, "text": reply, "finish_reason": "stop", "logprobs": None}],
-                                   "usage": {"prompt_tokens": len(body["prompt"]),
-                                             "completion_tokens": len(reply) // 4 + 1,
-                                             "total_tokens": len(body["prompt"]) + len(reply) // 4 + 1}}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                    data = answer(body)
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except OSError:  # the client stopped reading (a reply over its cap)
+                    pass
 
             def log_message(self, *args) -> None:
                 pass
@@ -77,6 +71,23 @@ class Server:
         self.http.shutdown()
         self.http.server_close()
         self.thread.join()
+
+
+class Server(Loopback):
+    """A loopback OpenAI completions endpoint answering with :func:`policy`; counts the requests it served."""
+
+    def __init__(self, tokenizer) -> None:
+        self.requests = 0
+
+        def answer(body: dict) -> bytes:
+            self.requests += 1
+            reply = policy(tokenizer.decode(body["prompt"]), int(body["seed"]))
+            return json.dumps({"id": "x", "object": "text_completion", "created": 0, "model": body["model"],
+                               "choices": [{"index": 0, "text": reply, "finish_reason": "stop", "logprobs": None}],
+                               "usage": {"prompt_tokens": len(body["prompt"]),
+                                         "completion_tokens": len(reply) // 4 + 1,
+                                         "total_tokens": len(body["prompt"]) + len(reply) // 4 + 1}}).encode()
+        super().__init__(answer)
 
 
 @pytest.fixture(scope="module")

@@ -50,4 +50,21 @@ def test_prep_stats_show_a_repository_name_as_typed() -> None:
     rec = {"repo": name, "total_tokens": 10, "context_tokens": 5, "context_chars": 20, "truncated": False}
     md = prompt_stats_markdown(prompt_stats({("test", 1): [rec]}), True)
     assert "<img" not in md and "\x1b" not in md
-    assert "| test | 1 | &lt;img src=x onerror=alert(1)&gt;\\x1b[2J\\|x | 1 |" in md
+    assert "| test | 1 | &lt;img src=x onerror=alert(1)&gt;\\x1b\\[2J\\|x | 1 |" in md
+
+
+def test_markdown_forms_no_link_or_image_and_csv_no_spaced_formula() -> None:
+    """Issue 41 item 8: report.md kept a row's `javascript:` link and remote image active (a reader's click runs it,
+    opening the file reports the visit), and report.csv left ` =cmd|…` unprefixed (spreadsheets trim the space)."""
+    import markdown
+
+    from mlbench_kit.markdown import md_text
+    hostile = ["[run](javascript:alert(1))", "![seen](https://e.example/t.png)", "\\[x](javascript:y)",
+               "[r]\n\n[r]: javascript:z", "<javascript:alert(1)>", "[a][r] [r]: https://e.example/"]
+    for h in hostile:
+        for md in (md_text(h), f"- {md_text(h)}", f"| a |\n|---|\n| {md_text(h)} |"):
+            shown = markdown.markdown(md, extensions=["tables"])
+            assert "<a " not in shown and "<img" not in shown, (h, md, shown)
+    assert md_text("a\\|b [x]") == "a\\\\\\|b \\[x]"  # a backslash shown as typed; it escapes neither | nor [
+    assert [csv_cell(c) for c in (" =cmd|' /C calc'!A0", "\n+1", " \t@SUM(1)", "\u00a0-1", " a=1")] == \
+        ["' =cmd|' /C calc'!A0", "'\n+1", "' \t@SUM(1)", "'\u00a0-1", " a=1"]

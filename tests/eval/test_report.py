@@ -268,7 +268,7 @@ def test_report_marks_runs_with_faults_or_unscored_samples_incomplete(tmp_path: 
     assert got[("ok", "faults")] == "0" and got[("ok", "unscored_samples")] == "0"
 
 
-HOSTILE = "<img src=x onerror=alert(1)>\x1b[2J\rA$\\frac{$x"
+HOSTILE = "<img src=x onerror=alert(1)>\x1b[2J\rA$\\frac{$x[y](javascript:alert(1))![t](https://e.example/t.png)"
 
 
 def test_report_shows_untrusted_text_as_typed_in_every_format(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -289,7 +289,7 @@ def test_report_shows_untrusted_text_as_typed_in_every_format(tmp_path: Path, mo
     assert main(["eval", "--data", str(data), "--generations", str(gen), "--envs", str(ENVS), "--out",
                  str(tmp_path / "ok"), "--no-ci"]) == 0
     md = (tmp_path / "ok" / "report.md").read_text()
-    assert "<img" not in md and "&lt;img src=x onerror=alert(1)&gt;\\x1b[2J\\rA$" in md
+    assert "<img" not in md and "&lt;img src=x onerror=alert(1)&gt;\\x1b\\[2J\\rA$" in md
     assert "\x1b" not in md and "\r" not in md and "`python train.py" in md and " <b>`" in md  # a code span as typed
     # a repository's name from a summary (a hand-edited or foreign run folder) and run names chosen on the command line
     shutil.copytree(tmp_path / "ok", tmp_path / "b")
@@ -316,6 +316,11 @@ def test_report_shows_untrusted_text_as_typed_in_every_format(tmp_path: Path, mo
     report = (out / "report.md").read_text()
     assert "<img" not in report and "<b>" not in report and "\x1b" not in report and "\r" not in report
     assert "&lt;b&gt;" in report
+    import markdown  # issue 41 item 8: no link or image from a row's text, as a markdown renderer reads the files
+    for text in (md, report):
+        shown = markdown.markdown(text, extensions=["tables"])
+        assert "javascript:" in shown and 'href="javascript' not in shown and "e.example/t.png" in shown
+        assert 'src="https://e.example' not in shown  # the report's own plots are its only images
     # every label is shown as typed: no text of the figures is mathtext
     texts = [t for fig in drawn for t in fig.findobj(lambda o: hasattr(o, "_preprocess_math"))]
     assert any("frac" in t.get_text() for t in texts)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -415,3 +416,90 @@ def test_the_training_job_gives_torchrun_s_agent_time_for_the_agreed_save(tmp_pa
                        env={k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCH_ELASTIC"))})
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["SIGTERM,SIGINT,SIGHUP,SIGQUIT", str(sweep.cfg.slurm.signal_before_s)]
+
+
+# (where in the sweep file, the hostile value, text that finds its line): a line break in any of them ended the #SBATCH
+# block (or the export) and ran the rest as a command when the job started (issue 41 item 5)
+HOSTILE_SLURM = [(("slurm", "partition"), "gpu\ntouch {m}", "partition:"),
+                 (("slurm", "account"), "acct\ntouch {m}", "account:"),
+                 (("slurm", "resources", "infer", "time"), "00:20:00\ntouch {m}", "time: '00:20:00"),
+                 (("slurm", "resources", "infer", "mem"), "6G\ntouch {m}", "mem: '6G"),
+                 (("slurm", "resources", "infer", "time"), "$(touch {m})", "$(touch"),
+                 (("slurm", "env", "X=$(touch {m});Y"), "1", "X=$(touch"),
+                 (("slurm", "extra"), ["--exclusive\ntouch {m}"], "--exclusive"),
+                 (("run_dir",), "runs/x\ntouch {m}", "run_dir: 'runs/x")]
+
+
+def _hostile_sweep(tmp_path: Path, path: tuple[str, ...], value: Any, marker: Path) -> Path:
+    raw = yaml.safe_load((REPO_ROOT / "configs/sweeps/tiny-cpu.yaml").read_text())
+    raw["run_dir"] = str(tmp_path / "run")
+    node = raw
+    for k in path[:-1]:
+        node = node.setdefault(k, {})
+    key = path[-1].format(m=marker)
+    node[key] = ([v.format(m=marker) for v in value] if isinstance(value, list) else value.format(m=marker))
+    f = tmp_path / "hostile.yaml"
+    f.write_text(yaml.safe_dump(raw, sort_keys=False, width=1000))
+    return f
+
+
+@pytest.mark.parametrize("path, value, snippet", HOSTILE_SLURM, ids=lambda x: x if isinstance(x, str) else None)
+def test_a_sweep_value_that_would_run_as_shell_is_refused_at_its_line(tmp_path: Path, path: tuple[str, ...],
+                                                                       value: Any, snippet: str) -> None:
+    f = _hostile_sweep(tmp_path, path, value, tmp_path / "ran")
+    text = f.read_text()
+    line = next(i for i, ln in enumerate(text.splitlines(), 1) if snippet in ln)
+    with pytest.raises(MLBenchError) as e:
+        load_sweep(f, REPO_ROOT)
+    assert e.value.where == f"{f}:{line}", (e.value.where, line, text)
+    assert "Slurm's syntax" in e.value.what or "control character" in e.value.what, e.value.what
+
+
+def _run_script(tmp_path: Path, text: str, index: int) -> subprocess.CompletedProcess:
+    """The rendered script run by bash as Slurm would (its #SBATCH lines are comments to bash), "$PY" a stand-in
+    that records the variables the sweep exported."""
+    fake_py = tmp_path / "py"
+    fake_py.write_text(f'#!/bin/bash\nprintf "%s\\0" "$A" "$B" "$C" > {shlex.quote(str(tmp_path / "seen"))}\n')
+    fake_py.chmod(0o755)
+    script = tmp_path / "job.sbatch"
+    script.write_text(text)
+    env = {**os.environ, "SLURM_ARRAY_TASK_ID": str(index), "SLURM_ARRAY_JOB_ID": "1", "MLBENCH_PYTHON": str(fake_py)}
+    return subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_hostile_sweep_values_stay_data_in_the_rendered_script(tmp_path: Path) -> None:
+    """The rendered script run with bash: values that are data (a folder, variables) hold `$(…)`, backticks, quotes
+    and line breaks and run nothing; a line-breaking value that reached the renderer some other way than the checked
+    sweep file (the spec refuses those) is refused there, and never runs."""
+    marks = [tmp_path / f"m{i}" for i in range(6)]
+    raw = yaml.safe_load((REPO_ROOT / "configs/sweeps/tiny-cpu.yaml").read_text())
+    raw["run_dir"] = str(tmp_path / f"run $(touch {marks[0]}) `touch {marks[1]}` 'q\"")
+    hostile_env = {"A": f"$(touch {marks[2]})", "B": f"x\ntouch {marks[3]}", "C": f"'; touch {marks[4]}; '\""}
+    raw["slurm"]["env"] = hostile_env
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump(raw, sort_keys=False))
+    sweep = load_sweep(f, REPO_ROOT)
+    job = next(j for j in jobs(sweep) if j.name == "infer-base")
+    r = _run_script(tmp_path, render(sweep, job), job.units[0].index)
+    assert r.returncode == 0, r.stderr
+    assert (sweep.run_dir / "state" / "infer" / f"{job.units[0].key}.done").is_file()  # the script ran to its end
+    assert (tmp_path / "seen").read_text().split("\0")[:3] == list(hostile_env.values())
+    assert not [m for m in marks if m.exists()]
+    # values that bypass the sweep file's checks: the renderer refuses them rather than write a line break
+    s, res = sweep.cfg.slurm, sweep.cfg.slurm.resources["infer"]
+    for i, (obj, attr, value) in enumerate([(s, "partition", "gpu\ntouch {m}"), (s, "account", "a\ntouch {m}"),
+                                            (res, "time", "1\ntouch {m}"), (res, "mem", "1G\ntouch {m}"),
+                                            (s, "extra", ["--exclusive\ntouch {m}"]),
+                                            (s, "env", {"X=1\ntouch {m}\nY": "1"})]):
+        m = tmp_path / f"late{i}"
+        old = getattr(obj, attr)
+        setattr(obj, attr, {k.format(m=m): v for k, v in value.items()} if isinstance(value, dict)
+                else [v.format(m=m) for v in value] if isinstance(value, list) else value.format(m=m))
+        try:
+            text = render(sweep, job)
+        except MLBenchError as exc:
+            assert "line" in exc.what or "name" in exc.what, exc.what
+        else:
+            _run_script(tmp_path, text, job.units[0].index)
+        setattr(obj, attr, old)
+        assert not m.exists(), f"{attr}: the rendered script ran a command"
