@@ -158,6 +158,7 @@ class BashEpisode:
         self.seconds = 0.0
         self.openhands: dict[str, Any] | None = None
         self.layer: Path | None = None
+        self.cleanup: str | None = None  # what of the layer could not be removed
         self.exports = prefix_exports(self.sample.prefix_code)
         self._empty = len(self.encode(""))
         self._prepared: Prepared | None = None
@@ -284,14 +285,13 @@ class BashEpisode:
             self.openhands = {"passed": openhands_passed(res), "exit_code": res.exit_code,
                               "timed_out": res.timed_out, "fault": res.fault, "seconds": round(res.duration, 3),
                               "log_tail": res.log[-400:]}
-        if self.layer is not None:
-            self.sandbox.drop_layer(self.layer)
-            self.layer = None
+        self.discard()
 
     def discard(self) -> None:
-        """Remove the layer of an episode left unfinished (the run stopped); a resume rebuilds it."""
+        """Remove the episode's layer (also of an episode left unfinished: the run stopped; a resume rebuilds it).
+        A layer that cannot be removed is recorded (``cleanup`` in the summary), never raised."""
         if self.layer is not None:
-            self.sandbox.drop_layer(self.layer)
+            self.cleanup = self.sandbox.drop_layer(self.layer)
             self.layer = None
 
     def fault(self, detail: str) -> None:
@@ -303,4 +303,6 @@ class BashEpisode:
                "seconds": round(self.seconds, 4)}
         if self.cfg.bash.openhands_check:
             out["openhands"] = self.openhands
+        if self.cleanup:
+            out["cleanup"] = self.cleanup
         return out

@@ -12,6 +12,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from mlbench_kit import tree
+
 
 class Refused(ValueError):
     """A read the harness will not do; ``str()`` is what the model is shown."""
@@ -42,7 +44,7 @@ class RepoView:
         out. The released agent listed the files of ``os.walk`` the same way."""
         if self._files is None:
             out = []
-            for top, dirs, names in os.walk(self.root, followlinks=False):
+            for top, dirs, names in tree.walk(self.root):  # any depth: a checkout is untrusted
                 dirs[:] = sorted(d for d in dirs if d != ".git")
                 for n in sorted(names):
                     p = Path(top) / n

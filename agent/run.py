@@ -20,12 +20,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from mlbench_kit import tree
 from mlbench_kit.agent_config import AgentConfig
 from mlbench_kit.chat_template import render_chat
 from mlbench_kit.config import save_resolved
@@ -78,14 +78,14 @@ def checkouts(cfg: AgentConfig, repos: set[str], out: Path) -> dict[str, Path]:
                     raise MLBenchError(f"no checkout tarball for {name}", str(tar),
                                        "pass --tarballs DIR holding <repo>.tar.gz")
                 unpack = out / "checkouts" / f".{name}.unpack"
-                shutil.rmtree(unpack, ignore_errors=True)
+                tree.remove(unpack)
                 # untrusted data: every member checked before anything is written (tarfile's filter is not
                 # relied on: Python 3.11.7 lacks the CVE-2025-4517 fix), bounded in bytes and members
                 safe_extract(tar, unpack, under=name)
                 if not (unpack / name).is_dir():
                     raise MLBenchError(f"{tar.name} has no top folder {name}/", str(tar))
                 (unpack / name).rename(d)  # whole or not at all: a killed unpack is redone
-                shutil.rmtree(unpack)
+                tree.remove(unpack)
         found[name] = d
     return found
 

@@ -5,8 +5,13 @@ CVE-2025-4517 (3.11.7 among them) stops resolving once a chain of links exceeds 
 follows it: a crafted archive then writes anywhere the extracting user can. Here every member is checked by this
 module before anything is written, and nothing is extracted through ``tarfile``'s own extraction code:
 
-* pax and GNU long-name headers are bounded (size, and how many in a row) before ``tarfile`` reads them;
-* names are relative, hold no ``..``, are bounded (component and whole name), and are unique;
+* every header is checked here before ``tarfile`` acts on it: a size is never negative (a base-256 size below 0
+  moves ``tarfile``'s offset backwards: the same members read again and again, past every cap), pax and GNU
+  long-name headers are bounded (size, and how many in a row), and a pax header's records are parsed here first,
+  linearly, and refused unless well-formed with no long run of digits (``tarfile``'s own regular expressions are
+  quadratic on such input before Python 3.11.10: CVE-2024-6232), so that nothing depends on the Python patch level;
+  the headers are counted and their parsing has a deadline;
+* names are relative, hold no ``..``, are bounded (component, depth and whole name), and are unique;
 * a member is a regular file, a folder, a symbolic link or a hard link (no devices, FIFOs, sparse files);
 * no member's path passes through a symbolic link of the archive (so no write can follow one);
 * a symbolic link's target, resolved through the archive's own links (the destination is empty), stays inside
@@ -26,10 +31,13 @@ import gzip
 import lzma
 import os
 import posixpath
+import re
 import tarfile
+import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from mlbench_kit.errors import MLBenchError
 
@@ -41,6 +49,10 @@ MAX_COMPONENT = 255   # bytes of one path component (NAME_MAX)
 MAX_LINK_HOPS = 40    # like the kernel's ELOOP limit
 MAX_META = 64 << 10   # bytes of one pax or GNU long-name header (real ones hold well under 1 KiB)
 MAX_META_RUN = 16     # such headers in a row before one member (each is read, and held, while the next is parsed)
+MAX_DEPTH = 256       # components of a member name: walks of the extracted tree stay shallow (the 14 hold <= 20)
+MAX_DIGITS = 40       # consecutive digits in a pax header (a length, a time: at most ~30)
+DEFAULT_MAX_SECONDS = 300.0  # to read every header (the 14 tarballs: under 2 s each)
+_DIGITS = re.compile(rb"[0-9]{%d}" % (MAX_DIGITS + 1))  # linear: at most MAX_DIGITS + 1 steps from each byte
 
 
 @dataclass(frozen=True)
@@ -48,6 +60,7 @@ class Limits:
     """Caps on what one tarball may hold."""
     max_bytes: int = DEFAULT_MAX_BYTES
     max_members: int = DEFAULT_MAX_MEMBERS
+    max_seconds: float = DEFAULT_MAX_SECONDS
 
 
 class _Refused(Exception):
@@ -66,8 +79,10 @@ def safe_extract(tar: str | Path, dest: str | Path, limits: Limits | None = None
     followed here. Raises one MLBenchError naming the tarball and the offending member; nothing is written then."""
     tar, dest = Path(tar), Path(dest)
     limits = limits or Limits()
+    # the caps of this call, read by every header as tarfile parses it (tarfile.open reads the first one already)
+    info = type("_Info", (_BoundedInfo,), {"limits": limits, "deadline": time.monotonic() + limits.max_seconds})
     try:
-        with tarfile.open(tar, tarinfo=_BoundedInfo) as tf:
+        with tarfile.open(tar, tarinfo=info) as tf:
             plan = _check(tf, limits, under, any_link)
             dest.mkdir(parents=True, exist_ok=True)
             if any(dest.iterdir()):
@@ -78,8 +93,11 @@ def safe_extract(tar: str | Path, dest: str | Path, limits: Limits | None = None
         raise MLBenchError(f"refused member {member!r}: {exc.why}", str(tar),
                            "this tarball is unsafe or damaged: use the repository's own archive "
                            "(or raise --tar-max-mb / --tar-max-members if it is only large)") from None
-    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, lzma.LZMAError, RecursionError) as exc:
-        raise MLBenchError(f"not a readable tarball ({exc.__class__.__name__}: {exc})", str(tar)) from None
+    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, lzma.LZMAError, RecursionError, ValueError,
+            OverflowError) as exc:  # whatever else a damaged header makes tarfile raise
+        why = str(exc) if len(str(exc)) <= 300 else str(exc)[:300] + "..."
+        raise MLBenchError(f"not a readable tarball ({exc.__class__.__name__}: {why})", str(tar),
+                           "this tarball is damaged: use the repository's own archive") from None
 
 
 _META_TYPES = {tarfile.GNUTYPE_LONGNAME: "GNU long-name", tarfile.GNUTYPE_LONGLINK: "GNU long-link",
@@ -87,18 +105,91 @@ _META_TYPES = {tarfile.GNUTYPE_LONGNAME: "GNU long-name", tarfile.GNUTYPE_LONGLI
 
 
 class _BoundedInfo(tarfile.TarInfo):
-    """A member header whose pax or GNU long-name headers are bounded before they are read: ``tarfile`` reads such
-    a header's whole declared size into memory (a 10 MB gzip declares gigabytes) before any check here can run."""
+    """A member header checked before ``tarfile`` acts on it (see the module's docstring): ``tarfile`` reads a pax or
+    long-name header's whole declared size into memory (a 10 MB gzip declares gigabytes), moves its offset by any
+    size a header declares, and parses pax records with regular expressions."""
+
+    limits: Limits = Limits()
+    deadline: float = float("inf")
 
     def _proc_member(self, tf: tarfile.TarFile) -> tarfile.TarInfo:
         kind = _META_TYPES.get(self.type)
         run = getattr(tf, "_mlbench_meta_run", 0) + 1 if kind else 0
         tf._mlbench_meta_run = run  # type: ignore[attr-defined]
+        headers = getattr(tf, "_mlbench_headers", 0) + (0 if kind else 1)
+        tf._mlbench_headers = headers  # type: ignore[attr-defined]
+        if self.size < 0:
+            raise _Refused(self.name, f"a negative size ({self.size})")
         if kind and self.size > MAX_META:
             raise _Refused(self.name, f"a {kind} header of {self.size} bytes (at most {MAX_META})")
         if run > MAX_META_RUN:
             raise _Refused(self.name, f"more than {MAX_META_RUN} pax or long-name headers before one member")
-        return super()._proc_member(tf)  # type: ignore[misc]
+        if headers > self.limits.max_members:  # members _check never sees (empty names) count too
+            raise _Refused(self.name, f"more than {self.limits.max_members} members (the cap)")
+        if time.monotonic() > self.deadline:
+            raise _Refused(self.name, f"reading its headers took more than {self.limits.max_seconds:g} s")
+        start = tf.offset
+        out = super()._proc_member(tf)  # type: ignore[misc]
+        if out.size < 0 or tf.offset <= start:
+            raise _Refused(out.name, f"a header that moves the archive's offset backwards (size {out.size})")
+        return out
+
+    def _proc_pax(self, tf: tarfile.TarFile) -> tarfile.TarInfo:
+        buf = tf.fileobj.read(self._block(self.size))  # type: ignore[attr-defined]
+        _check_pax(buf, self.size, self.name)
+        read, tf.fileobj = tf.fileobj, _Replay(tf.fileobj, buf)  # tarfile reads the checked bytes
+        try:
+            return super()._proc_pax(tf)  # type: ignore[misc]
+        finally:
+            tf.fileobj = read
+
+
+class _Replay:
+    """``fileobj`` whose next ``read`` returns ``buf``, already read from it."""
+
+    def __init__(self, fileobj: Any, buf: bytes) -> None:
+        self._fileobj = fileobj
+        self._buf: bytes | None = buf
+
+    def read(self, n: int = -1) -> bytes:
+        if self._buf is not None:
+            buf, self._buf = self._buf, None
+            return buf
+        return bytes(self._fileobj.read(n))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fileobj, name)
+
+
+def _check_pax(buf: bytes, size: int, member: str) -> None:
+    """Refuse a pax header unless its records (``LENGTH KEYWORD=VALUE`` and a newline) exactly fill its size, NULs
+    after, with no run of more than :data:`MAX_DIGITS` digits, a ``size`` that is a plain number, and no sparse-file
+    keyword. Linear in the header's size."""
+    def bad(why: str) -> _Refused:
+        return _Refused(member, f"a malformed pax header ({why})")
+    if len(buf) < size:
+        raise bad("cut short")
+    if buf[size:].strip(b"\0"):
+        raise bad("data after its records")
+    if _DIGITS.search(buf):
+        raise bad(f"a run of more than {MAX_DIGITS} digits")
+    pos = 0
+    while pos < size:
+        if not buf[pos:size].strip(b"\0"):
+            break
+        sp = buf.find(b" ", pos, size)
+        if sp <= pos or not buf[pos:sp].isdigit():
+            raise bad(f"no record length at byte {pos}")
+        end = pos + int(buf[pos:sp])
+        eq = buf.find(b"=", sp + 1, end)
+        if end > size or end <= sp + 1 or buf[end - 1:end] != b"\n" or eq <= sp + 1:
+            raise bad(f"a broken record at byte {pos}")
+        key, value = buf[sp + 1:eq], buf[eq + 1:end - 1]
+        if key.startswith(b"GNU.sparse"):
+            raise bad("a sparse file")
+        if key == b"size" and not value.isdigit():
+            raise bad(f"size {value[:40]!r}")
+        pos = end
 
 
 def _norm(m: tarfile.TarInfo) -> str:
@@ -112,6 +203,8 @@ def _norm(m: tarfile.TarInfo) -> str:
     parts = [p for p in name.split("/") if p not in ("", ".")]
     if ".." in parts:
         raise _Refused(name, "a '..' component")
+    if len(parts) > MAX_DEPTH:
+        raise _Refused(name, f"more than {MAX_DEPTH} levels of folders")
     if any(len(p.encode("utf-8", "surrogateescape")) > MAX_COMPONENT for p in parts):
         raise _Refused(name, f"a path component longer than {MAX_COMPONENT} bytes")
     return "/".join(parts)

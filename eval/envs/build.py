@@ -32,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from mlbench_kit import tree
 from mlbench_kit.envspec import Asset, Recipe
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.io import write_json_atomic
@@ -369,7 +370,7 @@ def _missing_debs(packages: tuple[str, ...]) -> list[str]:
 
 
 def _chown_tree(root: Path, uid: int) -> None:
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in tree.walk(root):  # any depth
         for name in [*dirnames, *filenames]:
             os.lchown(os.path.join(dirpath, name), uid, uid)
     os.lchown(root, uid, uid)

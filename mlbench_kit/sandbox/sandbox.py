@@ -18,6 +18,7 @@ as ``fault``: they are never verdicts about the model.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -34,6 +35,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import mlbench_kit.tree as tree
 from mlbench_kit.errors import MLBenchError
 
 from . import cgroups
@@ -135,18 +137,25 @@ def user_quota_shares(concurrent: int, sys_folder: Path = Path("/proc/sys")) -> 
     return tuple(out)
 
 
-def _owned_by(root: Path, uid: int, gid: int | None = None) -> bool:
-    """Every entry of ``root`` belongs to ``uid`` (and group ``gid`` where given), so the overlay's writable copy
-    behaves like the checkout."""
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in [*dirnames, *filenames, ""]:
-            try:
-                st = os.lstat(os.path.join(dirpath, name))
-                if st.st_uid != uid or (gid is not None and st.st_gid != gid):
+def _owned_by(root: Path, uid: int, gid: int) -> bool:
+    """Every entry of ``root`` belongs to ``uid`` and group ``gid`` (any depth; a folder that cannot be read counts
+    as not), so the overlay's writable copy behaves like the checkout."""
+    try:
+        for dirpath, dirnames, filenames in tree.walk(root, onerror=_unreadable):
+            for name in [*dirnames, *filenames, ""]:
+                try:
+                    st = os.lstat(os.path.join(dirpath, name))
+                except FileNotFoundError:
+                    continue
+                if st.st_uid != uid or st.st_gid != gid:
                     return False
-            except FileNotFoundError:
-                continue
+    except OSError:
+        return False
     return True
+
+
+def _unreadable(exc: OSError) -> None:
+    raise exc
 
 
 class Sandbox:
@@ -204,14 +213,20 @@ class Sandbox:
         d.mkdir(mode=0o700)
         return d
 
-    def drop_layer(self, layer: Path) -> None:
-        """Remove a layer of :meth:`new_layer` (files the untrusted code wrote: removed without following links)."""
-        shutil.rmtree(layer, ignore_errors=True)
+    def drop_layer(self, layer: Path) -> str | None:
+        """Remove a layer of :meth:`new_layer` (files the untrusted code wrote: removed without following links, at
+        any depth). Never raises: returns what could not be removed, for the caller to record, or None."""
+        try:
+            tree.remove(layer)
+        except OSError as exc:
+            return f"SANDBOX: the layer {layer} was not removed ({exc})"
+        return None
 
     def close(self) -> None:
         """Remove the scratch folder (staged checkouts included)."""
         if self._own_tmp:
-            shutil.rmtree(self.root, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                tree.remove(self.root)
 
     def __enter__(self) -> Sandbox:
         return self
@@ -228,21 +243,30 @@ class Sandbox:
         with self._lock:
             if src in self._lower:
                 return self._lower[src]
-            # as root, the group too: an idmapped lower layer maps the run's uid and gid alone, so a file of
-            # another group would show unmapped and the execution's own uid could not write it (EOVERFLOW/EACCES)
-            if _owned_by(src, self.who.uid, self.who.gid if self.who.root else None):
+            # the group too: an idmapped lower layer (root) maps the run's uid and gid alone, and without root the
+            # user namespace maps the caller's alone, so a file of another owner or group (a setgid project folder's)
+            # shows unmapped, and the overlay cannot copy it up for a write (EOVERFLOW) or the execution write it
+            if _owned_by(src, self.who.uid, self.who.gid):
                 self._lower[src] = src
                 return src
             t0 = time.monotonic()
             dst = self.root / "pristine" / f"{env.name}-{uuid.uuid4().hex[:6]}"
             dst.parent.mkdir(exist_ok=True)
             os.chmod(dst.parent, 0o711)
-            shutil.copytree(src, dst, symlinks=True)
-            if self.who.root:
-                for dirpath, dirnames, filenames in os.walk(dst):
+            try:
+                tree.copy(src, dst)
+                # chowned even without root (to the caller's own group): a setgid scratch folder gives its group
+                for dirpath, dirnames, filenames in tree.walk(dst, onerror=_unreadable):
                     for name in [*dirnames, *filenames]:
                         os.lchown(os.path.join(dirpath, name), self.who.uid, self.who.gid)
                 os.lchown(dst, self.who.uid, self.who.gid)
+            except OSError as exc:
+                try:
+                    tree.remove(dst)
+                except OSError:
+                    pass
+                raise MLBenchError(f"cannot stage the checkout of {env.name!r} as a copy of your own ({exc})",
+                                   env.where or str(src), "make every file of the checkout readable to you") from None
             self.staged_s += time.monotonic() - t0
             self._lower[src] = dst
             return dst
@@ -427,7 +451,7 @@ class Sandbox:
             raw, log = report_from_log(log, nonce)
         res = result_from_report(raw, timed_out, duration, log, proc.returncode, limits)
         if job.layer is not None and eng.copy_layer and not timed_out:
-            self._keep_layer(job.layer, stream, span, limits, res)
+            self._keep_layer(job.layer, stream, span, limits, res, raw)
         if engine_oom and not timed_out:  # the container's own record (docker): a verdict, even without a report
             res.limit, res.fault = "memory", None
         if cg is not None:
@@ -498,7 +522,7 @@ class Sandbox:
             return self._idmaps[lower]
 
     def _keep_layer(self, layer: Path, stream: Path | None, span: tuple[int, int] | None, limits: Limits,
-                    res: ExecResult) -> None:
+                    res: ExecResult, raw: bytes = b"") -> None:
         """Docker's layer (see :func:`runner._send_layer`): the tar of the execution's changes, checked member by
         member (:func:`mlbench_kit.untar.safe_extract`, links kept as they are and never followed), replaces the
         earlier layer whole, or not at all (then the log says so)."""
@@ -506,11 +530,15 @@ class Sandbox:
         from mlbench_kit.untar import safe_extract
         if span is None or stream is None:
             if res.fault is None:
-                res.log += "\n[mlbench: this execution's files were not kept (no layer came back)]"
+                try:  # the runner's reason, in its own words (bounded, escaped by the observation)
+                    why = str(json.loads(raw).get("layer_error") or "no layer came back")[:300]
+                except (ValueError, AttributeError):
+                    why = "no layer came back"
+                res.log += f"\n[mlbench: this execution's files were not kept ({why})]"
             return
         new, tar = layer / "new", layer / "new.tar"
-        shutil.rmtree(new, ignore_errors=True)
         try:
+            tree.remove(new)
             with stream.open("rb") as src, tar.open("wb") as dst:
                 src.seek(span[0])
                 left = span[1]
@@ -524,21 +552,22 @@ class Sandbox:
                          any_link=True)
             # the next execution's runner reads it, whatever its uid and the umask (files are 0644 or 0755 already;
             # the layers' own folder, 0700, keeps everyone else out)
-            for dirpath, dirnames, _ in os.walk(new):
+            for dirpath, dirnames, _ in tree.walk(new):
                 for name in dirnames:
                     if not os.path.islink(os.path.join(dirpath, name)):
                         os.chmod(os.path.join(dirpath, name), 0o755)
             os.chmod(new / "upper", 0o755)
             os.chmod(layer, 0o755)
-            shutil.rmtree(layer / "upper", ignore_errors=True)
+            tree.remove(layer / "upper")
             (layer / "deleted").unlink(missing_ok=True)
             os.rename(new / "upper", layer / "upper")
             os.rename(new / "deleted", layer / "deleted")
         except (OSError, MLBenchError) as exc:
             res.log += f"\n[mlbench: this execution's files were not kept ({exc})]"
         finally:
-            tar.unlink(missing_ok=True)
-            shutil.rmtree(new, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                tar.unlink(missing_ok=True)
+                tree.remove(new)
 
     def _kill(self, proc: subprocess.Popen, cg: cgroups.ExecCgroup | None, name: str) -> bool:
         """Kill what is left of an execution; True when its engine recorded an OOM kill."""
@@ -555,11 +584,9 @@ class Sandbox:
     def _cleanup(self, scratch: Path, jobdir: Path, cg: cgroups.ExecCgroup | None) -> None:
         if cg is not None:
             cg.remove()
-        shutil.rmtree(jobdir, ignore_errors=True)
-        try:
-            scratch.rmdir()  # the tmpfs lived in the stage's mount namespace: the host folder is empty
-        except OSError:
-            shutil.rmtree(scratch, ignore_errors=True)
+        for folder in (jobdir, scratch):  # the tmpfs lived in the stage's mount namespace: scratch is empty
+            with contextlib.suppress(OSError):
+                tree.remove(folder)
 
     # -- preflight ---------------------------------------------------------------------------------------------
 

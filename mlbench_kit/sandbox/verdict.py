@@ -66,7 +66,10 @@ def report_from_stream(path: Path, nonce: str) -> tuple[bytes, str, tuple[int, i
             fh.seek(at - n - len(header))
             if fh.read(len(header)) == header:
                 span = (at - n, n)
-        before = head[:max(0, (span[0] - len(header)) if span else at)]
+        # the engine's own words end where the runner's stream begins: a layer's header, even of a layer the runner
+        # gave up on (its tar cut short), is never shown (the observation says in words what became of it)
+        cut = head.find(header)
+        before = head[:max(0, (span[0] - len(header)) if span else at if cut < 0 else min(cut, at))]
     return raw, before.decode("utf-8", errors="replace").strip(), span
 
 

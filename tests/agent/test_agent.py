@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from mlbench_kit import tree
 from mlbench_kit.agent.episode import Episode, turn_seed
 from mlbench_kit.agent.parse import FormatError, parse_reply
 from mlbench_kit.agent.repo import Refused, RepoView
@@ -103,6 +104,23 @@ def test_reads_stay_in_the_checkout(toy_repo: Path, tmp_path: Path):
     files = view.files()
     assert "escape.py" not in files and not any(f.startswith((".git", "examples/inner")) for f in files)
     assert view.readmes() == ["README.md", "examples/a/README.md"]  # shortest path first
+
+
+def test_a_checkout_deeper_than_the_recursion_limit_is_listed(tmp_path: Path):
+    """Issue 41, item 1: a folder 1,100 levels deep stopped `mlbench agent` before its first model call (os.walk's
+    RecursionError in the repository view)."""
+    deep = tmp_path / "repo"
+    for _ in range(1101):  # one level at a time: Path.mkdir(parents=True) recurses too
+        deep.mkdir()
+        deep = deep / "d"
+    (deep.parent / "f.py").write_text("x = 1\n")
+    (tmp_path / "repo" / "README.md").write_text("# deep\n")
+    view = RepoView(tmp_path / "repo", "deep")
+    try:
+        assert view.files() == ["README.md", "/".join(["d"] * 1100 + ["f.py"])]
+        assert view.read(view.files()[1]) == "x = 1\n"
+    finally:
+        tree.remove(tmp_path / "repo")  # pytest's own clean-up of tmp_path recurses
 
 
 def test_index_keeps_the_task_folder_first(toy_repo: Path):

@@ -125,15 +125,16 @@ def test_the_check_sees_a_wing_violation(tmp_path):
 
 
 def sandbox_violations(root: Path = ROOT) -> list[str]:
-    """Every import of a stage's module, or of another core module than the errors and the checked tar extractor
-    (docker's layers come back as tars; ``untar`` itself imports only the errors), from the core's sandbox: scoring
-    and the agent both run untrusted code in it, so it must stand alone."""
+    """Every import of a stage's module, or of another core module than the errors, the checked tar extractor
+    (docker's layers come back as tars; ``untar`` itself imports only the errors) and the tree walker (``tree``: the
+    standard library alone), from the core's sandbox: scoring and the agent both run untrusted code in it, so it must
+    stand alone."""
     bad = []
     for f in sorted((root / "mlbench_kit" / "sandbox").rglob("*.py")):
         for line, mod, _names in _imports(f, root):
             parts = mod.split(".")
-            if parts[0] == "mlbench_kit" and mod not in ("mlbench_kit.errors", "mlbench_kit.untar") \
-                    and not mod.startswith("mlbench_kit.sandbox"):
+            allowed = ("mlbench_kit.errors", "mlbench_kit.untar", "mlbench_kit.tree")
+            if parts[0] == "mlbench_kit" and mod not in allowed and not mod.startswith("mlbench_kit.sandbox"):
                 bad.append(f"{f.relative_to(root)}:{line} imports {mod}")
     return bad
 

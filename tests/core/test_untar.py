@@ -225,3 +225,87 @@ def test_a_run_of_pax_headers_is_bounded(tmp_path):
     tar = tmp_path / "run.tar"
     tar.write_bytes((_meta_header(tarfile.XHDTYPE, len(record), "pax") + block) * 5000 + b"\0" * 1024)
     assert "more than 16 pax or long-name headers before one member" in _refused(tar, tmp_path / "out", "pax")
+
+
+def _header(name: str, size: int, kind: bytes = tarfile.REGTYPE) -> bytes:
+    """A raw 512-byte GNU header; a negative ``size`` in base-256, as ``tarfile`` reads it (and no writer makes)."""
+    ti = tarfile.TarInfo(name)
+    ti.type = kind
+    buf = bytearray(ti.tobuf(tarfile.GNU_FORMAT))
+    if size < 0:
+        buf[124:136] = b"\xff" + (size % 256**11).to_bytes(11, "big")
+    else:
+        buf[124:136] = b"%011o\0" % size
+    buf[148:156] = b" " * 8
+    buf[148:156] = b"%06o\0 " % sum(buf)
+    return bytes(buf)
+
+
+def test_a_negative_size_cannot_move_back_past_the_size_cap(tmp_path):
+    """Issue 41, item 2: a member of negative size moved tarfile's offset back into an earlier file's data, where a
+    crafted header was read as a new member, and lowered the running total: here 2 MiB written under a 1.5 MiB cap
+    (a 0.04 MB tarball wrote 320 MB against 64 MB through `env build --tarballs`)."""
+    a = 1 << 20
+    data = _header("c", a) + bytes(a - 512)  # a's data: a header of its own, read once the offset jumps back
+    raw = _header("a", a) + data + _header("b", -(a + 512)) + bytes(1024)
+    (tmp_path / "neg.tar").write_bytes(raw)
+    msg = _refused(tmp_path / "neg.tar", tmp_path / "dest", "b", Limits(max_bytes=a * 3 // 2))
+    assert "a negative size" in msg
+
+
+def test_a_long_name_header_of_negative_size_is_one_clear_error(tmp_path):
+    """It escaped as a bare ValueError (`mlbench agent --tarballs`, `env build --tarballs`)."""
+    (tmp_path / "gnu.tar").write_bytes(_header("././@LongLink", -512, tarfile.GNUTYPE_LONGNAME)
+                                       + _header("x", 0) + bytes(1024))
+    assert "a negative size" in _refused(tmp_path / "gnu.tar", tmp_path / "dest", "@LongLink")
+
+
+def _pax(records: bytes, name: str = "f") -> bytes:
+    """One pax header holding ``records`` (written as is), then an empty file ``name`` and the end."""
+    ti = tarfile.TarInfo("././@PaxHeader")
+    ti.type, ti.size = tarfile.XHDTYPE, len(records)
+    return ti.tobuf(tarfile.USTAR_FORMAT) + records + bytes(-len(records) % 512) + _header(name, 0) + bytes(1024)
+
+
+def _record(field: bytes) -> bytes:
+    """``field`` (``KEY=VALUE``) as a well-formed pax record: its length, counting itself, then a newline."""
+    n = len(field) + 2
+    while len(b"%d %s\n" % (n, field)) != n:
+        n += 1
+    return b"%d %s\n" % (n, field)
+
+
+def test_pax_records_are_parsed_linearly_whatever_the_python(tmp_path):
+    """Issue 41, item 3 (CVE-2024-6232): tarfile's pax regular expressions are quadratic in a run of digits on the
+    pinned 3.11.7 (10 members in under 0.01 MB took 161 s of CPU). One 30,000-digit value took seconds there; it is
+    refused here before tarfile reads it."""
+    import time
+    (tmp_path / "cve.tar").write_bytes(_pax(_record(b"path=" + b"1" * 30_000)))
+    t0 = time.process_time()
+    msg = _refused(tmp_path / "cve.tar", tmp_path / "dest", "PaxHeader")
+    assert time.process_time() - t0 < 0.5
+    assert "malformed pax header (a run of more than 40 digits)" in msg
+
+
+@pytest.mark.parametrize("records, why", [
+    (_record(b"size=-5"), "size b'-5'"),                 # a pax size below 0: the same backwards jump
+    (b"12 path=abc", "broken record"),                   # no newline
+    (b"5 path=abc\n", "broken record"),                  # a length that does not end at the newline
+    (b"path=abc\n", "no record length"),
+    (_record(b"GNU.sparse.size=100"), "a sparse file"),
+])
+def test_malformed_pax_records_are_refused(tmp_path, records, why):
+    (tmp_path / "pax.tar").write_bytes(_pax(records))
+    assert why in _refused(tmp_path / "pax.tar", tmp_path / "dest", "PaxHeader")
+
+
+def test_depth_members_and_parsing_time_are_bounded(tmp_path):
+    """Issue 41, item 1: a folder 1,100 levels deep in a repository tarball stopped `mlbench agent` (os.walk's
+    RecursionError); headers that name no member were not counted; parsing had no deadline."""
+    deep = _tar(tmp_path / "deep.tar.gz", [("file", "a/" * 1100 + "f", "x")])
+    assert "more than 256 levels of folders" in _refused(deep, tmp_path / "dest", "a/a/")
+    dots = _tar(tmp_path / "dots.tar.gz", [("dir", "./", None)] * 6)
+    assert "more than 5 members" in _refused(dots, tmp_path / "dest", ".", Limits(max_members=5))
+    ok = _tar(tmp_path / "ok.tar.gz", [("file", "f", "x")])
+    assert "took more than 0 s" in _refused(ok, tmp_path / "dest", "f", Limits(max_seconds=0))
+    safe_extract(ok, tmp_path / "dest")

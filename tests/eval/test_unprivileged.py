@@ -403,6 +403,41 @@ def test_per_execution_limits_without_root(user):
     assert got["memory-tree"] == [0, None, False, None], "the tree's memory is capped now: update docs/sandbox.md"
 
 
+GROUP_DRIVER = r"""
+import json, sys
+from pathlib import Path
+from mlbench_kit.sandbox import Env, Job, Limits, Sandbox
+with Sandbox("bwrap") as sb:
+    env = Env("toybench", Path(sys.argv[1]))
+    res = sb.run(Job("echo more >> README.md && tail -n 1 README.md", True, env, "./"), Limits(wall_s=60))
+    copied = sb.lower(env) != env.checkout.resolve()
+print("GROUP " + json.dumps([res.exit_code, res.fault, res.log, copied]))
+"""
+
+
+def test_a_checkout_of_another_group_in_a_setgid_folder_stays_writable_without_root(user):
+    """Issue 41, item 9: a checkout whose files are the user's but of another group (a cluster's setgid project
+    folder), so that the user namespace cannot map the group: an answer appending to a file failed with "Value too
+    large for defined data type" (EOVERFLOW in the overlay's copy-up). It is staged as a copy of the user's own now,
+    as root already did for a foreign group; the checkout itself is unchanged."""
+    import grp
+    other = grp.getgrnam("nogroup").gr_gid
+    assert other != user.gid
+    src = user.work / "setgid-checkout"
+    shutil.copytree(SAMPLE / "repos" / "toybench", src, symlinks=True)
+    for dirpath, dirnames, filenames in os.walk(src):
+        for name in [*dirnames, *filenames, ""]:
+            os.lchown(os.path.join(dirpath, name), user.uid, other)
+        os.chmod(dirpath, 0o2755)  # setgid, as a project folder whose group every new file takes
+    before = (src / "README.md").read_bytes()
+    r = user.run([sys.executable, "-c", GROUP_DRIVER, str(src)], timeout=300)
+    line = next((x for x in r.stdout.splitlines() if x.startswith("GROUP ")), None)
+    assert r.returncode == 0 and line, r.stdout[-2000:] + r.stderr[-3000:]
+    code, fault, log, copied = json.loads(line[len("GROUP "):])
+    assert (code, fault, log.strip().splitlines()[-1:], copied) == (0, None, ["more"], True), log
+    assert (src / "README.md").read_bytes() == before and (src / "README.md").stat().st_gid == other
+
+
 CLOCK_DRIVER = r"""
 import json, sys
 from pathlib import Path
