@@ -29,7 +29,7 @@ from mlbench_kit.dataset import Sample
 
 from . import prompts as P
 from .parse import FormatError, parse_reply
-from .repo import Refused, RepoView, cut
+from .repo import Refused, RepoView, cut, readme_window
 
 EXITS = ("submitted", "rejected", "no_answer", "turn_limit", "token_limit", "time_limit", "context_exceeded",
          "format_errors", "fault")
@@ -116,7 +116,10 @@ class Episode:
             text = self.repo.read(rel)
         except Refused as exc:
             return str(exc), {"readme": self.repo.display(rel), "refused": str(exc)}, 0
-        shown, dropped = cut(text, cap)
+        if self.cfg.read.readme_window == "relevant":
+            shown, dropped = readme_window(text, cap, self.sample.instruction)
+        else:
+            shown, dropped = cut(text, cap)
         return shown, {"readme": self.repo.display(rel), "readme_cut_chars": dropped}, len(text)
 
     def _build(self, caps: dict[str, int]) -> tuple[str, dict[str, Any], dict[str, int]]:

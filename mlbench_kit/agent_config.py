@@ -44,6 +44,10 @@ class AgentRead:
 
     max_index_chars: int = option(6000, "the directory index (files, one per line): the task folder's first")
     max_readme_chars: int = option(8000, "a README as the model sees it")
+    # "prefix": the first max_readme_chars characters (the only window before this key existed)
+    readme_window: Literal["relevant", "prefix"] = option("relevant", "which part of a longer README is shown: "
+                                                          "relevant (its sections ranked by BM25 against the task) "
+                                                          "or prefix (its beginning)")
     max_file_chars: int = option(8000, "a file the model asked to read (step 4's FILE)")
     max_file_bytes: int = option(1_000_000, "larger files are refused unread")
 
@@ -88,6 +92,9 @@ class AgentConfig:
 
     FLAGS: ClassVar[dict[str, str]] = {}  # option -> key (mlbench_kit.stages), set below
     # the inputs: what a run works on, not how (left out of settings(): the run folder records them its own way)
+    # keys added after run folders existed -> the value that does what the code did before them: at that value a
+    # key is left out of settings(), so a folder made before it resumes with it (and only with it)
+    BEFORE: ClassVar[dict[str, Any]] = {"read.readme_window": "prefix"}
     INPUTS: ClassVar[tuple[str, ...]] = ("model", "adapter", "tokenizer", "data", "split", "repos_dir", "tarballs",
                                          "envs", "repos", "rows_of", "limit", "out")
 
@@ -178,11 +185,19 @@ class AgentConfig:
     def settings(self) -> dict[str, Any]:
         """The keys that change what an episode does, as a run folder keeps them: not the inputs (the run records
         those its own way), nor where or how it runs (GPU share, eager or compiled vLLM, the server); ``bash`` only
-        for that policy, so run folders of ml-agent made before the bash policy existed still resume."""
+        for that policy, so run folders of ml-agent made before the bash policy existed still resume; a key of
+        :attr:`BEFORE` only when it differs from what the code did before it existed, for the same reason."""
         d = self.to_dict()
         for key in (*self.INPUTS, "gpu_memory_utilization", "enforce_eager", "openai",
                     *(("bash",) if self.policy != "bash" else ())):
             d.pop(key)
+        for dotted, before in self.BEFORE.items():
+            *parents, last = dotted.split(".")
+            sub = d
+            for p in parents:
+                sub = sub.get(p, {})
+            if sub.get(last, before) == before:
+                sub.pop(last, None)
         return d
 
     def sha(self) -> str:

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from mlbench_kit.agent import prompts as P
 from mlbench_kit.agent.episode import Episode, turn_seed
 from mlbench_kit.agent.parse import FormatError, parse_reply
 from mlbench_kit.agent.repo import Refused, RepoView
 from mlbench_kit.agent.run import run_episodes
 from mlbench_kit.agent_config import AgentConfig, load_agent_config
-from mlbench_kit.dataset import Sample
+from mlbench_kit.dataset import Sample, load_samples
 from mlbench_kit.engine import Generated, GenParams, GenRequest
 from mlbench_kit.errors import MLBenchError
 
@@ -611,3 +612,50 @@ def test_the_openai_backend_needs_a_tokenizer_and_a_key_off_this_machine(tmp_pat
     with pytest.raises(MLBenchError, match="MLBENCH_TEST_KEY"):
         OpenAIEngine("m", "https://api.example.com/v1", "MLBENCH_TEST_KEY")
     OpenAIEngine("m", "http://127.0.0.1:9/v1", "MLBENCH_TEST_KEY").close()  # loopback: no key needed
+
+
+# ------------------------------------------------------------------------------------------------ README window
+
+
+def test_the_readme_window_is_chosen_by_relevance(toy_repo: Path):
+    """A README over the cap shows its sections that match the task (in the README's order, each gap said), not its
+    beginning; ``prefix`` keeps the beginning. The whole prompt is compared."""
+    intro = "# toy\n" + "An introduction to the toy models. " * 40 + "\n"
+    other = "## Convolution usage\n```python\n# a comment, not a heading\nfrom toy.conv import Conv\n```\n"
+    wanted = "## Halo attention usage\n```python\nfrom toy.halo import Halo\n```\n"
+    readme = intro + other + wanted
+    (toy_repo / "README.md").write_text(readme)
+    cfg = _cfg()
+    cfg.read.max_readme_chars = len(wanted) + 20  # the wanted section fits, not with another one
+    sample = Sample(github_id=9, id=1, repo="toy", path="./examples/a", arguments={}, instruction="Use the Halo "
+                    "attention of toy on an input of (50, 512, 7, 7).", oracle="", type="Python Code", output="")
+    ep = Episode(sample, RepoView(toy_repo, "toy"), cfg, 0, encode, 1_000_000)
+    shown = (f"[... {len(intro) + len(other)} characters not shown ...]\n{wanted}")
+    assert ep.prepare().text == (
+        f"{P.PLAN.format(repo_name='toy', readme=shown, instruction=sample.instruction)}"
+        "\nreadme_files need to be sorted: toy/README.md, toy/examples/a/README.md"
+        f"{P.FORMAT_LINE.format(schema=P.FORMAT['plan'])}")
+    cfg.read.readme_window = "prefix"
+    ep = Episode(sample, RepoView(toy_repo, "toy"), cfg, 0, encode, 1_000_000)
+    cap = cfg.read.max_readme_chars
+    prefix = f"main_readmefile: {readme[:cap]}\n[... {len(readme) - cap} more characters not shown]\n"
+    assert prefix in ep.prepare().text
+
+
+def test_the_readme_window_holds_what_each_external_attention_row_imports(shared: Path):
+    """All 24 External-Attention-pytorch rows: the module the gold answer imports (``from model.X import``) first
+    appears 13,000+ characters into the README, past the old 8,000-character prefix; the window shown at step 3 and
+    at step 4 holds it at the default cap."""
+    rows = [s for s in load_samples(shared / "full.jsonl") if s.repo == "External-Attention-pytorch"]
+    view = RepoView(shared / "readmes" / "External-Attention-pytorch", "External-Attention-pytorch")
+    readme = view.read("README.md")
+    assert len(rows) == 24
+    for s in rows:
+        module = re.search(r"^from (model\.\S+) import", s.output, re.M)
+        assert module is not None, s.output[:200]
+        assert readme.index(module[1]) > AgentConfig().read.max_readme_chars  # the old window could not show it
+        ep = Episode(s, view, AgentConfig(), 0, encode, 1_000_000)
+        assert module[1] in ep.prepare().text, (s.id, s.instruction)
+        ep.feed('{"task_flag": "Yes", "ranked_readmefiles": ["External-Attention-pytorch/README.md"]}', 5, 0.1)
+        step4 = ep.prepare().text
+        assert ep.step == "code_or_file" and module[1] in step4.split("readmefile: ", 1)[1], (s.id, s.instruction)
