@@ -31,8 +31,12 @@ class AgentSampling:
 class AgentLimits:
     """Hard limits, counted by the harness (never by the model); the one hit is recorded as the episode's exit."""
 
-    max_turns: int = option(10, "model calls per episode (OpenHands' ML-Agent-Bench: 10 iterations)")
+    max_turns: int | None = option(10, "model calls per episode (OpenHands' ML-Agent-Bench: 10 iterations); null: "
+                                   "none (policy ml-agent: the released loop, 1 + 3 calls per ranked README, plus "
+                                   "format errors asked again)")
     max_episode_tokens: int = option(4096, "new tokens summed over an episode's turns")
+    max_episode_total_tokens: int | None = option(None, "prompt and new tokens summed over an episode's turns (a "
+                                                  "prompt that would pass it is not sent); null: no such limit")
     max_episode_seconds: float = option(600.0, "generation wall time summed over an episode's turns (as recorded)")
     max_format_errors: int = option(3, "consecutive unparseable replies")
 
@@ -94,7 +98,8 @@ class AgentConfig:
     # the inputs: what a run works on, not how (left out of settings(): the run folder records them its own way)
     # keys added after run folders existed -> the value that does what the code did before them: at that value a
     # key is left out of settings(), so a folder made before it resumes with it (and only with it)
-    BEFORE: ClassVar[dict[str, Any]] = {"read.readme_window": "prefix"}
+    BEFORE: ClassVar[dict[str, Any]] = {"read.readme_window": "prefix", "answer_format": "fields",
+                                        "write_code_readme": "text", "limits.max_episode_total_tokens": None}
     INPUTS: ClassVar[tuple[str, ...]] = ("model", "adapter", "tokenizer", "data", "split", "repos_dir", "tarballs",
                                          "envs", "repos", "rows_of", "limit", "out")
 
@@ -135,6 +140,14 @@ class AgentConfig:
     # The released agent listed the README files to sort after the task (step3_function_repo.yml's
     # "readme_files need to be sorted:{}"); the paper's Table 22 prints the prompt without that line.
     list_readmes: bool = option(True, "list the README files to sort after the task (the released agent)")
+    # "fields": the short field line of the first versions (not valid JSON; placeholders small models copied back)
+    answer_format: Literal["function", "fields"] = option("function", "how each step asks for its JSON answer: "
+                                                          "function (the step's function schema as JSON, the paper's "
+                                                          "captions as its descriptions) or fields (a short field "
+                                                          "line)")
+    # the released agent's code_function prompt (after FILE) got the ranked README's path as `readmefile`
+    write_code_readme: Literal["path", "text"] = option("path", "the README in the write_code step's prompt: its path "
+                                                        "(the released agent) or its text")
     sampling: AgentSampling = field(default_factory=AgentSampling)
     limits: AgentLimits = field(default_factory=AgentLimits)
     read: AgentRead = field(default_factory=AgentRead)
@@ -160,9 +173,12 @@ class AgentConfig:
         if self.episodes < 1:
             raise MLBenchError("episodes must be at least 1", at("episodes"))
         lim = self.limits
-        for key in ("max_turns", "max_episode_tokens", "max_format_errors"):
-            if getattr(lim, key) < 1:
+        for key in ("max_turns", "max_episode_tokens", "max_episode_total_tokens", "max_format_errors"):
+            if getattr(lim, key) is not None and getattr(lim, key) < 1:
                 raise MLBenchError(f"limits.{key} must be at least 1", at(f"limits.{key}"))
+        if lim.max_turns is None and self.policy == "bash":
+            raise MLBenchError("limits.max_turns: null (no turn cap) ends no bash episode, whose loop has no end of "
+                               "its own", at("limits.max_turns"), "give the bash policy a turn cap, e.g. 10")
         if lim.max_episode_seconds <= 0:
             raise MLBenchError("limits.max_episode_seconds must be positive", at("limits.max_episode_seconds"))
         if self.sampling.max_new_tokens < 1:

@@ -634,7 +634,7 @@ def test_the_readme_window_is_chosen_by_relevance(toy_repo: Path):
     assert ep.prepare().text == (
         f"{P.PLAN.format(repo_name='toy', readme=shown, instruction=sample.instruction)}"
         "\nreadme_files need to be sorted: toy/README.md, toy/examples/a/README.md"
-        f"{P.FORMAT_LINE.format(schema=P.FORMAT['plan'])}")
+        f"{P.FUNCTION_LINE.format(function=json.dumps(P.FUNCTIONS['plan']))}")
     cfg.read.readme_window = "prefix"
     ep = Episode(sample, RepoView(toy_repo, "toy"), cfg, 0, encode, 1_000_000)
     cap = cfg.read.max_readme_chars
@@ -659,3 +659,84 @@ def test_the_readme_window_holds_what_each_external_attention_row_imports(shared
         ep.feed('{"task_flag": "Yes", "ranked_readmefiles": ["External-Attention-pytorch/README.md"]}', 5, 0.1)
         step4 = ep.prepare().text
         assert ep.step == "code_or_file" and module[1] in step4.split("readmefile: ", 1)[1], (s.id, s.instruction)
+
+
+# ----------------------------------------------------------------------------------------------- paper fidelity
+
+
+def test_each_step_sends_its_function_with_the_papers_captions_as_valid_json(shared: Path, toy_repo: Path):
+    """Every prompt of the FILE path, whole: the released prompt, then the step's function as JSON (it parses, and
+    its descriptions are Table 22's caption and Table 23's); write_code gets the README's path (the released
+    code_function prompt); ``fields`` and ``text`` keep the old format line and the README's text."""
+    paper = _words((shared / "paper" / "ml-bench-paper.txt").read_text())
+    caption22 = paper[paper.index("Table 22: ") + 10: paper.index("Instruction I will provide you with a github")]
+    caption23 = paper[paper.index("Table 23: ") + 10: paper.index("M Examples of input-output")]
+    plan = P.FUNCTIONS["plan"]
+    props = plan["parameters"]["properties"]
+    assert _words(" ".join([plan["description"], props["task_flag"]["description"],
+                            props["ranked_readmefiles"]["description"]])) == caption22.strip()
+    assert P.FUNCTIONS["code_or_file"]["description"] == caption23.strip()
+    ep = _episode(toy_repo)
+    readme, inner = (toy_repo / "README.md").read_text(), (toy_repo / "examples/a/README.md").read_text()
+    index = "\n".join(["examples/a/README.md", "examples/a/main.py", "README.md", "big.py", "blob.bin"])
+    main_py = (toy_repo / "examples/a/main.py").read_text()
+
+    def sent(step: str, prompt: str) -> str:
+        return prompt + ("\n\nAnswer by calling this function: reply with one JSON object holding its arguments "
+                         "(every required field, each a string or, where its description asks for one, a list of "
+                         f"strings) and nothing else.\n{json.dumps(P.FUNCTIONS[step])}")
+    expected = [
+        sent("plan", P.PLAN.format(repo_name="toy", readme=readme, instruction=SAMPLE.instruction)
+             + "\nreadme_files need to be sorted: toy/README.md, toy/examples/a/README.md"),
+        sent("code_or_file", P.CODE_OR_FILE.format(index=index, readme=inner, instruction=SAMPLE.instruction)),
+        sent("read_args", P.READ_ARGS.format(py_file=main_py)),
+        sent("write_code", P.WRITE_CODE.format(readme="toy/examples/a/README.md", args="p.add_argument('--lr')",
+                                               instruction=SAMPLE.instruction)),
+    ]
+    prompts = []
+    while (p := ep.prepare()) is not None:
+        prompts.append(p.text)
+        ep.feed(gold_reader(p.text, p.seed), 10, 0.01)
+    assert prompts == expected and ep.answer == "python main.py --lr 0.1"
+    for text in prompts:
+        json.loads(text.rsplit("\n", 1)[1])  # the function line is valid JSON
+    # the first versions' choices, by name
+    cfg = _cfg()
+    cfg.answer_format, cfg.write_code_readme = "fields", "text"
+    ep = _episode(toy_repo, cfg)
+    old = []
+    while (p := ep.prepare()) is not None:
+        old.append(p.text)
+        ep.feed(gold_reader(p.text, p.seed), 10, 0.01)
+    assert old[3] == (P.WRITE_CODE.format(readme=inner, args="p.add_argument('--lr')", instruction=SAMPLE.instruction)
+                      + P.FORMAT_LINE.format(schema=P.FORMAT["write_code"]))
+    assert old[0].endswith(P.FORMAT_LINE.format(schema=P.FORMAT["plan"]))
+
+
+def test_no_turn_cap_runs_the_released_loop_and_prompt_tokens_count(toy_repo: Path, tmp_path: Path):
+    """``max_turns: null`` (configs/agent/paper.yaml): the loop runs to its own end, 1 + 3 calls for each of the
+    R ranked READMEs; a total-token limit counts the prompts too and sends no prompt that would pass it."""
+    def looper(prompt: str, seed: int) -> str:
+        if prompt.startswith("I will provide you with the name"):
+            return '{"task_flag": "Yes", "ranked_readmefiles": ["toy/README.md", "toy/examples/a/README.md"]}'
+        if prompt.startswith("Read the code"):
+            return '{"args_code": "None"}'
+        if prompt.startswith("I will provide you with a github readme file and code"):
+            return '{"flag": "No", "finally_code": ""}'
+        return '{"flag": "FILE", "file_path": "examples/a/main.py", "code": ""}'
+    paper = load_agent_config(Path(__file__).resolve().parents[2] / "configs" / "agent" / "paper.yaml")
+    assert paper.limits.max_turns is None
+    ep = drive(_episode(toy_repo, paper), looper)
+    assert (ep.exit, len(ep.turns)) == ("no_answer", 1 + 3 * 2)
+    ep = drive(_episode(toy_repo, _cfg()), looper)
+    assert (ep.exit, len(ep.turns)) == ("no_answer", 7)  # under 10 turns: the same
+    capped = drive(_episode(toy_repo, _cfg(max_turns=5)), looper)
+    assert (capped.exit, len(capped.turns)) == ("turn_limit", 5)
+    cfg = _cfg(max_episode_total_tokens=ep.turns[0]["tokens_in"] + 10 + ep.turns[1]["tokens_in"] + 5)
+    cfg.limits.max_episode_tokens = 10_000
+    ep = drive(_episode(toy_repo, cfg), looper)  # one token per character: the second prompt gets 5 new tokens
+    assert (ep.exit, len(ep.turns)) == ("token_limit", 2) and "leave no room" in ep.detail
+    f = tmp_path / "bash.yaml"
+    f.write_text("policy: bash\nlimits:\n  max_turns: null\n")
+    with pytest.raises(MLBenchError, match=rf"{re.escape(str(f))}:3.*no turn cap"):
+        load_agent_config(f)
