@@ -233,20 +233,23 @@ def test_format_errors_are_asked_again_then_end_the_episode(toy_repo: Path):
     assert (ep.exit, len(ep.turns)) == ("format_errors", 6)
 
 
+def looper(prompt: str, seed: int) -> str:
+    """Never submits: ranks both READMEs, then FILE, args and No for each in turn (1 + 3 turns per README)."""
+    if prompt.startswith("I will provide you with the name"):
+        return '{"task_flag": "Yes", "ranked_readmefiles": ["toy/README.md", "toy/examples/a/README.md"]}'
+    if prompt.startswith("Read the code"):
+        return '{"args_code": "None"}'
+    if prompt.startswith("I will provide you with a github readme file and code"):
+        return '{"flag": "No", "finally_code": ""}'
+    return '{"flag": "FILE", "file_path": "examples/a/main.py", "code": ""}'
+
+
 @pytest.mark.parametrize("limits,tokens,wall,status,turns", [
     ({"max_turns": 2}, 10, 0.01, "turn_limit", 2),
     ({"max_episode_tokens": 25}, 10, 0.01, "token_limit", 3),
     ({"max_episode_seconds": 1.0}, 10, 0.4, "time_limit", 3),
 ])
 def test_each_limit_ends_the_episode_with_its_status(toy_repo: Path, limits, tokens, wall, status, turns):
-    def looper(prompt: str, seed: int) -> str:  # never submits: plan, then FILE / args / No forever
-        if prompt.startswith("I will provide you with the name"):
-            return '{"task_flag": "Yes", "ranked_readmefiles": ["toy/README.md", "toy/examples/a/README.md"]}'
-        if prompt.startswith("Read the code"):
-            return '{"args_code": "None"}'
-        if prompt.startswith("I will provide you with a github readme file and code"):
-            return '{"flag": "No", "finally_code": ""}'
-        return '{"flag": "FILE", "file_path": "examples/a/main.py", "code": ""}'
     ep = drive(_episode(toy_repo, _cfg(**limits)), looper, tokens, wall)
     assert (ep.exit, len(ep.turns), ep.answer) == (status, turns, None)
     assert ep.turns[-1]["exit"] == status
@@ -716,14 +719,6 @@ def test_each_step_sends_its_function_with_the_papers_captions_as_valid_json(sha
 def test_no_turn_cap_runs_the_released_loop_and_prompt_tokens_count(toy_repo: Path, tmp_path: Path):
     """``max_turns: null`` (configs/agent/paper.yaml): the loop runs to its own end, 1 + 3 calls for each of the
     R ranked READMEs; a total-token limit counts the prompts too and sends no prompt that would pass it."""
-    def looper(prompt: str, seed: int) -> str:
-        if prompt.startswith("I will provide you with the name"):
-            return '{"task_flag": "Yes", "ranked_readmefiles": ["toy/README.md", "toy/examples/a/README.md"]}'
-        if prompt.startswith("Read the code"):
-            return '{"args_code": "None"}'
-        if prompt.startswith("I will provide you with a github readme file and code"):
-            return '{"flag": "No", "finally_code": ""}'
-        return '{"flag": "FILE", "file_path": "examples/a/main.py", "code": ""}'
     paper = load_agent_config(Path(__file__).resolve().parents[2] / "configs" / "agent" / "paper.yaml")
     assert paper.limits.max_turns is None
     ep = drive(_episode(toy_repo, paper), looper)
