@@ -39,7 +39,7 @@ from mlbench_kit.dataset import Sample, prefix_exports
 from mlbench_kit.escape import visible
 from mlbench_kit.sandbox import Env, ExecResult, Job, Limits, Sandbox
 
-from .episode import EXITS, Prepared, close_turn, sha, turn_seed
+from .episode import EXITS, Prepared, close_turn, sha, total_room, turn_seed
 from .parse import FormatError
 from .repo import Refused, RepoView
 
@@ -203,6 +203,9 @@ class BashEpisode:
         if len(ids) + new > self.max_model_len:
             self._end("context_exceeded", f"the conversation is {len(ids)} tokens; with {new} new tokens it "
                                           f"exceeds max_model_len {self.max_model_len}")
+            return None
+        new = total_room(self, len(ids), new)
+        if new < 1:
             return None
         seed = turn_seed(self.cfg.sampling.seed, self.sample.key, self.episode, len(self.turns))
         self._prepared = Prepared(json.dumps(self.messages), ids, seed, new, {"step": "bash",

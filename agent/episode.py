@@ -29,7 +29,7 @@ from mlbench_kit.dataset import Sample
 
 from . import prompts as P
 from .parse import FormatError, parse_reply
-from .repo import Refused, RepoView, cut
+from .repo import Refused, RepoView, cut, readme_window
 
 EXITS = ("submitted", "rejected", "no_answer", "turn_limit", "token_limit", "time_limit", "context_exceeded",
          "format_errors", "fault")
@@ -49,11 +49,24 @@ def close_turn(ep: Any, rec: dict[str, Any], timed: str) -> dict[str, Any]:
             ep._end("token_limit", f"{ep.tokens_out} new tokens (limit {lim.max_episode_tokens})")
         elif ep.seconds >= lim.max_episode_seconds:
             ep._end("time_limit", f"{ep.seconds:.1f} s of {timed} (limit {lim.max_episode_seconds})")
-        elif len(ep.turns) >= lim.max_turns:
+        elif lim.max_turns is not None and len(ep.turns) >= lim.max_turns:
             ep._end("turn_limit", f"{len(ep.turns)} turns (limit {lim.max_turns})")
     if ep.exit is not None:
         rec["exit"] = ep.exit
     return rec
+
+
+def total_room(ep: Any, prompt_tokens: int, new: int) -> int:
+    """The new tokens the next turn may have under ``limits.max_episode_total_tokens`` (prompt and new tokens summed
+    over the episode's turns, this prompt included); below 1, the episode has ended (``token_limit``) unsent."""
+    total = ep.cfg.limits.max_episode_total_tokens
+    if total is None:
+        return new
+    room = total - ep.tokens_in - ep.tokens_out - prompt_tokens
+    if room < 1:
+        ep._end("token_limit", f"{ep.tokens_in + ep.tokens_out} prompt and new tokens; the next prompt's "
+                               f"{prompt_tokens} leave no room (limit {total})")
+    return min(new, room)
 
 
 def turn_seed(seed: int, key: tuple[int, int], episode: int, turn: int) -> int:
@@ -116,7 +129,10 @@ class Episode:
             text = self.repo.read(rel)
         except Refused as exc:
             return str(exc), {"readme": self.repo.display(rel), "refused": str(exc)}, 0
-        shown, dropped = cut(text, cap)
+        if self.cfg.read.readme_window == "relevant":
+            shown, dropped = readme_window(text, cap, self.sample.instruction)
+        else:
+            shown, dropped = cut(text, cap)
         return shown, {"readme": self.repo.display(rel), "readme_cut_chars": dropped}, len(text)
 
     def _build(self, caps: dict[str, int]) -> tuple[str, dict[str, Any], dict[str, int]]:
@@ -150,10 +166,14 @@ class Episode:
             shown, dropped = cut(self.py_text, caps["file"]) if self.py_readable else (self.py_text, 0)
             sizes["file"] = len(self.py_text) if self.py_readable else 0
             prompt, inputs = P.READ_ARGS.format(py_file=shown), {"file_cut_chars": dropped}
+        elif self.cfg.write_code_readme == "path":  # the released agent's code_function prompt got the name
+            rel = self.ranked[self.readme_at]
+            inputs = {"readme": self.repo.display(rel), "readme_as": "path"}
+            prompt = P.WRITE_CODE.format(readme=self.repo.display(rel), args=self.args_code, instruction=s.instruction)
         else:
             text, inputs, sizes["readme"] = self._readme(self.ranked[self.readme_at], caps["readme"])
             prompt = P.WRITE_CODE.format(readme=text, args=self.args_code, instruction=s.instruction)
-        return P.with_format(prompt, self.step), {"step": self.step, **inputs}, sizes
+        return P.with_format(prompt, self.step, self.cfg.answer_format), {"step": self.step, **inputs}, sizes
 
     def prepare(self) -> Prepared | None:
         """The next turn's prompt, or None when the episode has ended (possibly now: context exceeded).
@@ -177,8 +197,7 @@ class Episode:
                 return None
         r = self.cfg.read
         caps = {"readme": r.max_readme_chars, "index": r.max_index_chars, "file": r.max_file_chars}
-        room = self.cfg.limits.max_episode_tokens - self.tokens_out
-        new = min(self.cfg.sampling.max_new_tokens, room)
+        new = min(self.cfg.sampling.max_new_tokens, self.cfg.limits.max_episode_tokens - self.tokens_out)
         fitted = False
         for _ in range(8):
             text, inputs, sizes = self._build(caps)
@@ -197,6 +216,9 @@ class Episode:
         if len(ids) + new > self.max_model_len:
             self._end("context_exceeded", f"the {inputs['step']} prompt is {len(ids)} tokens; with {new} new tokens "
                                           f"it exceeds max_model_len {self.max_model_len}")
+            return None
+        new = total_room(self, len(ids), new)
+        if new < 1:
             return None
         seed = turn_seed(self.cfg.sampling.seed, self.sample.key, self.episode, len(self.turns))
         self._prepared = Prepared(text, ids, seed, new, inputs)

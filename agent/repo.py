@@ -8,11 +8,13 @@ sees in place of the file (the transcript records it as the observation)."""
 from __future__ import annotations
 
 import os
+import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from mlbench_kit import tree
+from mlbench_kit.bm25 import BM25Index
 
 
 class Refused(ValueError):
@@ -25,6 +27,79 @@ def cut(text: str, limit: int) -> tuple[str, int]:
         return text, 0
     dropped = len(text) - limit
     return text[:limit] + f"\n[... {dropped} more characters not shown]", dropped
+
+
+_HEADING = re.compile(r"(#{1,6})[ \t]")
+_FENCE = re.compile(r"[ \t]{0,3}(```|~~~)")
+_WORD = re.compile(r"\w+")
+# a task's function words and numbers (its own shapes and values, which a README's examples do not share) rank
+# nothing: without them, short sections full of "the", "of" or "(50, 512, 7, 7)" outrank the one the task names
+_STOP = frozenset("a an and are as at be by can could do for from have i in into is it m me my of on or our please "
+                  "so that the this to use using want what with would you your".split())
+
+
+def query_terms(query: str) -> list[str]:
+    """The words of a task that rank README sections: lower-cased, function words and numbers left out."""
+    return [w for w in _WORD.findall(query.lower()) if w not in _STOP and not w.isdigit()]
+
+
+def sections(text: str) -> list[tuple[int, int, str]]:
+    """A markdown text's sections: (start, end, heading path), one per heading line outside code fences (and the
+    text before the first one); the heading path is the section's heading with its enclosing ones, which is what
+    a section about "HaloNet Attention Usage" says in its sub-section "Usage Code"."""
+    starts: list[tuple[int, int, str]] = []  # offset, level, heading line
+    fenced, pos = False, 0
+    for line in text.splitlines(keepends=True):
+        if _FENCE.match(line):
+            fenced = not fenced
+        elif not fenced and (m := _HEADING.match(line)):
+            starts.append((pos, len(m.group(1)), line.strip()))
+        pos += len(line)
+    if not starts or starts[0][0] > 0:
+        starts.insert(0, (0, 0, ""))
+    out: list[tuple[int, int, str]] = []
+    path: list[tuple[int, str]] = []  # the enclosing headings (level, line)
+    for i, (start, level, head) in enumerate(starts):
+        end = starts[i + 1][0] if i + 1 < len(starts) else len(text)
+        if level:
+            path = [(lv, h) for lv, h in path if lv < level] + [(level, head)]
+        out.append((start, end, " ".join(h for _, h in path)))
+    return [s for s in out if s[1] > s[0]]
+
+
+def readme_window(text: str, limit: int, query: str) -> tuple[str, int]:
+    """What the model is shown of a README longer than ``limit`` characters: its sections ranked by BM25 against
+    ``query`` (the task's :func:`query_terms`; each section's lower-cased words with its heading path,
+    :class:`~mlbench_kit.bm25.BM25Index`), taken best first while they fit (the best one cut to ``limit`` when even
+    it does not; sections scoring nothing follow in the README's order), then shown in the README's order, each gap
+    said in the text. Returns (text, characters left out). A README within ``limit`` is shown whole."""
+    if len(text) <= limit:
+        return text, 0
+    secs = sections(text)
+    index = BM25Index([_WORD.findall(f"{path}\n{text[a:b]}".lower()) for a, b, path in secs])
+    scores = index.term_scores(query_terms(query))
+    order = sorted(range(len(secs)), key=lambda i: -scores[i])  # stable: ties in the README's order
+    chosen: dict[int, int] = {}  # section -> characters shown (its head)
+    used = 0
+    for i in order:
+        a, b, _ = secs[i]
+        if used + (b - a) <= limit:
+            chosen[i] = b - a
+            used += b - a
+        elif not chosen:
+            chosen[i] = limit
+            used = limit
+    parts, shown, last = [], 0, 0
+    for i in sorted(chosen):
+        a, b, _ = secs[i]
+        if a > last:
+            parts.append(f"[... {a - last} characters not shown ...]\n")
+        parts.append(text[a:a + chosen[i]])
+        shown += chosen[i]
+        last = a + chosen[i]
+    if last < len(text):
+        parts.append(f"\n[... {len(text) - last} more characters not shown]")
+    return "".join(parts), len(text) - shown
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """Task 2 retrieval, exactly as the paper: Punkt sentences, 10-sentence windows (stride 1) over at most the
 first 1,000 sentences, whitespace tokens, ``rank_bm25.BM25Okapi``, top-1 window joined with spaces.
 
-:class:`WindowIndex` builds each README's index once; scores are computed term by term with the same numpy
-expressions as ``BM25Okapi.get_scores``, so they are bit-identical and ties break the same way.
+:class:`WindowIndex` builds each README's index once, on the core's :class:`mlbench_kit.bm25.BM25Index` (scores
+bit-identical to ``BM25Okapi.get_scores``, ties broken the same way).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from collections.abc import Callable
 import numpy as np
 from rank_bm25 import BM25Okapi
 
+from mlbench_kit.bm25 import BM25Index
 from mlbench_kit.errors import MLBenchError
 
 N_SENTENCE = 10
@@ -75,43 +76,18 @@ def reference_top1(query: str, readme: str, n_sentence: int = N_SENTENCE, max_se
     return " ".join(BM25Okapi(docs).get_top_n(query.split(), docs, n=1)[0])
 
 
-class WindowIndex:
-    """A BM25 index over one README's sentence windows, built once and queried many times."""
+class WindowIndex(BM25Index):
+    """A BM25 index over one README's sentence windows (whitespace tokens), built once and queried many times."""
 
     def __init__(self, readme: str, n_sentence: int = N_SENTENCE, max_sentences: int = MAX_SENTENCES,
                  splitter: Callable[[str], list[str]] = punkt_split) -> None:
-        self.docs = windows(splitter(readme)[:max_sentences], n_sentence)
-        self.bm25 = BM25Okapi(self.docs) if self.docs else None
-        self._doc_len = np.array(self.bm25.doc_len) if self.bm25 else None
-        self._term_scores: dict[str, np.ndarray | None] = {}
-
-    def _term(self, q: str) -> np.ndarray | None:
-        vec = self._term_scores.get(q)
-        if vec is None and q not in self._term_scores:
-            bm = self.bm25
-            if bm is None:  # an empty README: no window to score
-                return None
-            idf = bm.idf.get(q) or 0
-            if idf == 0:
-                vec = None  # contributes exact zeros in the reference: adding them changes nothing
-            else:
-                q_freq = np.array([(doc.get(q) or 0) for doc in bm.doc_freqs])
-                vec = idf * (q_freq * (bm.k1 + 1) / (q_freq + bm.k1 * (1 - bm.b + bm.b * self._doc_len / bm.avgdl)))
-            self._term_scores[q] = vec
-        return vec
+        super().__init__(windows(splitter(readme)[:max_sentences], n_sentence))
 
     def scores(self, query: str) -> np.ndarray:
         """BM25Okapi scores of every window, bit-identical to ``BM25Okapi.get_scores(query.split())``."""
-        score = np.zeros(len(self.docs))
-        for q in query.split():
-            vec = self._term(q)
-            if vec is not None:
-                score += vec
-        return score
+        return self.term_scores(query.split())
 
     def top1(self, query: str) -> str:
         """The best window for ``query`` joined with spaces (``""`` for an empty README)."""
-        if not self.docs:
-            return ""
-        best = np.argsort(self.scores(query))[::-1][0]  # same call as BM25.get_top_n: same tie-breaking
-        return " ".join(self.docs[best])
+        best = self.best(query.split())
+        return " ".join(self.docs[best]) if best >= 0 else ""

@@ -32,8 +32,12 @@ class AgentSampling:
 class AgentLimits:
     """Hard limits, counted by the harness (never by the model); the one hit is recorded as the episode's exit."""
 
-    max_turns: int = option(10, "model calls per episode (OpenHands' ML-Agent-Bench: 10 iterations)")
+    max_turns: int | None = option(10, "model calls per episode (OpenHands' ML-Agent-Bench: 10 iterations); null: "
+                                   "none (policy ml-agent: the released loop, 1 + 3 calls per ranked README, plus "
+                                   "format errors asked again)")
     max_episode_tokens: int = option(4096, "new tokens summed over an episode's turns")
+    max_episode_total_tokens: int | None = option(None, "prompt and new tokens summed over an episode's turns (a "
+                                                  "prompt that would pass it is not sent); null: no such limit")
     max_episode_seconds: float = option(600.0, "generation wall time summed over an episode's turns (as recorded)")
     max_format_errors: int = option(3, "consecutive unparseable replies")
 
@@ -45,6 +49,10 @@ class AgentRead:
 
     max_index_chars: int = option(6000, "the directory index (files, one per line): the task folder's first")
     max_readme_chars: int = option(8000, "a README as the model sees it")
+    # "prefix": the first max_readme_chars characters (the only window before this key existed)
+    readme_window: Literal["relevant", "prefix"] = option("relevant", "which part of a longer README is shown: "
+                                                          "relevant (its sections ranked by BM25 against the task) "
+                                                          "or prefix (its beginning)")
     max_file_chars: int = option(8000, "a file the model asked to read (step 4's FILE)")
     max_file_bytes: int = option(1_000_000, "larger files are refused unread")
 
@@ -89,6 +97,10 @@ class AgentConfig:
 
     FLAGS: ClassVar[dict[str, str]] = {}  # option -> key (mlbench_kit.stages), set below
     # the inputs: what a run works on, not how (left out of settings(): the run folder records them its own way)
+    # keys added after run folders existed -> the value that does what the code did before them: at that value a
+    # key is left out of settings(), so a folder made before it resumes with it (and only with it)
+    BEFORE: ClassVar[dict[str, Any]] = {"read.readme_window": "prefix", "answer_format": "fields",
+                                        "write_code_readme": "text", "limits.max_episode_total_tokens": None}
     INPUTS: ClassVar[tuple[str, ...]] = ("model", "adapter", "tokenizer", "data", "split", "repos_dir", "tarballs",
                                          "envs", "repos", "rows_of", "limit", "out")
 
@@ -129,6 +141,14 @@ class AgentConfig:
     # The released agent listed the README files to sort after the task (step3_function_repo.yml's
     # "readme_files need to be sorted:{}"); the paper's Table 22 prints the prompt without that line.
     list_readmes: bool = option(True, "list the README files to sort after the task (the released agent)")
+    # "fields": the short field line of the first versions (not valid JSON; placeholders small models copied back)
+    answer_format: Literal["function", "fields"] = option("function", "how each step asks for its JSON answer: "
+                                                          "function (the step's function schema as JSON, the paper's "
+                                                          "captions as its descriptions) or fields (a short field "
+                                                          "line)")
+    # the released agent's code_function prompt (after FILE) got the ranked README's path as `readmefile`
+    write_code_readme: Literal["path", "text"] = option("path", "the README in the write_code step's prompt: its path "
+                                                        "(the released agent) or its text")
     sampling: AgentSampling = field(default_factory=AgentSampling)
     limits: AgentLimits = field(default_factory=AgentLimits)
     read: AgentRead = field(default_factory=AgentRead)
@@ -154,9 +174,12 @@ class AgentConfig:
         if self.episodes < 1:
             raise MLBenchError("episodes must be at least 1", at("episodes"))
         lim = self.limits
-        for key in ("max_turns", "max_episode_tokens", "max_format_errors"):
-            if getattr(lim, key) < 1:
+        for key in ("max_turns", "max_episode_tokens", "max_episode_total_tokens", "max_format_errors"):
+            if getattr(lim, key) is not None and getattr(lim, key) < 1:
                 raise MLBenchError(f"limits.{key} must be at least 1", at(f"limits.{key}"))
+        if lim.max_turns is None and self.policy == "bash":
+            raise MLBenchError("limits.max_turns: null (no turn cap) ends no bash episode, whose loop has no end of "
+                               "its own", at("limits.max_turns"), "give the bash policy a turn cap, e.g. 10")
         if lim.max_episode_seconds <= 0:
             raise MLBenchError("limits.max_episode_seconds must be positive", at("limits.max_episode_seconds"))
         if self.sampling.max_new_tokens < 1:
@@ -180,11 +203,19 @@ class AgentConfig:
     def settings(self) -> dict[str, Any]:
         """The keys that change what an episode does, as a run folder keeps them: not the inputs (the run records
         those its own way), nor where or how it runs (GPU share, eager or compiled vLLM, the server); ``bash`` only
-        for that policy, so run folders of ml-agent made before the bash policy existed still resume."""
+        for that policy, so run folders of ml-agent made before the bash policy existed still resume; a key of
+        :attr:`BEFORE` only when it differs from what the code did before it existed, for the same reason."""
         d = self.to_dict()
         for key in (*self.INPUTS, "gpu_memory_utilization", "enforce_eager", "openai",
                     *(("bash",) if self.policy != "bash" else ())):
             d.pop(key)
+        for dotted, before in self.BEFORE.items():
+            *parents, last = dotted.split(".")
+            sub = d
+            for p in parents:
+                sub = sub.get(p, {})
+            if sub.get(last, before) == before:
+                sub.pop(last, None)
         return d
 
     def sha(self) -> str:

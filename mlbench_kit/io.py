@@ -190,6 +190,21 @@ class AppendLog:
         self.close()
 
 
+def settings_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> dict[str, tuple[Any, Any]]:
+    """The keys of ``new`` whose values differ from ``old``'s, by dotted name down to the innermost one that differs
+    (``config.sampling.seed``), each with (old, new). Inside a value, a key only one side has is a difference (None
+    on the other side); at the top, keys only ``old`` has are not (what a run folder recorded that is no longer
+    compared)."""
+    out: dict[str, tuple[Any, Any]] = {}
+    for k in [*new, *(k for k in old if prefix and k not in new)]:
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out.update(settings_diff(a, b, f"{prefix}{k}."))
+        elif a != b:
+            out[f"{prefix}{k}"] = (a, b)
+    return out
+
+
 def claim_run_folder(path: str | Path, settings: dict[str, Any],
                      upgrade: Callable[[dict[str, Any]], None] | None = None) -> None:
     """Record ``settings`` in ``path`` (a run's JSON); refuse if it already holds different ones.
@@ -201,8 +216,10 @@ def claim_run_folder(path: str | Path, settings: dict[str, Any],
         old = json.loads(path.read_text())
         if upgrade is not None:
             upgrade(old)
-        diff = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
+        diff = settings_diff(old, settings)
         if diff:
-            raise MLBenchError(f"this run folder was made with other settings: {diff}", str(path),
-                               "use a new --out, or the same settings to resume")
+            said = "; ".join(f"{k}: {json.dumps(a)} here, now {json.dumps(b)}" for k, (a, b) in list(diff.items())[:12])
+            more = f" (and {len(diff) - 12} more)" if len(diff) > 12 else ""
+            raise MLBenchError(f"this run folder was made with other settings: {len(diff)} differ: {said}{more}",
+                               str(path), "use a new --out, or the same settings to resume")
     write_json_atomic(path, settings)

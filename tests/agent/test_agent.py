@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 
 from mlbench_kit import tree
+from mlbench_kit.agent import prompts as P
 from mlbench_kit.agent.episode import Episode, turn_seed
 from mlbench_kit.agent.parse import FormatError, parse_reply
 from mlbench_kit.agent.repo import Refused, RepoView
 from mlbench_kit.agent.run import run_episodes
 from mlbench_kit.agent_config import AgentConfig, load_agent_config
-from mlbench_kit.dataset import Sample
+from mlbench_kit.dataset import Sample, load_samples
 from mlbench_kit.engine import Generated, GenParams, GenRequest
 from mlbench_kit.errors import MLBenchError
 
@@ -250,20 +251,23 @@ def test_format_errors_are_asked_again_then_end_the_episode(toy_repo: Path):
     assert (ep.exit, len(ep.turns)) == ("format_errors", 6)
 
 
+def looper(prompt: str, seed: int) -> str:
+    """Never submits: ranks both READMEs, then FILE, args and No for each in turn (1 + 3 turns per README)."""
+    if prompt.startswith("I will provide you with the name"):
+        return '{"task_flag": "Yes", "ranked_readmefiles": ["toy/README.md", "toy/examples/a/README.md"]}'
+    if prompt.startswith("Read the code"):
+        return '{"args_code": "None"}'
+    if prompt.startswith("I will provide you with a github readme file and code"):
+        return '{"flag": "No", "finally_code": ""}'
+    return '{"flag": "FILE", "file_path": "examples/a/main.py", "code": ""}'
+
+
 @pytest.mark.parametrize("limits,tokens,wall,status,turns", [
     ({"max_turns": 2}, 10, 0.01, "turn_limit", 2),
     ({"max_episode_tokens": 25}, 10, 0.01, "token_limit", 3),
     ({"max_episode_seconds": 1.0}, 10, 0.4, "time_limit", 3),
 ])
 def test_each_limit_ends_the_episode_with_its_status(toy_repo: Path, limits, tokens, wall, status, turns):
-    def looper(prompt: str, seed: int) -> str:  # never submits: plan, then FILE / args / No forever
-        if prompt.startswith("I will provide you with the name"):
-            return '{"task_flag": "Yes", "ranked_readmefiles": ["toy/README.md", "toy/examples/a/README.md"]}'
-        if prompt.startswith("Read the code"):
-            return '{"args_code": "None"}'
-        if prompt.startswith("I will provide you with a github readme file and code"):
-            return '{"flag": "No", "finally_code": ""}'
-        return '{"flag": "FILE", "file_path": "examples/a/main.py", "code": ""}'
     ep = drive(_episode(toy_repo, _cfg(**limits)), looper, tokens, wall)
     assert (ep.exit, len(ep.turns), ep.answer) == (status, turns, None)
     assert ep.turns[-1]["exit"] == status
@@ -629,3 +633,123 @@ def test_the_openai_backend_needs_a_tokenizer_and_a_key_off_this_machine(tmp_pat
     with pytest.raises(MLBenchError, match="MLBENCH_TEST_KEY"):
         OpenAIEngine("m", "https://api.example.com/v1", "MLBENCH_TEST_KEY")
     OpenAIEngine("m", "http://127.0.0.1:9/v1", "MLBENCH_TEST_KEY").close()  # loopback: no key needed
+
+
+# ------------------------------------------------------------------------------------------------ README window
+
+
+def test_the_readme_window_is_chosen_by_relevance(toy_repo: Path):
+    """A README over the cap shows its sections that match the task (in the README's order, each gap said), not its
+    beginning; ``prefix`` keeps the beginning. The whole prompt is compared."""
+    intro = "# toy\n" + "An introduction to the toy models. " * 40 + "\n"
+    other = "## Convolution usage\n```python\n# a comment, not a heading\nfrom toy.conv import Conv\n```\n"
+    wanted = "## Halo attention usage\n```python\nfrom toy.halo import Halo\n```\n"
+    readme = intro + other + wanted
+    (toy_repo / "README.md").write_text(readme)
+    cfg = _cfg()
+    cfg.read.max_readme_chars = len(wanted) + 20  # the wanted section fits, not with another one
+    sample = Sample(github_id=9, id=1, repo="toy", path="./examples/a", arguments={}, instruction="Use the Halo "
+                    "attention of toy on an input of (50, 512, 7, 7).", oracle="", type="Python Code", output="")
+    ep = Episode(sample, RepoView(toy_repo, "toy"), cfg, 0, encode, 1_000_000)
+    shown = (f"[... {len(intro) + len(other)} characters not shown ...]\n{wanted}")
+    assert ep.prepare().text == (
+        f"{P.PLAN.format(repo_name='toy', readme=shown, instruction=sample.instruction)}"
+        "\nreadme_files need to be sorted: toy/README.md, toy/examples/a/README.md"
+        f"{P.FUNCTION_LINE.format(function=json.dumps(P.FUNCTIONS['plan']))}")
+    cfg.read.readme_window = "prefix"
+    ep = Episode(sample, RepoView(toy_repo, "toy"), cfg, 0, encode, 1_000_000)
+    cap = cfg.read.max_readme_chars
+    prefix = f"main_readmefile: {readme[:cap]}\n[... {len(readme) - cap} more characters not shown]\n"
+    assert prefix in ep.prepare().text
+
+
+def test_the_readme_window_holds_what_each_external_attention_row_imports(shared: Path):
+    """All 24 External-Attention-pytorch rows: the module the gold answer imports (``from model.X import``) first
+    appears 13,000+ characters into the README, past the old 8,000-character prefix; the window shown at step 3 and
+    at step 4 holds it at the default cap."""
+    rows = [s for s in load_samples(shared / "full.jsonl") if s.repo == "External-Attention-pytorch"]
+    view = RepoView(shared / "readmes" / "External-Attention-pytorch", "External-Attention-pytorch")
+    readme = view.read("README.md")
+    assert len(rows) == 24
+    for s in rows:
+        module = re.search(r"^from (model\.\S+) import", s.output, re.M)
+        assert module is not None, s.output[:200]
+        assert readme.index(module[1]) > AgentConfig().read.max_readme_chars  # the old window could not show it
+        ep = Episode(s, view, AgentConfig(), 0, encode, 1_000_000)
+        assert module[1] in ep.prepare().text, (s.id, s.instruction)
+        ep.feed('{"task_flag": "Yes", "ranked_readmefiles": ["External-Attention-pytorch/README.md"]}', 5, 0.1)
+        step4 = ep.prepare().text
+        assert ep.step == "code_or_file" and module[1] in step4.split("readmefile: ", 1)[1], (s.id, s.instruction)
+
+
+# ----------------------------------------------------------------------------------------------- paper fidelity
+
+
+def test_each_step_sends_its_function_with_the_papers_captions_as_valid_json(shared: Path, toy_repo: Path):
+    """Every prompt of the FILE path, whole: the released prompt, then the step's function as JSON (it parses, and
+    its descriptions are Table 22's caption and Table 23's); write_code gets the README's path (the released
+    code_function prompt); ``fields`` and ``text`` keep the old format line and the README's text."""
+    paper = _words((shared / "paper" / "ml-bench-paper.txt").read_text())
+    caption22 = paper[paper.index("Table 22: ") + 10: paper.index("Instruction I will provide you with a github")]
+    caption23 = paper[paper.index("Table 23: ") + 10: paper.index("M Examples of input-output")]
+    plan = P.FUNCTIONS["plan"]
+    props = plan["parameters"]["properties"]
+    assert _words(" ".join([plan["description"], props["task_flag"]["description"],
+                            props["ranked_readmefiles"]["description"]])) == caption22.strip()
+    assert P.FUNCTIONS["code_or_file"]["description"] == caption23.strip()
+    ep = _episode(toy_repo)
+    readme, inner = (toy_repo / "README.md").read_text(), (toy_repo / "examples/a/README.md").read_text()
+    index = "\n".join(["examples/a/README.md", "examples/a/main.py", "README.md", "big.py", "blob.bin"])
+    main_py = (toy_repo / "examples/a/main.py").read_text()
+
+    def sent(step: str, prompt: str) -> str:
+        return prompt + ("\n\nAnswer by calling this function: reply with one JSON object holding its arguments "
+                         "(every required field, each a string or, where its description asks for one, a list of "
+                         f"strings) and nothing else.\n{json.dumps(P.FUNCTIONS[step])}")
+    expected = [
+        sent("plan", P.PLAN.format(repo_name="toy", readme=readme, instruction=SAMPLE.instruction)
+             + "\nreadme_files need to be sorted: toy/README.md, toy/examples/a/README.md"),
+        sent("code_or_file", P.CODE_OR_FILE.format(index=index, readme=inner, instruction=SAMPLE.instruction)),
+        sent("read_args", P.READ_ARGS.format(py_file=main_py)),
+        sent("write_code", P.WRITE_CODE.format(readme="toy/examples/a/README.md", args="p.add_argument('--lr')",
+                                               instruction=SAMPLE.instruction)),
+    ]
+    prompts = []
+    while (p := ep.prepare()) is not None:
+        prompts.append(p.text)
+        ep.feed(gold_reader(p.text, p.seed), 10, 0.01)
+    assert prompts == expected and ep.answer == "python main.py --lr 0.1"
+    for text in prompts:
+        json.loads(text.rsplit("\n", 1)[1])  # the function line is valid JSON
+    # the first versions' choices, by name
+    cfg = _cfg()
+    cfg.answer_format, cfg.write_code_readme = "fields", "text"
+    ep = _episode(toy_repo, cfg)
+    old = []
+    while (p := ep.prepare()) is not None:
+        old.append(p.text)
+        ep.feed(gold_reader(p.text, p.seed), 10, 0.01)
+    assert old[3] == (P.WRITE_CODE.format(readme=inner, args="p.add_argument('--lr')", instruction=SAMPLE.instruction)
+                      + P.FORMAT_LINE.format(schema=P.FORMAT["write_code"]))
+    assert old[0].endswith(P.FORMAT_LINE.format(schema=P.FORMAT["plan"]))
+
+
+def test_no_turn_cap_runs_the_released_loop_and_prompt_tokens_count(toy_repo: Path, tmp_path: Path):
+    """``max_turns: null`` (configs/agent/paper.yaml): the loop runs to its own end, 1 + 3 calls for each of the
+    R ranked READMEs; a total-token limit counts the prompts too and sends no prompt that would pass it."""
+    paper = load_agent_config(Path(__file__).resolve().parents[2] / "configs" / "agent" / "paper.yaml")
+    assert paper.limits.max_turns is None
+    ep = drive(_episode(toy_repo, paper), looper)
+    assert (ep.exit, len(ep.turns)) == ("no_answer", 1 + 3 * 2)
+    ep = drive(_episode(toy_repo, _cfg()), looper)
+    assert (ep.exit, len(ep.turns)) == ("no_answer", 7)  # under 10 turns: the same
+    capped = drive(_episode(toy_repo, _cfg(max_turns=5)), looper)
+    assert (capped.exit, len(capped.turns)) == ("turn_limit", 5)
+    cfg = _cfg(max_episode_total_tokens=ep.turns[0]["tokens_in"] + 10 + ep.turns[1]["tokens_in"] + 5)
+    cfg.limits.max_episode_tokens = 10_000
+    ep = drive(_episode(toy_repo, cfg), looper)  # one token per character: the second prompt gets 5 new tokens
+    assert (ep.exit, len(ep.turns)) == ("token_limit", 2) and "leave no room" in ep.detail
+    f = tmp_path / "bash.yaml"
+    f.write_text("policy: bash\nlimits:\n  max_turns: null\n")
+    with pytest.raises(MLBenchError, match=rf"{re.escape(str(f))}:3.*no turn cap"):
+        load_agent_config(f)

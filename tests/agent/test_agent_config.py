@@ -18,6 +18,8 @@ import yaml
 from conftest import SAMPLE, run_cli
 from test_agent import _rows, _transcripts
 
+from mlbench_kit.agent_config import AgentConfig
+
 # the inputs as paths relative to the checkout (run_cli runs there): a run folder records --data as given
 AGENT = ("mlbench", "agent", "--backend", "openai", "--model", "served", "--data", "examples/sample/samples.jsonl",
          "--repos-dir", "examples/sample/repos", "--repos", "toyvision", "--limit", "2", "--episodes", "2",
@@ -136,18 +138,28 @@ def test_a_run_writes_its_config_and_replays_from_it(tmp_path: Path, server: Ser
     assert server.requests == served and (a / "generations.jsonl").read_text() == before
 
 
+def _yaml(value: object) -> str:
+    """A value as ``--set KEY=VALUE`` takes it (YAML)."""
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+
+
 def test_a_run_folder_made_before_the_inputs_were_config_keys_resumes(tmp_path: Path, server: Server,
                                                                      tokenizer_dir: Path):
     old = tmp_path / "old"
     shutil.copytree(BASE_RUN, old)
     before = {p.relative_to(old): p.read_bytes() for p in old.rglob("*") if p.is_file()}
-    _agent(server, tokenizer_dir, "--out", old)  # the command that made it
+    # the command that made it, with the keys added since at what the code did before them (AgentConfig.BEFORE)
+    before_keys = [a for k, v in AgentConfig.BEFORE.items() for a in ("--set", f"{k}={_yaml(v)}")]
+    _agent(server, tokenizer_dir, "--out", old, *before_keys)
     assert server.requests == 0  # every row was done: nothing replayed, nothing asked
     assert {p: old.joinpath(p).read_bytes() for p in before} == before  # its records untouched
     assert (old / "config.yaml").is_file()
     # the folder's settings are still checked: another seed is refused
     r = run_cli(*AGENT, "--tokenizer", tokenizer_dir, "--set", f"openai.base_url={server.url}", "--seed", "4",
-                "--out", old)
+                "--out", old, *before_keys)
+    assert r.returncode == 2 and "other settings" in r.stderr, r.stderr[-2000:]
+    # and today's defaults are other settings too: the folder was made with what the code did then
+    r = run_cli(*AGENT, "--tokenizer", tokenizer_dir, "--set", f"openai.base_url={server.url}", "--out", old)
     assert r.returncode == 2 and "other settings" in r.stderr, r.stderr[-2000:]
 
 

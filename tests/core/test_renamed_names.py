@@ -178,3 +178,17 @@ def test_records_written_under_the_old_names_still_load(tmp_path, capsys):
     claim_run_folder(tmp_path / "run.json", recipe.run_settings(),
                      upgrade=lambda o: rename_old_keys(TrainConfig, o.get("config")))
     assert _warnings(capsys.readouterr().err) == []  # reading records back is silent: nothing for a user to change
+
+
+def test_a_folder_with_other_settings_names_the_keys_that_differ(tmp_path: Path):
+    """The refusal says which keys differ, by their dotted names, with both values: not two whole configs."""
+    from mlbench_kit.io import claim_run_folder
+    config = {"policy": "ml-agent", "sampling": {"seed": 42, "top_k": 50}, "read": {"max_readme_chars": 8000}}
+    claim_run_folder(tmp_path / "agent.json", {"config": config, "split": "full"})
+    other = {**config, "sampling": {"seed": 43, "top_k": 50}, "read": {"max_readme_chars": 8000, "new_key": "x"}}
+    with pytest.raises(MLBenchError) as err:
+        claim_run_folder(tmp_path / "agent.json", {"config": other, "split": "full"})
+    assert str(err.value).startswith(f'{tmp_path / "agent.json"}: this run folder was made with other settings: 2 '
+                                     'differ: config.sampling.seed: 42 here, now 43; config.read.new_key: null here, '
+                                     'now "x"\n')
+    assert "max_readme_chars" not in str(err.value) and "top_k" not in str(err.value)
