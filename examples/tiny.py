@@ -5,7 +5,9 @@ Used by the tests and the demo, never instead of a real model at run time.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import shutil
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from mlbench_kit.io import honour_umask
@@ -118,6 +120,26 @@ def corpus(repos: str | Path, synthetic: str | Path | None, paired: list[str]) -
     return tokenizer_texts, texts
 
 
+@contextmanager
+def published(out: Path) -> Iterator[Path]:
+    """A folder built whole or not at all: the body builds in ``OUT.partial`` (emptied first), which replaces
+    ``out`` only when the body returns. An interrupted build (Ctrl-C in pretraining) leaves no ``out``, so the
+    demo redoes its first stage instead of taking a random-init model for a pretrained one."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise SystemExit(f"tiny: {out} exists and is not empty: choose another --out, or remove it first")
+    work = out.with_name(out.name + ".partial")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    try:
+        yield work
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    if out.is_dir():
+        out.rmdir()  # empty (checked above)
+    work.rename(out)
+
+
 def main() -> None:
     """`python examples/tiny.py --repos DIR [--synthetic DIR] --out DIR`: the demo's base model (see corpus());
     without --synthetic it reads the repositories alone (the sweep tests' models)."""
@@ -135,12 +157,14 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=2)
     a = p.parse_args()
     tok_texts, texts = corpus(a.repos, a.synthetic, a.paired)
-    build_tokenizer(tok_texts, a.out, vocab_size=1200)
-    build_llama(a.out, a.out, hidden=a.hidden, layers=a.layers, heads=a.hidden // 64, max_positions=2048)
-    if a.pretrain_steps:
-        losses = pretrain(a.out, texts, steps=a.pretrain_steps)
-        print(f"tiny: pretrained {a.pretrain_steps} steps, loss {losses[0]:.2f} -> {sum(losses[-20:]) / 20:.2f}")
-    print(f"tiny: model in {a.out}")
+    out = Path(a.out)
+    with published(out) as work:
+        build_tokenizer(tok_texts, work, vocab_size=1200)
+        build_llama(work, work, hidden=a.hidden, layers=a.layers, heads=a.hidden // 64, max_positions=2048)
+        if a.pretrain_steps:
+            losses = pretrain(work, texts, steps=a.pretrain_steps)
+            print(f"tiny: pretrained {a.pretrain_steps} steps, loss {losses[0]:.2f} -> {sum(losses[-20:]) / 20:.2f}")
+    print(f"tiny: model in {out}")
 
 
 if __name__ == "__main__":
