@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import REPO_ROOT, assert_shared_modes, run_cli
+from conftest import REPO_ROOT, assert_shared_modes, chromium_or_skip, dump_dom, run_cli
 
 SAMPLE = REPO_ROOT / "examples" / "sample" / "samples.jsonl"
 ENVS = REPO_ROOT / "configs" / "eval" / "sample.yaml"
@@ -327,38 +327,6 @@ def test_report_shows_untrusted_text_as_typed_in_every_format(tmp_path: Path, mo
     assert not [t.get_text() for t in texts if any(ord(c) < 32 and c != "\n" for c in t.get_text())]
 
 
-def _chromium() -> str | None:
-    """Debian's chromium; without it the browser test skips, unless MLBENCH_REQUIRE_CHROMIUM is set (CI)."""
-    import os
-    import shutil
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found is None and os.environ.get("MLBENCH_REQUIRE_CHROMIUM", "") not in ("", "0"):
-        pytest.fail("MLBENCH_REQUIRE_CHROMIUM is set but no chromium is installed (apt-get install chromium)",
-                    pytrace=False)
-    return found
-
-
-def _dump_dom(chromium: str, page: Path, fragment: str, tmp: Path) -> tuple[str, list[str]]:
-    """The page's DOM after its script ran, and the console messages chromium logged, in a profile and HOME of
-    the test's own (nothing written outside ``tmp``); its whole process group is stopped on a timeout."""
-    import os
-    import signal
-    import subprocess
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp)}
-    proc = subprocess.Popen([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                             f"--user-data-dir={tmp / 'profile'}", "--enable-logging=stderr", "--v=0",
-                             "--virtual-time-budget=5000", "--dump-dom", page.as_uri() + fragment],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-    return out, [x for x in err.splitlines() if ":CONSOLE" in x]
-
-
 PAGE_HOSTILE = ("<script>document.title='pwned'</script><img src=x onerror=\"document.body.setAttribute("
                 "'data-pwned','1')\"> <a href=\"javascript:document.body.setAttribute('data-pwned','2')\">x</a>")
 
@@ -391,10 +359,8 @@ def test_report_html_browses_every_row_in_a_headless_browser(tmp_path: Path) -> 
     raw = page.read_text()
     assert "Content-Security-Policy" in raw and "default-src 'none'" in raw
     assert "<img" not in raw and "</script><script>alert" not in raw and not re.search(r"<[^>]*\s(src|href)=", raw)
-    chromium = _chromium()
-    if chromium is None:
-        pytest.skip("no chromium (apt-get install chromium; MLBENCH_REQUIRE_CHROMIUM=1 makes this fail)")
-    dom, console = _dump_dom(chromium, page, "", tmp_path)
+    chromium = chromium_or_skip()
+    dom, console = dump_dom(chromium, page.as_uri(), tmp_path)
     assert console == [] and 'data-ready="1"' in dom, console or dom[-2000:]
     body = re.search(r"<body[^>]*>", dom)
     assert body and "data-pwned" not in body.group(0) and "<title>mlbench report: every row</title>" in dom
@@ -407,7 +373,7 @@ def test_report_html_browses_every_row_in_a_headless_browser(tmp_path: Path) -> 
     assert 0 < e5 < 6
     for fragment, shown in (("#repo=toyvision&verdict=differs", 1), ("#class=E5", e5), ("#verdict=pass", 5),
                             ("#repo=toybench", 5)):
-        dom, console = _dump_dom(chromium, page, fragment, tmp_path)
+        dom, console = dump_dom(chromium, page.as_uri() + fragment, tmp_path)
         assert console == [] and f">{shown} of 6 rows<" in dom, (fragment, console)
         rows = re.findall(r'<section class="row"( hidden="")?>', dom)
         assert len(rows) == 6 and sum(not h for h in rows) == shown, fragment
