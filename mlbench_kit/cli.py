@@ -11,7 +11,7 @@ from typing import NoReturn
 
 from . import __version__
 from .errors import MLBenchError
-from .flags import add_options
+from .flags import add_options, check_config
 from .stages import STAGES, Stage, stage
 
 # the shipped configs: configs/ beside the package (an editable install, the way setup.sh installs)
@@ -178,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.stage == "configs":
             return _configs(args)
+        if getattr(args, "check", False):
+            return check_config(stage(args.stage), args)
         return int(stage(args.stage).module().run(args))
     except MLBenchError as exc:
         print(f"error: {exc.render()}", file=sys.stderr)

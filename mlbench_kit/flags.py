@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import types
 import typing
 from pathlib import Path
@@ -156,6 +157,8 @@ def add_options(parser: argparse.ArgumentParser, st: Stage) -> None:
             _config_option(groups.get(name, parser), st, name, key)
         parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                             help=SET_HELP.format(example=set_example(cls)))
+        parser.add_argument("--check", action="store_true",
+                            help="validate the config (file, flags, --set) and print it resolved, without running")
     for f in st.extra:
         _extra_option(groups.get(f.name, parser), f)
 
@@ -191,6 +194,21 @@ def config_path(st: Stage, args: Any) -> Path | None:
                            f"{st.name}` lists the others)")
     here = Path(st.default_config)
     return here if here.is_file() else Path(__file__).resolve().parents[1] / st.default_config
+
+
+def check_config(st: Stage, args: Any) -> int:
+    """``mlbench STAGE --config F --check``: the config resolved and checked as a run would (every mistake the
+    same one error), printed as YAML, and nothing run."""
+    import yaml
+
+    from .config import to_dict
+    cfg = resolve(st, args)
+    if hasattr(cfg, "require_inputs"):
+        cfg.require_inputs(getattr(args, "config", None))
+    print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
+    path = config_path(st, args)
+    print(f"{st.name}: config OK ({path or 'the defaults'} with the flags given); nothing was run", file=sys.stderr)
+    return 0
 
 
 def _has_cuda() -> bool:

@@ -103,7 +103,8 @@ def test_a_stage_s_options_are_its_declared_config_keys(st) -> None:
         assert hidden.pop("--" + old.replace("_", "-")).dest == new, old
     assert hidden == {}
     extra = {f.name: f for f in st.extra}
-    assert set(shown) == {"help", "config", "set", *extra}, f"mlbench {st.name}: options that set no config key"
+    assert set(shown) == {"help", "config", "set", "check", *extra}, \
+        f"mlbench {st.name}: options that set no config key"
     for name, f in extra.items():
         assert (shown[name].help, shown[name].default, shown[name].required) == (f.help, f.default, f.required)
 
@@ -215,3 +216,18 @@ def test_train_without_config_on_a_cpu_names_the_cpu_config(monkeypatch) -> None
     assert flags.config_path(stage("train"), argparse.Namespace(config=None, model="m", set=[])) is not None
     monkeypatch.setattr(flags, "_has_cuda", lambda: True)
     assert str(flags.config_path(stage("train"), args)).endswith("configs/train/codellama-7b-instruct.yaml")
+
+
+def test_check_validates_a_config_without_running(tmp_path: Path, capsys) -> None:
+    cfg = tmp_path / "eval.yaml"
+    cfg.write_text("mode: strict\nworkers: 3\n")
+    out = tmp_path / "never"
+    assert main(["eval", "--config", str(cfg), "--data", "rows.jsonl", "--gold", "--out", str(out), "--check"]) == 0
+    got = capsys.readouterr()
+    assert "\nmode: strict\n" in got.out and "\nworkers: 3\n" in got.out and "eval: config OK" in got.err
+    assert not out.exists()
+    cfg.write_text("mode: strict\nworkers: 0\n")  # the same error a run gives, with its line
+    assert main(["eval", "--config", str(cfg), "--data", "rows.jsonl", "--gold", "--out", str(out), "--check"]) == 2
+    assert "`workers` must be at least 1" in capsys.readouterr().err and not out.exists()
+    assert main(["infer", "--config", "configs/infer/tiny-cpu.yaml", "--check"]) == 2  # no model, prompts, out
+    assert "missing --model" in capsys.readouterr().err
