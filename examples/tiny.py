@@ -5,12 +5,10 @@ Used by the tests and the demo, never instead of a real model at run time.
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from pathlib import Path
 
-from mlbench_kit.io import honour_umask
+from mlbench_kit.io import atomic_dir, honour_umask
 
 # A Llama-2-style chat template, so the "chat" prompt template has something real to render.
 CHAT_TEMPLATE = (
@@ -120,26 +118,6 @@ def corpus(repos: str | Path, synthetic: str | Path | None, paired: list[str]) -
     return tokenizer_texts, texts
 
 
-@contextmanager
-def published(out: Path) -> Iterator[Path]:
-    """A folder built whole or not at all: the body builds in ``OUT.partial`` (emptied first), which replaces
-    ``out`` only when the body returns. An interrupted build (Ctrl-C in pretraining) leaves no ``out``, so the
-    demo redoes its first stage instead of taking a random-init model for a pretrained one."""
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise SystemExit(f"tiny: {out} exists and is not empty: choose another --out, or remove it first")
-    work = out.with_name(out.name + ".partial")
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    try:
-        yield work
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    if out.is_dir():
-        out.rmdir()  # empty (checked above)
-    work.rename(out)
-
-
 def main() -> None:
     """`python examples/tiny.py --repos DIR [--synthetic DIR] --out DIR`: the demo's base model (see corpus());
     without --synthetic it reads the repositories alone (the sweep tests' models)."""
@@ -158,7 +136,11 @@ def main() -> None:
     a = p.parse_args()
     tok_texts, texts = corpus(a.repos, a.synthetic, a.paired)
     out = Path(a.out)
-    with published(out) as work:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise SystemExit(f"tiny: {out} exists and is not empty: choose another --out, or remove it first")
+    # built whole or not at all (OUT.tmp, renamed when pretraining is done): Ctrl-C in pretraining leaves no OUT,
+    # so the demo redoes its first stage instead of taking a random-init model for a pretrained one
+    with atomic_dir(out) as work:
         build_tokenizer(tok_texts, work, vocab_size=1200)
         build_llama(work, work, hidden=a.hidden, layers=a.layers, heads=a.hidden // 64, max_positions=2048)
         if a.pretrain_steps:

@@ -238,8 +238,8 @@ def test_demo_interrupted_in_stage_1_redoes_stage_1_and_says_how_to_resume(tmp_p
 
 
 def test_tiny_model_folder_appears_only_when_complete(tmp_path, monkeypatch):
-    """tiny.py builds in OUT.partial and renames it when pretraining is done: Ctrl-C in pretraining leaves no
-    OUT (the random-init files were there in the old code)."""
+    """tiny.py builds in OUT.tmp and renames it when pretraining is done: Ctrl-C in pretraining leaves no OUT (the
+    random-init files were there in the old code)."""
     import tiny
     seen = []
 
@@ -260,7 +260,7 @@ def test_tiny_model_folder_appears_only_when_complete(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         tiny.main()
     assert seen == [["config.json", "model.safetensors"]]  # the random-init files were written...
-    assert not out.exists() and not (tmp_path / "model.partial").exists()  # ...but never published
+    assert not out.exists() and not (tmp_path / "model.tmp").exists()  # ...but never published
     monkeypatch.setattr(tiny, "pretrain", lambda model_dir, texts, steps: [1.0] * 20)
     tiny.main()
-    assert (out / "config.json").is_file() and not (tmp_path / "model.partial").exists()
+    assert (out / "config.json").is_file() and not (tmp_path / "model.tmp").exists()
