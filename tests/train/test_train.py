@@ -291,7 +291,7 @@ def test_the_card_command_verbatim_offline_then_with_a_local_model(tmp_path, tin
     ours = [ln for ln in r.stderr.splitlines() if ln.startswith(("train:", "error:", "  fix:"))]
     import torch
     if not torch.cuda.is_available():  # the default's 7B model on a CPU: the error names the CPU config
-        assert r.returncode == 2 and ours[0].startswith("error: --config: no --config: train's default ") and \
+        assert r.returncode != 0 and ours[0].startswith("error: --config: no --config: train's default ") and \
             "--config configs/train/tiny-cpu.yaml" in ours[1] and len(ours) == 2, r.stderr[-3000:]
     else:
         assert r.returncode != 0 and ours[0].startswith(
