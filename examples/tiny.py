@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from mlbench_kit.io import honour_umask
+from mlbench_kit.io import atomic_dir, honour_umask
 
 # A Llama-2-style chat template, so the "chat" prompt template has something real to render.
 CHAT_TEMPLATE = (
@@ -135,12 +135,18 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=2)
     a = p.parse_args()
     tok_texts, texts = corpus(a.repos, a.synthetic, a.paired)
-    build_tokenizer(tok_texts, a.out, vocab_size=1200)
-    build_llama(a.out, a.out, hidden=a.hidden, layers=a.layers, heads=a.hidden // 64, max_positions=2048)
-    if a.pretrain_steps:
-        losses = pretrain(a.out, texts, steps=a.pretrain_steps)
-        print(f"tiny: pretrained {a.pretrain_steps} steps, loss {losses[0]:.2f} -> {sum(losses[-20:]) / 20:.2f}")
-    print(f"tiny: model in {a.out}")
+    out = Path(a.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise SystemExit(f"tiny: {out} exists and is not empty: choose another --out, or remove it first")
+    # built whole or not at all (OUT.tmp, renamed when pretraining is done): Ctrl-C in pretraining leaves no OUT,
+    # so the demo redoes its first stage instead of taking a random-init model for a pretrained one
+    with atomic_dir(out) as work:
+        build_tokenizer(tok_texts, work, vocab_size=1200)
+        build_llama(work, work, hidden=a.hidden, layers=a.layers, heads=a.hidden // 64, max_positions=2048)
+        if a.pretrain_steps:
+            losses = pretrain(work, texts, steps=a.pretrain_steps)
+            print(f"tiny: pretrained {a.pretrain_steps} steps, loss {losses[0]:.2f} -> {sum(losses[-20:]) / 20:.2f}")
+    print(f"tiny: model in {out}")
 
 
 if __name__ == "__main__":

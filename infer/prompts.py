@@ -48,6 +48,15 @@ def task_file(prompts: str | Path, split: str, task: int) -> Path:
     return f
 
 
+def evaluation_split(prompts: str | Path, split: str) -> str:
+    """The split infer reads: ``split``, except that the default ``full`` of a ``--build-splits`` prep (which
+    writes ``test/``, ``id_train/`` and ``ood_train/``, no ``full/``) is its ``test``."""
+    p = Path(prompts)
+    if split == "full" and p.is_dir() and not (p / "full").is_dir() and (p / "test").is_dir():
+        return "test"
+    return split
+
+
 def load_prompts(path: Path, task: int | None = None) -> list[PromptItem]:
     """Load prep records; duplicates and missing columns fail with file:line."""
     items: list[PromptItem] = []

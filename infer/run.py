@@ -41,7 +41,7 @@ from .adapters import (
     model_identity,
 )
 from .backends import Backend, Completion
-from .prompts import PromptItem, encode, load_prompts, task_file
+from .prompts import PromptItem, encode, evaluation_split, load_prompts, task_file
 
 ENGINE_LOG = "logs/engine.log"  # under --out: vLLM's / transformers' own output unless --verbose
 
@@ -166,6 +166,10 @@ def _run(cfg: InferConfig, todo_targets: list[tuple[str | None, str | None, Path
             check_model_available(cfg.tokenizer, "--tokenizer")
     tokenizer = _load_tokenizer(cfg.tokenizer or model_name, cfg.backend,
                                 "--tokenizer" if cfg.tokenizer else "--model")
+    split = evaluation_split(prompts, cfg.split)
+    if split != cfg.split:
+        con.say(f"infer: {prompts} has no split {cfg.split!r} (a --build-splits prep): reading its {split!r}")
+        cfg.split = split
     tasks: dict[int, list[PromptItem]] = {}
     for t in cfg.tasks:
         items = load_prompts(task_file(prompts, cfg.split, t), t)[: cfg.limit]

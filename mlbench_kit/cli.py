@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 from pathlib import Path
@@ -10,12 +11,36 @@ from typing import NoReturn
 
 from . import __version__
 from .errors import MLBenchError
-from .flags import add_options
+from .flags import add_options, check_config
 from .stages import STAGES, Stage, stage
 
 # the shipped configs: configs/ beside the package (an editable install, the way setup.sh installs)
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 CONFIGS_HELP = "list the shipped configs and copy one to edit (like torchtune's `tune ls` / `tune cp`)"
+DESCRIPTION = ("ML-Bench from the rows to a score: prep -> train -> infer (or agent) -> eval -> report. "
+               "`mlbench STAGE --help` lists a stage's options; `mlbench configs ls` the shipped configs.")
+
+
+def suggestions(message: str, known: list[str]) -> str:
+    """``message`` of argparse with a "did you mean" for each unrecognized option close to a ``known`` one."""
+    if not message.startswith("unrecognized arguments:"):
+        return message
+    hints = []
+    for word in message.split(":", 1)[1].split():
+        close = difflib.get_close_matches(word.split("=", 1)[0], known, n=1, cutoff=0.6) if word.startswith("--") \
+            else []
+        if close:
+            hints.append(f"{word}: did you mean {close[0]}?")
+    return "; ".join([message, *hints])
+
+
+class HintingParser(argparse.ArgumentParser):
+    """A stage's parser: a wrong option prints this stage's usage and a "did you mean"."""
+
+    def error(self, message: str) -> NoReturn:
+        known = [o for a in self._actions if a.help != argparse.SUPPRESS for o in a.option_strings]
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {suggestions(message, known)}\n")
 
 
 class _RaisingParser(argparse.ArgumentParser):
@@ -26,7 +51,7 @@ class _RaisingParser(argparse.ArgumentParser):
 def stage_parser(name: str, raising: bool = False) -> argparse.ArgumentParser:
     """The parser of one stage, as ``mlbench NAME`` builds it (``raising``: a bad option raises
     :class:`MLBenchError` instead of exiting)."""
-    cls = _RaisingParser if raising else argparse.ArgumentParser
+    cls = _RaisingParser if raising else HintingParser
     if name == "configs":
         parser = cls(prog="mlbench configs", description=CONFIGS_HELP, add_help=not raising)
         _configs_args(parser)
@@ -54,6 +79,26 @@ def shipped_configs() -> list[Path]:
     return sorted(p.relative_to(CONFIGS) for p in CONFIGS.rglob("*") if p.is_file() and p.suffix in (".yaml", ".yml"))
 
 
+FOLDER_USE = {  # what reads each folder of configs/
+    "accelerate": "mlbench train --accelerate-config FILE", "agent": "mlbench agent --config FILE",
+    "eval": "mlbench eval --config FILE (run/); --envs FILE (the rest)", "infer": "mlbench infer --config FILE",
+    "prep": "mlbench prep --config FILE", "report": "mlbench report --reference FILE",
+    "sweeps": "mlbench sweep plan FILE", "train": "mlbench train --config FILE",
+}
+
+
+def describe(path: Path, width: int = 90) -> str:
+    """A config's one-line description: the first comment line of its header that is not a command."""
+    for line in path.read_text(errors="replace").splitlines()[:6]:
+        if not line.startswith("#"):
+            break
+        text = line.lstrip("#").strip()
+        if text and not text.startswith("`"):
+            text = text.split(". ", 1)[0]  # its first sentence
+            return text if len(text) <= width else text[: width - 3].rstrip() + "..."
+    return ""
+
+
 def _configs_args(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="configs_cmd", required=True)
     ls = sub.add_parser("ls", help="list the shipped configs (NAME: its path under configs/)",
@@ -71,8 +116,12 @@ def _configs(args: argparse.Namespace) -> int:
         if not shown:
             raise MLBenchError(f"no shipped configs under {args.folder!r}", "folder",
                                f"folders: {', '.join(sorted({p.parts[0] for p in found}))}")
-        for p in shown:
-            print(p)
+        width = max(len(str(p)) for p in shown)
+        for folder in dict.fromkeys(p.parts[0] for p in shown):
+            used = FOLDER_USE.get(folder, "")
+            print(f"{folder}{f'  ({used})' if used else ''}")
+            for p in (p for p in shown if p.parts[0] == folder):
+                print(f"  {str(p):<{width}}  {describe(CONFIGS / p)}")
         return 0
     name = Path(args.name)
     if name not in found:
@@ -102,7 +151,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """``mlbench`` with every stage's sub-command; with ``only``, that stage's options alone are added (the others
     are listed by name and help), so a command imports only its own stage (training imports torch, the report
     matplotlib...)."""
-    parser = argparse.ArgumentParser(prog="mlbench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="mlbench", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"mlbench-kit {__version__}",
                         help="print the version and exit")
     sub = parser.add_subparsers(dest="stage", required=True)
@@ -120,10 +169,17 @@ def main(argv: list[str] | None = None) -> int:
     bars_only_on_tty()  # before any stage imports tqdm: no progress bars in a log, a pipe or a Slurm file
     words = sys.argv[1:] if argv is None else argv
     chosen = next((w for w in words if not w.startswith("-")), None)
-    args = build_parser(chosen if chosen in {st.name for st in STAGES} else "").parse_args(argv)
+    if words and words[0] == chosen and chosen in {st.name for st in STAGES} | {"configs"}:
+        # the stage's own parser: a wrong option gets this stage's usage and a "did you mean", not mlbench's
+        args = stage_parser(chosen).parse_args(words[1:])
+        args.stage = chosen
+    else:
+        args = build_parser(chosen if chosen in {st.name for st in STAGES} else "").parse_args(argv)
     try:
         if args.stage == "configs":
             return _configs(args)
+        if getattr(args, "check", False):
+            return check_config(stage(args.stage), args)
         return int(stage(args.stage).module().run(args))
     except MLBenchError as exc:
         print(f"error: {exc.render()}", file=sys.stderr)

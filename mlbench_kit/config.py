@@ -16,6 +16,7 @@ warning naming the new name and the old key's file:line; both names at once are 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import types
 import typing
@@ -247,8 +248,10 @@ def build(cls: type[T], raw: Any, lines: Lines, path: tuple[str, ...] = ()) -> T
     names = {f.name for f in dataclasses.fields(cls) if f.init}
     for k in raw:
         if k not in names:
+            close = difflib.get_close_matches(str(k), sorted(names), n=1, cutoff=0.6)
             raise MLBenchError(f"unknown key {'.'.join(path + (str(k),))!r}", lines.at(path + (str(k),)),
-                               f"known keys here: {sorted(names)}")
+                               (f"did you mean {'.'.join(path + (close[0],))!r}? " if close else "")
+                               + f"known keys here: {sorted(names)}")
     required = [f.name for f in dataclasses.fields(cls)
                 if f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     for k in required:

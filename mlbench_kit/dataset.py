@@ -16,6 +16,7 @@ from mlbench_kit.io import read_jsonl
 
 HUB_ID = "super-dainiu/ml-bench"
 HUB_SPLITS = ("full", "quarter", "id_train", "ood_train")
+SPLIT_NAMES = ("full", "quarter", "test", "id_train", "ood_train")  # prep's names (test: a --build-splits prep's)
 TYPES = ("Bash Script", "Python Code")
 REQUIRED = ("github_id", "id", "path", "arguments", "instruction", "oracle", "type", "output")
 # Column names used by older releases of the dataset and by the benchmark's scripts.
@@ -153,6 +154,8 @@ def load_samples(source: str | Path, split: str = "full") -> list[Sample]:
     """
     src = str(source)
     path = Path(src)
+    if path.is_file() and path.suffix in (".jsonl", ".json", ".parquet"):
+        check_file_split(path, split)
     if path.suffix == ".jsonl" or (path.is_file() and path.suffix == ".json"):
         samples = [validate_row(row, f"{path}:{ln}") for ln, row in read_jsonl(path)]
     elif path.suffix == ".parquet":
@@ -181,6 +184,23 @@ def load_samples(source: str | Path, split: str = "full") -> list[Sample]:
         raise MLBenchError("no rows", src, "the source is empty")
     _check_unique(samples)
     return samples
+
+
+def file_split_names(path: str | Path) -> tuple[str, ...]:
+    """The names one file's rows answer to as a split: prep's split names and the file's own (``quarter.jsonl``:
+    ``quarter``). A file holds one split; the name says what it is, and a typo is caught here rather than
+    recorded in run.json or written as a split folder."""
+    stem = Path(path).stem
+    return SPLIT_NAMES + ((stem,) if stem not in SPLIT_NAMES and plain_name(stem) else ())
+
+
+def check_file_split(path: str | Path, split: str) -> None:
+    """Refuse a split name that a data file does not answer to (:func:`file_split_names`)."""
+    names = file_split_names(path)
+    if split not in names:
+        raise MLBenchError(f"unknown split {split!r}: a data file holds one split, called one of {', '.join(names)}",
+                           str(path), f"pass --split (prep: --splits) {names[0]}, or the name of the split this "
+                                      "file holds")
 
 
 def _load_hub(hub_id: str, split: str) -> list[Sample]:

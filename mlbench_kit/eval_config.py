@@ -71,7 +71,7 @@ class EvalConfig:
     validation: str | None = option(None, "validation.json of `mlbench env validate`: also report Pass@k on the "
                                     "gold-valid rows, and which rows are excluded and why")
     rescore: bool = option(False, "recompute metrics from results.jsonl only")
-    ci: bool = option(True, "bootstrap confidence intervals (--no-ci: skip them)")
+    ci: bool = option(True, "bootstrap confidence intervals")
 
     def check(self, at: Check) -> None:
         missing = [f"--{k}" for k in ("data", "out") if getattr(self, k) is None]

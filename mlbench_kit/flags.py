@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import types
 import typing
 from pathlib import Path
@@ -65,17 +66,25 @@ def shown(value: Any) -> str:
 def option_help(st: Stage, name: str, key: str) -> str:
     """The help of the option ``name`` (setting ``key``): the field's help, the key when it is named otherwise,
     and the config's default (unless the help already says what the default is)."""
-    f = config_fields(typing.cast(type, st.config_class()))[key]
+    cls = typing.cast(type, st.config_class())
+    f = config_fields(cls)[key]
     text = f.metadata.get("help")
     if not text:
         raise MLBenchError(f"{st.config}: field {key!r} has no help", None,
                            'declare it with option(default, "what it is") (mlbench_kit.config.option)')
+    if name in getattr(cls, "FLAG_SPELLING", {}):  # --no-hf: the help says what the switch does, not the key
+        return negated_help(text, key)
     if key != name:
         text += f" ({key})"
     default = field_default(f)
     if "default" not in text and default not in (None, [], False) and st.default_config is None:
         text += f" (default {shown(default)})"
     return text
+
+
+def negated_help(text: str, key: str) -> str:
+    """The help of a negated switch (``--no-hf``) from its key's help: what giving it turns off."""
+    return f"turns off: {text} (key {key}, on by default)"
 
 
 def _config_option(parser: Any, st: Stage, name: str, key: str) -> None:
@@ -148,6 +157,8 @@ def add_options(parser: argparse.ArgumentParser, st: Stage) -> None:
             _config_option(groups.get(name, parser), st, name, key)
         parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                             help=SET_HELP.format(example=set_example(cls)))
+        parser.add_argument("--check", action="store_true",
+                            help="validate the config (file, flags, --set) and print it resolved, without running")
     for f in st.extra:
         _extra_option(groups.get(f.name, parser), f)
 
@@ -175,8 +186,35 @@ def config_path(st: Stage, args: Any) -> Path | None:
         return Path(args.config)
     if st.default_config is None:
         return None
+    own_model = getattr(args, "model", None) or any(s.startswith("model=") for s in getattr(args, "set", None) or [])
+    if st.cpu_config is not None and not own_model and not _has_cuda():  # the default's 7B model on a CPU
+        raise MLBenchError(f"no --config: {st.name}'s default ({st.default_config}) trains a 7B model on a GPU, and "
+                           "this machine has none (torch sees no CUDA device)", "--config",
+                           f"on a CPU, pass --config {st.cpu_config} with --model DIR (`mlbench configs ls "
+                           f"{st.name}` lists the others)")
     here = Path(st.default_config)
     return here if here.is_file() else Path(__file__).resolve().parents[1] / st.default_config
+
+
+def check_config(st: Stage, args: Any) -> int:
+    """``mlbench STAGE --config F --check``: the config resolved and checked as a run would (every mistake the
+    same one error), printed as YAML, and nothing run."""
+    import yaml
+
+    from .config import to_dict
+    cfg = resolve(st, args)
+    if hasattr(cfg, "require_inputs"):
+        cfg.require_inputs(getattr(args, "config", None))
+    print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
+    path = config_path(st, args)
+    print(f"{st.name}: config OK ({path or 'the defaults'} with the flags given); nothing was run", file=sys.stderr)
+    return 0
+
+
+def _has_cuda() -> bool:
+    """Whether torch sees a CUDA device (torch imported only here: the one stage that asks trains with it)."""
+    import torch
+    return bool(torch.cuda.is_available())
 
 
 def resolve(st: Stage, args: Any) -> Any:

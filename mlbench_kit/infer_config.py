@@ -51,7 +51,8 @@ class InferConfig:
     with_base: bool = option(False, "with --adapters: the base model too, in OUT/base/")
     tokenizer: str | None = option(None, "tokenizer folder or id (default: the model's)")
     prompts: str | None = option(None, "`mlbench prep` output folder, or one task .jsonl file; required")
-    split: str = option("full", "split folder inside --prompts, by prep's name (full, test, quarter, ...)")
+    split: str = option("full", "split folder inside --prompts, by prep's name (full, test, quarter, ...; full reads a "
+                        "--build-splits prep's test)")
     tasks: list[int] = option(help="tasks to generate for", factory=lambda: list(TASKS), choices=TASKS)
     out: str | None = option(None, "output folder; required")
     limit: int | None = option(None, "only the first N prompts per task (smoke runs)")

@@ -52,7 +52,7 @@ class PrepConfig:
     id_test_fraction: float = option(0.5, "with --build-splits: the share of the ID repositories' rows kept for "
                                      "test")
     seed: int = option(0, "seed of --build-splits' shuffle")
-    hf: bool = option(True, "datasets folders beside the JSONL (--no-hf: JSONL only)")
+    hf: bool = option(True, "datasets folders beside the JSONL")
     out: str | None = option(None, "output folder (required)")
 
     def check(self, at: Check) -> None:

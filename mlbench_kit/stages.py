@@ -54,6 +54,7 @@ class Stage:
     extra: tuple[Flag, ...] = ()  # options that set no config key
     one_of: tuple[tuple[tuple[str, ...], bool], ...] = ()  # (options, required): at most (exactly) one of them
     default_config: str | None = None  # the config file read without --config (relative to the checkout)
+    cpu_config: str | None = None  # the one to name instead when default_config needs a GPU and there is none
 
     def module(self) -> ModuleType:
         """The stage's entry module (imported now: the first time the stage is needed)."""
@@ -83,7 +84,8 @@ STAGES: tuple[Stage, ...] = (
                       "--accelerate-config's num_processes); default: train in this one process", type=int),
                  Flag("accelerate_config", "accelerate config to launch with (configs/accelerate/*.yaml: DDP, "
                       "FSDP2, DeepSpeed ZeRO-2/3)", metavar="FILE")),
-          default_config="configs/train/codellama-7b-instruct.yaml"),  # the paper's main open model (the card's)
+          default_config="configs/train/codellama-7b-instruct.yaml",  # the paper's main open model (the card's)
+          cpu_config="configs/train/tiny-cpu.yaml"),
     Stage("infer", "sample n responses per prompt (vLLM, HF or an OpenAI-compatible endpoint)",
           "mlbench_kit.infer.run", "mlbench_kit.infer_config:InferConfig"),
     Stage("agent", "agent episodes per row (ML-Agent, or bash actions in the sandbox) -> generations to score",

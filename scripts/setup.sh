@@ -34,10 +34,10 @@ fi
 # libseccomp2, which apt itself depends on), podman + runc its container backend
 # (mmdebstrap makes base images without a registry), docker.io the docker backend's test (it starts dockerd
 # itself), git clones repositories, slurm-wlm and munge run the one-node Slurm cluster of the sweep tests
-# (slurm/cluster.sh)
+# (slurm/cluster.sh), chromium loads report.html in the report's browser test
 missing=()
 for pair in bwrap:bubblewrap git:git slurmctld:slurm-wlm munged:munge podman:podman runc:runc mmdebstrap:mmdebstrap \
-            dockerd:docker.io; do
+            dockerd:docker.io chromium:chromium; do
   PATH="$PATH:/usr/sbin:/sbin" command -v "${pair%%:*}" >/dev/null || missing+=("${pair##*:}")  # daemons live in sbin
 done
 if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -47,7 +47,8 @@ if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/nu
 fi
 if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" != 0 ]; then
   # not root: nothing is installed for you. bubblewrap is eval's sandbox (needed); podman/runc/mmdebstrap the
-  # container backend and its images; git clones repositories; slurm-wlm, munge and docker.io only the test suite
+  # container backend and its images; git clones repositories; slurm-wlm, munge, docker.io and chromium only the
+  # test suite
   step "not root, so no system packages installed; missing: ${missing[*]}"
   step "  an admin installs them with: sudo apt-get install ${missing[*]}"
   [[ " ${missing[*]} " != *" bubblewrap "* ]] || step "  (bubblewrap is needed by mlbench eval; the rest is optional)"

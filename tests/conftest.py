@@ -84,6 +84,38 @@ def assert_shared_modes(*paths: Path) -> None:
     assert not bad, f"written without the umask's read bits: {bad}"
 
 
+def chromium_or_skip() -> str:
+    """Debian's chromium for the tests that load a page in a real browser; without it they skip, unless
+    MLBENCH_REQUIRE_CHROMIUM=1 (CI), where they fail."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        if required("MLBENCH_REQUIRE_CHROMIUM"):
+            pytest.fail("MLBENCH_REQUIRE_CHROMIUM is set but chromium is not installed (apt-get install chromium)",
+                        pytrace=False)
+        pytest.skip("no chromium (apt-get install chromium; MLBENCH_REQUIRE_CHROMIUM=1 makes this fail)")
+    return found
+
+
+def dump_dom(chromium: str, url: str, tmp: Path, *extra: str) -> tuple[str, list[str]]:
+    """The DOM of ``url`` after its scripts ran in headless chromium, and the console messages it logged. The
+    browser's profile and HOME are the test's own (nothing is written outside ``tmp``); on a timeout its whole
+    process group is stopped."""
+    import signal
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp)}
+    proc = subprocess.Popen([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                             f"--user-data-dir={tmp / 'chromium-profile'}", "--enable-logging=stderr", "--v=0",
+                             "--virtual-time-budget=5000", *extra, "--dump-dom", url],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    return out, [x for x in err.splitlines() if ":CONSOLE" in x]
+
+
 def run_cli(*argv: str, env: dict | None = None, timeout: int = 600):
     """Run a command from the repository root; returns the CompletedProcess (text)."""
     full_env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})}

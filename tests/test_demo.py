@@ -9,8 +9,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -147,3 +149,118 @@ def test_demo_from_a_copy_under_tmp_passes_after_fine_tuning():
             assert_shared_modes(*(p for p in run.rglob("*") if p.is_file() and not p.is_symlink()))
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+# The demo's stage logic with its tools stubbed (no model, no torch: a second or two). The stub of examples/tiny.py
+# does what the old tiny.py did first, the random-init config.json in the model folder, then waits to be stopped.
+_STUB_PYTHON = r"""#!/usr/bin/env bash
+case "$1" in
+  -c) exit 1;;  # no Punkt data: the regex splitter
+  examples/synth.py) exit 0;;
+  examples/tiny.py)
+    while [ $# -gt 0 ]; do [ "$1" = --out ] && out=$2; shift; done
+    mkdir -p "$out" && echo '{}' > "$out/config.json"
+    echo $$ > "$STUB_PIDS/tiny.$$"
+    exec sleep 120;;
+  -) cat >/dev/null; exit 0;;
+esac
+exit 1
+"""
+
+
+def _demo_until_stage_1(root: Path, env: dict) -> tuple[subprocess.Popen, int]:
+    """The stub demo started and left in stage 1 (the stub tiny.py waiting); its process and the stub's pid."""
+    pids = Path(env["STUB_PIDS"])
+    before = set(pids.iterdir())
+    proc = subprocess.Popen(["bash", "scripts/demo.sh"], cwd=root, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not set(pids.iterdir()) - before and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    new = set(pids.iterdir()) - before
+    return proc, int(new.pop().read_text()) if new else -1
+
+
+def _gone(pid: int, within: float = 10) -> bool:
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
+def test_demo_interrupted_in_stage_1_redoes_stage_1_and_says_how_to_resume(tmp_path):
+    root = tmp_path / "clone"
+    (root / "scripts").mkdir(parents=True)
+    shutil.copy2(REPO_ROOT / "scripts" / "demo.sh", root / "scripts" / "demo.sh")
+    (root / "scripts" / "setup.sh").write_text("exit 0\n")
+    (root / ".venv" / "bin").mkdir(parents=True)
+    (root / ".venv" / "bin" / "python").write_text(_STUB_PYTHON)
+    (root / ".venv" / "bin" / "python").chmod(0o755)
+    (tmp_path / "pids").mkdir()
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "STUB_PIDS": str(tmp_path / "pids"),
+           "RUN": str(root / "runs" / "demo")}
+    stubs, procs = [], []
+    try:
+        proc, stub = _demo_until_stage_1(root, env)
+        procs.append(proc)
+        stubs.append(stub)
+        assert stub > 0, proc.communicate(timeout=10)
+        assert (root / "runs" / "demo" / "model" / "config.json").is_file()  # what the old demo took as done
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130, (out, err)
+        assert "demo: interrupted during [1/7] synthetic pairs and a tiny base model" in err, err
+        assert "demo: kept: nothing" in err and f"resume with: RUN={env['RUN']} bash scripts/demo.sh" in err, err
+        assert "sentence splitter: regex" in out, out
+        assert _gone(stub), "the interrupted stage's process was left running"
+        # the re-run starts at stage 1 again, not at prep with a random-init model
+        proc, stub = _demo_until_stage_1(root, env)
+        procs.append(proc)
+        stubs.append(stub)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        stages = re.findall(r"demo \[\d/\d\] [^\n]*?(?=  |\n|$)", out)
+        assert stages and stages[0].startswith("demo [1/7] synthetic pairs"), (out, err)
+    finally:
+        for p in procs:  # only on failure: the demos this test started
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+        for pid in stubs:
+            if pid > 0 and not _gone(pid, 0):
+                os.kill(pid, signal.SIGKILL)  # only on failure: the stub this test started
+
+
+def test_tiny_model_folder_appears_only_when_complete(tmp_path, monkeypatch):
+    """tiny.py builds in OUT.tmp and renames it when pretraining is done: Ctrl-C in pretraining leaves no OUT (the
+    random-init files were there in the old code)."""
+    import tiny
+    seen = []
+
+    def interrupted(model_dir, texts, steps):
+        seen.append(sorted(p.name for p in Path(model_dir).iterdir()))
+        raise KeyboardInterrupt
+
+    def random_init(tok_dir, out_dir, **kw):  # build_llama's files, without torch
+        for name in ("config.json", "model.safetensors"):
+            (Path(out_dir) / name).write_text("{}")
+
+    monkeypatch.setattr(tiny, "build_tokenizer", lambda texts, out_dir, vocab_size: Path(out_dir))
+    monkeypatch.setattr(tiny, "build_llama", random_init)
+    monkeypatch.setattr(tiny, "pretrain", interrupted)
+    out = tmp_path / "model"
+    monkeypatch.setattr(sys, "argv", ["tiny.py", "--repos", str(SAMPLE / "repos"), "--out", str(out),
+                                      "--pretrain-steps", "5"])
+    with pytest.raises(KeyboardInterrupt):
+        tiny.main()
+    assert seen == [["config.json", "model.safetensors"]]  # the random-init files were written...
+    assert not out.exists() and not (tmp_path / "model.tmp").exists()  # ...but never published
+    monkeypatch.setattr(tiny, "pretrain", lambda model_dir, texts, steps: [1.0] * 20)
+    tiny.main()
+    assert (out / "config.json").is_file() and not (tmp_path / "model.tmp").exists()

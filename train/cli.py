@@ -20,7 +20,7 @@ import yaml
 
 from mlbench_kit.config import save_resolved
 from mlbench_kit.errors import MLBenchError
-from mlbench_kit.flags import config_path, resolve
+from mlbench_kit.flags import check_config, config_path, resolve
 from mlbench_kit.hf import check_model_available
 from mlbench_kit.stages import stage
 from mlbench_kit.train_config import TrainConfig
@@ -78,6 +78,8 @@ def run(args: argparse.Namespace, recipe: Any = None) -> int:
     """Entry point shared by `accelerate launch train/lora.py` (which passes its ``recipe`` class) and `mlbench
     train` (which launches the processes itself with ``--nproc``/``--accelerate-config``)."""
     st = stage("train")
+    if getattr(args, "check", False):  # `accelerate launch train/lora.py --check` too: validate, run nothing
+        return check_config(st, args)
     path = config_path(st, args)
     cfg = resolve(st, args)
     launching = args.nproc is not None or args.accelerate_config is not None

@@ -17,6 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from .data import load_reference, load_settings
+from .html import write_html
 from .render import write_csv, write_markdown, write_plots
 
 
@@ -24,7 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``mlbench report``."""
     p.add_argument("runs", nargs="+", help="eval output folders (summary.json); NAME=DIR to label them, the same "
                                            "NAME for a checkpoint's tasks and seeds")
-    p.add_argument("--out", required=True, help="folder for report.md, report.csv and the PNG plots")
+    p.add_argument("--out", required=True,
+                   help="folder for report.md, report.csv, the PNG plots and report.html (every row, to browse)")
     p.add_argument("--reference", help="YAML of published rows to quote beside yours (configs/report/*.yaml)")
     p.add_argument("--all-reference", action="store_true",
                    help="quote every reference row, not only those of the tasks measured here")
@@ -32,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Write report.csv, the plots and report.md; returns the exit status."""
+    """Write report.csv, the plots, report.md and report.html; returns the exit status."""
     settings = load_settings(args.runs, args.skip_missing)
     refs = load_reference(args.reference) if args.reference else []
     tasks = {s.task for s in settings if s.agent is None}
@@ -46,8 +48,10 @@ def run(args: argparse.Namespace) -> int:
     write_csv(settings, refs, ks, out / "report.csv")
     plots = write_plots(settings, ks, out)
     write_markdown(settings, refs, ks, plots, out / "report.md")
+    write_html(settings, out / "report.html")
     runs = defaultdict(list)
     for s in settings:
         runs[s.run].append(s.task)
-    print(f"report: {len(runs)} run(s), {len(settings)} setting(s): {out / 'report.md'}", file=sys.stderr)
+    print(f"report: {len(runs)} run(s), {len(settings)} setting(s): {out / 'report.md'}; every row: "
+          f"{out / 'report.html'}", file=sys.stderr)
     return 0

@@ -75,12 +75,15 @@ def test_a_stage_s_options_are_its_declared_config_keys(st) -> None:
         assert a.option_strings == [spelled.get(name, "--" + name.replace("_", "-")),
                                     *(["--no-" + name.replace("_", "-")] if both else []),
                                     *("--" + alias for alias, target in aliases.items() if target == name)], name
-        assert f.metadata["help"] and a.help.startswith(f.metadata["help"]), (name, a.help)
         assert a.default is None, name  # an option not given leaves the --config file's value
         says_default = "(default " in a.help or "(default: " in a.help
+        if name in spelled:  # --no-hf: its help says what giving it does, forwards
+            assert a.help == f"turns off: {f.metadata['help']} (key {key}, on by default)", (name, a.help)
+        else:
+            assert f.metadata["help"] and a.help.startswith(f.metadata["help"]), (name, a.help)
         if st.default_config is not None:  # train: the default config file's values, not the dataclass's
             assert not says_default or "(default" in f.metadata["help"], (name, a.help)
-        elif default not in (None, [], False) and "default" not in f.metadata["help"]:
+        elif name not in spelled and default not in (None, [], False) and "default" not in f.metadata["help"]:
             text = " ".join(map(str, default)) if isinstance(default, list) else (
                 {True: "on", False: "off"}[default] if isinstance(default, bool) else str(default))
             assert a.help.endswith(f"(default {text})"), (name, a.help)
@@ -100,7 +103,8 @@ def test_a_stage_s_options_are_its_declared_config_keys(st) -> None:
         assert hidden.pop("--" + old.replace("_", "-")).dest == new, old
     assert hidden == {}
     extra = {f.name: f for f in st.extra}
-    assert set(shown) == {"help", "config", "set", *extra}, f"mlbench {st.name}: options that set no config key"
+    assert set(shown) == {"help", "config", "set", "check", *extra}, \
+        f"mlbench {st.name}: options that set no config key"
     for name, f in extra.items():
         assert (shown[name].help, shown[name].default, shown[name].required) == (f.help, f.default, f.required)
 
@@ -131,7 +135,8 @@ def test_configs_ls_and_cp(tmp_path: Path, capsys) -> None:
     listed = capsys.readouterr().out.split()
     assert "train/tiny-cpu.yaml" in listed and "sweeps/paper.yaml" in listed
     assert main(["configs", "ls", "infer"]) == 0
-    assert all(p.startswith("infer/") for p in capsys.readouterr().out.split())
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "infer  (mlbench infer --config FILE)" and all(x.startswith("  infer/") for x in lines[1:])
     assert main(["configs", "cp", "train/tiny-cpu", str(tmp_path)]) == 0
     root = Path(__file__).resolve().parents[2]
     assert (tmp_path / "tiny-cpu.yaml").read_text() == (root / "configs/train/tiny-cpu.yaml").read_text()
@@ -156,3 +161,73 @@ def test_configs_cp_never_overwrites_a_file_that_appears_after_the_check(tmp_pat
     (tmp_path / "link.yaml").symlink_to(tmp_path / "elsewhere.yaml")
     assert main(["configs", "cp", "train/tiny-cpu.yaml", str(tmp_path / "link.yaml")]) == 2
     assert not (tmp_path / "elsewhere.yaml").exists()
+
+
+def test_configs_ls_is_grouped_by_stage_with_one_line_each(capsys) -> None:
+    """`tune ls`-like: a heading per folder saying what reads it, then each file and its description."""
+    assert main(["configs", "ls"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "train  (mlbench train --config FILE)" in lines and "sweeps  (mlbench sweep plan FILE)" in lines
+    tiny = next(x for x in lines if x.strip().startswith("train/tiny-cpu.yaml"))
+    assert tiny.split("  ", 2)[-1].strip().startswith("A tiny random-init Llama on CPU")
+    paper = next(x for x in lines if x.strip().startswith("eval/run/paper.yaml"))  # its header's first line is a
+    assert "The benchmark's own checker" in paper and "`mlbench" not in paper     # command: the next one is shown
+    assert all(len(x) <= 140 for x in lines)
+
+
+def test_a_mistyped_flag_gets_the_stage_s_usage_and_a_suggestion(capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["infer", "--temprature", "0.2"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("usage: mlbench infer ")
+    assert "unrecognized arguments: --temprature 0.2; --temprature: did you mean --temperature?" in err
+    with pytest.raises(SystemExit):
+        main(["prep", "--tsks", "3"])  # the stage's own usage, not mlbench's
+    assert capsys.readouterr().err.startswith("usage: mlbench prep ")
+
+
+def test_a_mistyped_config_key_gets_a_suggestion(tmp_path) -> None:
+    from mlbench_kit.config import load
+    from mlbench_kit.errors import MLBenchError
+    from mlbench_kit.eval_config import EvalConfig
+    cfg = tmp_path / "eval.yaml"
+    cfg.write_text("mode: strict\nworker: 4\n")
+    with pytest.raises(MLBenchError, match=r"eval.yaml:2: unknown key 'worker'\n  fix: did you mean 'workers'\?"):
+        load(EvalConfig, cfg)
+
+
+def test_the_top_level_help_speaks_to_users(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    second = capsys.readouterr().out.split("\n\n")[1]  # the paragraph under the usage
+    assert second.startswith("ML-Bench from the rows to a score") and "stages.py" not in second
+
+
+def test_train_without_config_on_a_cpu_names_the_cpu_config(monkeypatch) -> None:
+    from mlbench_kit import flags
+    from mlbench_kit.errors import MLBenchError
+    from mlbench_kit.stages import stage
+    monkeypatch.setattr(flags, "_has_cuda", lambda: False)
+    args = argparse.Namespace(config=None, model=None, set=[])
+    with pytest.raises(MLBenchError, match=r"needs|GPU") as e:
+        flags.config_path(stage("train"), args)
+    assert e.value.where == "--config" and "--config configs/train/tiny-cpu.yaml" in str(e.value.fix)
+    # one's own model: the default config's settings apply to it, on any machine
+    assert flags.config_path(stage("train"), argparse.Namespace(config=None, model="m", set=[])) is not None
+    monkeypatch.setattr(flags, "_has_cuda", lambda: True)
+    assert str(flags.config_path(stage("train"), args)).endswith("configs/train/codellama-7b-instruct.yaml")
+
+
+def test_check_validates_a_config_without_running(tmp_path: Path, capsys) -> None:
+    cfg = tmp_path / "eval.yaml"
+    cfg.write_text("mode: strict\nworkers: 3\n")
+    out = tmp_path / "never"
+    assert main(["eval", "--config", str(cfg), "--data", "rows.jsonl", "--gold", "--out", str(out), "--check"]) == 0
+    got = capsys.readouterr()
+    assert "\nmode: strict\n" in got.out and "\nworkers: 3\n" in got.out and "eval: config OK" in got.err
+    assert not out.exists()
+    cfg.write_text("mode: strict\nworkers: 0\n")  # the same error a run gives, with its line
+    assert main(["eval", "--config", str(cfg), "--data", "rows.jsonl", "--gold", "--out", str(out), "--check"]) == 2
+    assert "`workers` must be at least 1" in capsys.readouterr().err and not out.exists()
+    assert main(["infer", "--config", "configs/infer/tiny-cpu.yaml", "--check"]) == 2  # no model, prompts, out
+    assert "missing --model" in capsys.readouterr().err

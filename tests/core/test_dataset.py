@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -71,7 +72,7 @@ def test_cli_exits_2_with_one_message(tmp_path, full_rows):
     bad = dict(full_rows[0], type="Nope")
     path = _write(tmp_path, [bad])
     out = tmp_path / "out"
-    res = subprocess.run([sys.executable, "-m", "mlbench_kit.cli", "prep", "--data", str(path), "--splits", "t",
+    res = subprocess.run([sys.executable, "-m", "mlbench_kit.cli", "prep", "--data", str(path), "--splits", "test",
                           "--tasks", "3", "--out", str(out)], capture_output=True, text=True)
     assert res.returncode == 2
     assert f"{path}:1: unknown type 'Nope'" in res.stderr and "Traceback" not in res.stderr
@@ -124,3 +125,24 @@ def test_yaml_aliases_cannot_multiply_a_config(tmp_path):
     ok = tmp_path / "ok.yaml"
     ok.write_text("x: &v >-\n  long value\ny: *v\nz: [*v, *v]\n")
     assert read_yaml(ok)[0] == {"x": "long value", "y": "long value", "z": ["long value", "long value"]}
+
+
+SAMPLE_ROWS = Path(__file__).resolve().parents[2] / "examples" / "sample" / "samples.jsonl"
+
+
+def test_a_file_refuses_a_split_it_does_not_hold(tmp_path):
+    """`--split tset` on a JSONL file was scored and recorded as split "tset" (prep wrote tset/task3.jsonl)."""
+    with pytest.raises(MLBenchError, match=r"unknown split 'tset'.*full, quarter, test, id_train, ood_train, "
+                                           r"samples"):
+        load_samples(SAMPLE_ROWS, "tset")
+    assert len(load_samples(SAMPLE_ROWS, "test")) == len(load_samples(SAMPLE_ROWS, "samples")) == 53
+    for argv in (["eval", "--data", SAMPLE_ROWS, "--split", "tset", "--gold", "--out", tmp_path / "eval"],
+                 ["prep", "--data", SAMPLE_ROWS, "--splits", "tset", "--tasks", "3", "--no-hf", "--out",
+                  tmp_path / "prep"]):
+        res = subprocess.run([sys.executable, "-m", "mlbench_kit.cli", *map(str, argv)], capture_output=True,
+                             text=True)
+        assert res.returncode == 2, res.stderr
+        assert f"error: {SAMPLE_ROWS}: unknown split 'tset'" in res.stderr and "Traceback" not in res.stderr
+        assert res.stderr.count("error:") == 1
+    assert not (tmp_path / "eval").exists() and not (tmp_path / "prep").exists()
+

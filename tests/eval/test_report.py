@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import REPO_ROOT, assert_shared_modes, run_cli
+from conftest import REPO_ROOT, assert_shared_modes, chromium_or_skip, dump_dom, run_cli
 
 SAMPLE = REPO_ROOT / "examples" / "sample" / "samples.jsonl"
 ENVS = REPO_ROOT / "configs" / "eval" / "sample.yaml"
@@ -330,3 +330,55 @@ def test_report_shows_untrusted_text_as_typed_in_every_format(tmp_path: Path, mo
     assert any(t._preprocess_math(t.get_text())[0] == "$\\frac{$" for t in texts)
     assert any("\\x1b[2J\\rA" in t.get_text() for t in texts)
     assert not [t.get_text() for t in texts if any(ord(c) < 32 and c != "\n" for c in t.get_text())]
+
+
+PAGE_HOSTILE = ("<script>document.title='pwned'</script><img src=x onerror=\"document.body.setAttribute("
+                "'data-pwned','1')\"> <a href=\"javascript:document.body.setAttribute('data-pwned','2')\">x</a>")
+
+
+def test_report_html_browses_every_row_in_a_headless_browser(tmp_path: Path) -> None:
+    """Issue 43 item 6: one self-contained page, every row's answers, verdicts, classes and output tails side by
+    side; hostile row text shown as text, executing nothing; the filters (also read from the #fragment) work.
+    Two eval folders from the stored fixture (tests/eval/data, written by `mlbench eval`): no eval is run."""
+    from mlbench_kit.cli import main
+    data = Path(__file__).parent / "data"
+    gens = [json.loads(x) for x in (data / "gens-ada3bd0.jsonl").open()]
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        results = [json.loads(x) for x in (data / "results-ada3bd0.jsonl").open()]
+        summary = json.loads((data / "summary-ada3bd0.json").read_text())
+        g = json.loads(json.dumps(gens))
+        if name == "b":  # b: hostile text in row 9001; toyvision's row fails everywhere, with class E2
+            summary["per_sample"][0]["instruction"] = PAGE_HOSTILE
+            g[0]["output"][1] = PAGE_HOSTILE
+            for r in results:
+                if r["repo"] == "toyvision":
+                    r.update(passed=False, error_class="E2", log="Traceback ... </script><script>alert(1)</script>")
+        (tmp_path / f"gens-{name}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in g))
+        summary["generations"] = str(tmp_path / f"gens-{name}.jsonl")
+        (tmp_path / name / "summary.json").write_text(json.dumps(summary))
+        (tmp_path / name / "results.jsonl").write_text("".join(json.dumps(x) + "\n" for x in results))
+    out = tmp_path / "report"
+    assert main(["report", f"a={tmp_path / 'a'}", f"b={tmp_path / 'b'}", "--out", str(out)]) == 0
+    page = out / "report.html"
+    raw = page.read_text()
+    assert "Content-Security-Policy" in raw and "default-src 'none'" in raw
+    assert "<img" not in raw and "</script><script>alert" not in raw and not re.search(r"<[^>]*\s(src|href)=", raw)
+    chromium = chromium_or_skip()
+    dom, console = dump_dom(chromium, page.as_uri(), tmp_path)
+    assert console == [] and 'data-ready="1"' in dom, console or dom[-2000:]
+    body = re.search(r"<body[^>]*>", dom)
+    assert body and "data-pwned" not in body.group(0) and "<title>mlbench report: every row</title>" in dom
+    assert "<img" not in dom and "javascript:" not in re.sub(r"&[a-z]+;|[^<]*", "", dom.split("<main")[1])
+    assert dom.count('class="row"') == 6 and '>6 of 6 rows<' in dom
+    assert dom.count("&lt;script&gt;document.title='pwned'&lt;/script&gt;&lt;img") == 2  # instruction, answer
+    assert "python train.py --dataset cora --model gat --lr 0.05 --epochs 2" in dom and ">a<" in dom and ">b<" in dom
+    written = [json.loads(x) for name in ("a", "b") for x in (tmp_path / name / "results.jsonl").open()]
+    e5 = len({(r["github_id"], r["id"]) for r in written if r["error_class"] == "E5"})
+    assert 0 < e5 < 6
+    for fragment, shown in (("#repo=toyvision&verdict=differs", 1), ("#class=E5", e5), ("#verdict=pass", 5),
+                            ("#repo=toybench", 5)):
+        dom, console = dump_dom(chromium, page.as_uri() + fragment, tmp_path)
+        assert console == [] and f">{shown} of 6 rows<" in dom, (fragment, console)
+        rows = re.findall(r'<section class="row"( hidden="")?>', dom)
+        assert len(rows) == 6 and sum(not h for h in rows) == shown, fragment

@@ -244,3 +244,13 @@ def test_openai_backend_sends_no_key_only_to_a_loopback_address(monkeypatch):
     cfg = InferConfig()
     cfg.openai = {**cfg.openai, "base_url": "http://127.0.0.1:8000/v1"}
     assert OpenAIBackend("m", cfg, send_token_ids=False).client.api_key == "EMPTY"
+
+
+def test_infer_reads_test_of_a_build_splits_prep_by_default(tmp_path):
+    from mlbench_kit.infer.prompts import evaluation_split
+    for d in ("test", "id_train", "ood_train"):
+        (tmp_path / d).mkdir()
+    assert evaluation_split(tmp_path, "full") == "test"  # the docs' prep has no full/
+    assert evaluation_split(tmp_path, "id_train") == "id_train"
+    (tmp_path / "full").mkdir()
+    assert evaluation_split(tmp_path, "full") == "full"
