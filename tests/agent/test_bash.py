@@ -52,7 +52,8 @@ class Replies:
         for r in requests:
             messages = json.loads("".join(map(chr, r.token_ids)))
             text = self.script(messages, next(s for s in ROWS if s.instruction in messages[0]["content"]))
-            out.append(Generated(text, 10))
+            # 10 tokens a reply, never above the request's cap (as an engine; more is a refused reply)
+            out.append(Generated(text, min(10, r.max_new_tokens or 10)))
         return out
 
     def close(self) -> None:
