@@ -11,12 +11,18 @@
 #   bash scripts/real.sh                                      # hub data, git checkouts at the pinned commits
 #   bash scripts/real.sh --quick ...                          # the CI smoke run: one repository, a few rows
 #   bash scripts/real.sh --agent --agent-rows 2 ...           # the agent arm: `mlbench agent` instead of infer
+#   bash scripts/real.sh --learn ...                          # the learning arm: rft, DPO, GRPO from the ID LoRA
 #
 # --agent: the same model, environments, test rows (prep) and ID LoRA, then `mlbench agent` with both policies
 # (ml-agent: the paper's agent; bash: ML-Agent-Bench offline) for the model as released and with its ID LoRA,
 # k = 5 episodes per row (configs/agent/real-cpu.yaml), scored by `mlbench eval` (compat and strict) and
 # `mlbench report` beside the paper's agent rows -> $RUN/agent-real.md. --agent-rows N: the first N test rows of
 # each test repository (default: all). With --quick: 2 rows, k = 2, 3 short turns, eager vLLM, shorter texts.
+#
+# --learn: the same model, environments, prep and ID LoRA (the SFT baseline), then `mlbench learn` from it on the
+# ID-train rows (configs/learn/smollm2-135m-cpu.yaml): rejection-sampling fine-tuning, DPO on the pass/fail pairs of
+# its first round's samples, GRPO with execution rewards; every adapter and the model as released sampled on the
+# test rows in one vLLM engine, executed (strict and compat) and reported beside SFT -> $RUN/learning.md.
 #
 # Each stage is bounded and resumable: a re-run skips finished stages ($RUN/done/) and the tools resume their own
 # work (train from its checkpoint, infer and eval from what they wrote). One line per stage here; each tool's
@@ -28,9 +34,10 @@ REPOS=""
 QUICK=0
 AGENT=0
 AGENT_ROWS=0
+LEARN=0
 TASKS="3"
 RUN=""
-usage() { echo "usage: bash scripts/real.sh [--data HUB_ID|FILE] [--repos TARBALL_DIR] [--tasks '1 2 3'] [--quick] [--agent [--agent-rows N]] [--run DIR]" >&2; exit 2; }
+usage() { echo "usage: bash scripts/real.sh [--data HUB_ID|FILE] [--repos TARBALL_DIR] [--tasks '1 2 3'] [--quick] [--agent [--agent-rows N] | --learn] [--run DIR]" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --data) DATA=${2:?}; shift 2;;
@@ -39,11 +46,13 @@ while [ $# -gt 0 ]; do
     --quick) QUICK=1; shift;;
     --agent) AGENT=1; shift;;
     --agent-rows) AGENT_ROWS=${2:?}; shift 2;;
+    --learn) LEARN=1; shift;;
     --run) RUN=${2:?}; shift 2;;
-    -h|--help) sed -n 2,24p "$0"; exit 0;;
+    -h|--help) sed -n 2,30p "$0"; exit 0;;
     *) echo "real: unknown option $1" >&2; usage;;
   esac
 done
+[ $AGENT = 1 ] && [ $LEARN = 1 ] && { echo "real: --agent and --learn are separate runs" >&2; usage; }
 for t in $TASKS; do case $t in 1|2|3) ;; *) echo "real: --tasks takes 1, 2 and 3, got '$t'" >&2; exit 2;; esac; done
 case $AGENT_ROWS in ''|*[!0-9]*) echo "real: --agent-rows takes a number of rows per repository, got '$AGENT_ROWS'" >&2; exit 2;; esac
 if [ -n "$REPOS" ] && [ ! -d "$REPOS" ]; then
@@ -80,6 +89,11 @@ if [ $AGENT = 1 ]; then  # the model as released and its ID LoRA; episodes inste
   # minutes compiling the model without LoRA, twice) and shorter repository texts (less prefill per turn)
   [ $QUICK = 1 ] && { K=2; AGENT_ROWS=2; AGENT_EXTRA=(--max-turns 3 --max-new-tokens 96 --set enforce_eager=true
     --set read.max_readme_chars=2000 --set read.max_index_chars=1000 --set read.max_file_chars=2000); }
+fi
+if [ $LEARN = 1 ]; then  # the ID LoRA is the SFT baseline every method starts from
+  ARMS=(id); TASKS=3; STAGES=(model envs prep train-id learn-rft learn-dpo learn-grpo learn-infer learn-eval learn-report)
+  TRAIN_STAGE=train-id; METHODS=(rft dpo grpo); LEARN_EXTRA=()
+  [ $QUICK = 1 ] && LEARN_EXTRA=(--rounds 1 --k 2 --max-steps 2 --set dpo.max_steps=2)
 fi
 LOGS=$RUN/logs; DONE=$RUN/done
 mkdir -p "$LOGS" "$DONE"
@@ -199,6 +213,56 @@ EOF
   echo
   sed -n '/^## Results/,/^## /p' "$RUN/agent-real.md" | sed '$d'
   echo "real done in $((SECONDS - T0)) s: $RUN/agent-real.md (logs of every tool in $LOGS/)"
+  exit 0
+fi
+
+if [ $LEARN = 1 ]; then
+  SFT=$RUN/train-id-task3/adapter
+  LEARN_ARGS=(--config configs/learn/smollm2-135m-cpu.yaml --model "$MODEL" --adapter "$SFT" --prep-dir "$RUN/prep"
+              --split id_train --eval-split test --data "$DATA" --data-split full --envs "$CACHE/envs.yaml")
+  # 5. rejection-sampling fine-tuning from the ID LoRA: sample k per ID-train prompt, keep the strict passes, SFT
+  stage learn-rft "learn: rejection-sampling fine-tuning (rft)" \
+    "$BIN/mlbench" learn --method rft "${LEARN_ARGS[@]}" "${LEARN_EXTRA[@]}" --out "$RUN/learn-rft"
+  # 6. DPO on the pass/fail pairs of rft's first-round samples (the SFT adapter's own answers)
+  stage learn-dpo "learn: DPO on pass/fail pairs" \
+    "$BIN/mlbench" learn --method dpo "${LEARN_ARGS[@]}" "${LEARN_EXTRA[@]}" \
+    --generations "$RUN/learn-rft/round-1/infer/task3.jsonl" --results "$RUN/learn-rft/round-1/eval" \
+    --out "$RUN/learn-dpo"
+  # 7. GRPO: groups of samples per ID-train prompt, each rewarded by execution in the sandbox
+  stage learn-grpo "learn: GRPO with execution rewards" \
+    "$BIN/mlbench" learn --method grpo "${LEARN_ARGS[@]}" "${LEARN_EXTRA[@]}" --out "$RUN/learn-grpo"
+  # 8. the model as released, SFT and every learned adapter on the test rows: one vLLM engine
+  learn_infer() {
+    local adapters=(sft="$SFT") m
+    for m in "${METHODS[@]}"; do adapters+=("$m=$RUN/learn-$m/adapter"); done
+    "$BIN/mlbench" infer --model "$MODEL" --adapters "${adapters[@]}" --with-base --prompts "$RUN/prep" \
+      --split test --tasks 3 --config configs/infer/paper.yaml --n $N --max-new-tokens $NEW_TOKENS \
+      --out "$RUN/learn-infer"
+  }
+  stage learn-infer "vLLM: n=$N per test prompt, base + sft + ${METHODS[*]}" learn_infer
+  learn_evals() {
+    local v mode
+    for v in base sft "${METHODS[@]}"; do for mode in "${MODES[@]}"; do
+      "$BIN/mlbench" eval --data "$DATA" --split full --generations "$RUN/learn-infer/$v/task3.jsonl" \
+        --envs "$CACHE/envs.yaml" --mode "$mode" --out "$RUN/eval-$mode/learn/$v" || return 1
+    done; done
+  }
+  stage learn-eval "execution of the answers in the sandbox (${MODES[*]})" learn_evals
+  learn_report() {
+    local mode v
+    for mode in "${MODES[@]}"; do
+      local runs=()
+      for v in base sft "${METHODS[@]}"; do runs+=("$v=$RUN/eval-$mode/learn/$v"); done
+      "$BIN/mlbench" report "${runs[@]}" --reference configs/report/paper-rows.yaml --out "$RUN/report-learn-$mode" \
+        || return 1
+    done
+    "$BIN/python" scripts/real_learn_report.py --run "$RUN" --data "$DATA" --methods "${METHODS[@]}" \
+      --modes "${MODES[@]}" --n $N --quick $QUICK
+  }
+  stage learn-report "report: learned adapters beside SFT" learn_report
+  echo
+  sed -n '/^## Results/,/^## /p' "$RUN/learning.md" | sed '$d'
+  echo "real done in $((SECONDS - T0)) s: $RUN/learning.md (logs of every tool in $LOGS/)"
   exit 0
 fi
 
