@@ -23,7 +23,8 @@
 # each turn's prompt as the harness sends it, the correct JSON reply as the answer) -> a LoRA trained on them ->
 # `mlbench agent` (ml-agent, k = 5) with it and as released on that repository's test rows -> `mlbench eval`
 # compat and strict. Shorter repository texts than real-cpu.yaml (README 1,500, index 300 characters, the same
-# for the gold episodes and the runs), so that training fits 2 CPU cores.
+# for the gold episodes and the runs), so that training fits 2 CPU cores; 512 new tokens a turn: 3 of the 12
+# gold answers are longer than real-cpu.yaml's 256 as the step's JSON.
 #
 # Each stage is bounded and resumable: a re-run skips finished stages ($RUN/done/) and the tools resume their own
 # work (train from its checkpoint, infer and eval from what they wrote). One line per stage here; each tool's
@@ -191,7 +192,7 @@ EOF
     local started=$SECONDS
     "$BIN/mlbench" agent --model "$MODEL" "$@" --data "$DATA" --split full --rows-of "$RUN/sft-test-rows.jsonl" \
       --repos-dir "$RUN/checkouts" --config configs/agent/real-cpu.yaml "${SFT_READ[@]}" --policy ml-agent \
-      --episodes $K --out "$RUN/agent-ml-agent/$name" || return 1
+      --episodes $K --max-new-tokens 512 --out "$RUN/agent-ml-agent/$name" || return 1
     printf 'ml-agent %s\t%s\n' "$name" $((SECONDS - started)) >> "$RUN/agent-times.tsv"
   }
   agent_eval() {  # agent_eval NAME
