@@ -194,6 +194,12 @@ def run(args: argparse.Namespace) -> int:
     out = Path(str(cfg.out))
     out.mkdir(parents=True, exist_ok=True)
     encode, template = make_encoder(tokenizer, cfg.template)
+    if cfg.gold_episodes:  # training data: each row's correct episode through the same Episode; no engine
+        from .gold import write_gold_episodes
+        save_resolved(cfg, out / "config.yaml")
+        write_gold_episodes(cfg, rows, checkouts(cfg, {s.repo for s in rows}, out), tokenizer, encode, template,
+                            max_model_len, out)
+        return 0
     settings = {"config": cfg.settings(), "config_sha": cfg.sha(), "model": _identity(model),
                 "adapter": _identity(cfg.adapter), "template": template, "max_model_len": max_model_len,
                 "data": str(cfg.data), "split": cfg.split, "rows": [list(s.key) for s in rows]}

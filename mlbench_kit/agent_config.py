@@ -102,7 +102,8 @@ class AgentConfig:
     BEFORE: ClassVar[dict[str, Any]] = {"read.readme_window": "prefix", "answer_format": "fields",
                                         "write_code_readme": "text", "limits.max_episode_total_tokens": None}
     INPUTS: ClassVar[tuple[str, ...]] = ("model", "adapter", "tokenizer", "data", "split", "repos_dir", "tarballs",
-                                         "envs", "repos", "rows_of", "limit", "out")
+                                         "envs", "repos", "rows_of", "limit", "out", "gold_episodes",
+                                         "eval_rows")
 
     # inputs
     model: str | None = option(None, "base model folder or hub id (backend openai: the served name); required")
@@ -123,6 +124,13 @@ class AgentConfig:
                                  metavar="FILE")
     limit: int | None = option(None, "only the first N rows (after --repos and --rows-of)")
     out: str | None = option(None, "run folder; required")
+    # training data from the harness itself (agent/gold.py): no model runs
+    gold_episodes: bool = option(False, "write the turns of a correct episode of each row (from its gold answer, "
+                                 "through the harness's own episode code) as SFT records in prep's format into "
+                                 "OUT/sft.jsonl instead of running a model; training rows only (--eval-rows)")
+    eval_rows: str | None = option(None, "with --gold-episodes: the rows models are scored on (a JSONL file of "
+                                   "github_id and id, e.g. RUN/prep/test/task3.jsonl), refused with any training "
+                                   "row sharing an instruction or an answer with them", metavar="FILE")
     # how the episodes run
     policy: Literal["ml-agent", "bash"] = option("ml-agent", "ml-agent (the paper's agent: reads files, executes "
                                                  "nothing) or bash (ML-Agent-Bench offline: actions run in the "

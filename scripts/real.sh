@@ -12,6 +12,7 @@
 #   bash scripts/real.sh --quick ...                          # the CI smoke run: one repository, a few rows
 #   bash scripts/real.sh --agent --agent-rows 2 ...           # the agent arm: `mlbench agent` instead of infer
 #   bash scripts/real.sh --learn ...                          # the learning arm: rft, DPO, GRPO from the ID LoRA
+#   bash scripts/real.sh --agent-sft ...                      # the agent learns from gold episodes (below)
 #
 # --agent: the same model, environments, test rows (prep) and ID LoRA, then `mlbench agent` with both policies
 # (ml-agent: the paper's agent; bash: ML-Agent-Bench offline) for the model as released and with its ID LoRA,
@@ -24,6 +25,13 @@
 # its first round's samples, GRPO with execution rewards; every adapter and the model as released sampled on the
 # test rows in one vLLM engine, executed (strict and compat) and reported beside SFT -> $RUN/learning.md.
 #
+# --agent-sft: the gold episodes of External-Attention-pytorch's ID-train rows (`mlbench agent --gold-episodes`:
+# each turn's prompt as the harness sends it, the correct JSON reply as the answer) -> a LoRA trained on them ->
+# `mlbench agent` (ml-agent, k = 5) with it and as released on that repository's test rows -> `mlbench eval`
+# compat and strict. Shorter repository texts than real-cpu.yaml (README 1,500, index 300 characters, the same
+# for the gold episodes and the runs), so that training fits 2 CPU cores; 512 new tokens a turn: 3 of the 12
+# gold answers are longer than real-cpu.yaml's 256 as the step's JSON.
+#
 # Each stage is bounded and resumable: a re-run skips finished stages ($RUN/done/) and the tools resume their own
 # work (train from its checkpoint, infer and eval from what they wrote). One line per stage here; each tool's
 # output is in $RUN/logs/, named when a stage fails. About 50 minutes on 2 cores after set-up (--quick: 5-7).
@@ -35,9 +43,10 @@ QUICK=0
 AGENT=0
 AGENT_ROWS=0
 LEARN=0
+AGENT_SFT=0
 TASKS="3"
 RUN=""
-usage() { echo "usage: bash scripts/real.sh [--data HUB_ID|FILE] [--repos TARBALL_DIR] [--tasks '1 2 3'] [--quick] [--agent [--agent-rows N] | --learn] [--run DIR]" >&2; exit 2; }
+usage() { echo "usage: bash scripts/real.sh [--data HUB_ID|FILE] [--repos TARBALL_DIR] [--tasks '1 2 3'] [--quick] [--agent [--agent-rows N] | --agent-sft | --learn] [--run DIR]" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --data) DATA=${2:?}; shift 2;;
@@ -47,8 +56,9 @@ while [ $# -gt 0 ]; do
     --agent) AGENT=1; shift;;
     --agent-rows) AGENT_ROWS=${2:?}; shift 2;;
     --learn) LEARN=1; shift;;
+    --agent-sft) AGENT=1; AGENT_SFT=1; shift;;
     --run) RUN=${2:?}; shift 2;;
-    -h|--help) sed -n 2,30p "$0"; exit 0;;
+    -h|--help) sed -n 2,37p "$0"; exit 0;;
     *) echo "real: unknown option $1" >&2; usage;;
   esac
 done
@@ -89,6 +99,11 @@ if [ $AGENT = 1 ]; then  # the model as released and its ID LoRA; episodes inste
   # minutes compiling the model without LoRA, twice) and shorter repository texts (less prefill per turn)
   [ $QUICK = 1 ] && { K=2; AGENT_ROWS=2; AGENT_EXTRA=(--max-turns 3 --max-new-tokens 96 --set enforce_eager=true
     --set read.max_readme_chars=2000 --set read.max_index_chars=1000 --set read.max_file_chars=2000); }
+  if [ $AGENT_SFT = 1 ]; then
+    STAGES=(model envs prep gold-episodes train-agent-sft agent-sft agent-sft-eval agent-base agent-base-eval)
+    SFT_REPO=External-Attention-pytorch
+    SFT_READ=(--set read.max_readme_chars=1500 --set read.max_index_chars=300)
+  fi
 fi
 if [ $LEARN = 1 ]; then  # the ID LoRA is the SFT baseline every method starts from
   ARMS=(id); TASKS=3; STAGES=(model envs prep train-id learn-rft learn-dpo learn-grpo learn-infer learn-eval learn-report)
@@ -159,7 +174,55 @@ train() {
       --split "$arm" --out "$RUN/train-$arm-task$t" "${TRAIN_EXTRA[@]}" || return 1
   done; done
 }
-stage $TRAIN_STAGE "LoRA on the ${ARMS[*]} split(s) (train/lora.py)" train
+[ $AGENT_SFT = 1 ] || stage $TRAIN_STAGE "LoRA on the ${ARMS[*]} split(s) (train/lora.py)" train
+
+if [ $AGENT_SFT = 1 ]; then
+  # the rows of one repository in a prep split file -> a --rows-of file
+  rows_of() {
+    "$BIN/python" - "$1" "$SFT_REPO" "$2" <<'EOF'
+import json, sys
+rows = [json.loads(x) for x in open(sys.argv[1]) if x.strip()]
+with open(sys.argv[3], "w") as f:
+    f.writelines(json.dumps({"github_id": r["github_id"], "id": r["id"]}) + "\n" for r in rows if r["repo"] == sys.argv[2])
+EOF
+  }
+  gold() {
+    rows_of "$RUN/prep/id_train/task3.jsonl" "$RUN/sft-train-rows.jsonl" || return 1
+    "$BIN/mlbench" agent --gold-episodes --model "$MODEL" --data "$DATA" --split full \
+      --rows-of "$RUN/sft-train-rows.jsonl" --eval-rows "$RUN/prep/test/task3.jsonl" --repos-dir "$RUN/checkouts" \
+      --config configs/agent/real-cpu.yaml "${SFT_READ[@]}" --out "$RUN/agent-gold"
+  }
+  stage gold-episodes "gold episodes of $SFT_REPO's ID-train rows" gold
+  train_sft() {
+    "$BIN/accelerate" launch --num_processes 1 --mixed_precision no --main_process_port 0 train/lora.py \
+      --config configs/train/smollm2-135m-cpu.yaml --model "$MODEL" --prep-dir "$RUN/prep" --task 3 --split id \
+      --set data.path="$RUN/agent-gold/sft.jsonl" --max-context-tokens 2048 --out "$RUN/train-agent-sft"
+  }
+  stage train-agent-sft "LoRA on the gold episodes (train/lora.py)" train_sft
+  # ml-agent, k = 5, on the repository's test rows: with the agent-SFT LoRA, then as released
+  agent_run() {  # agent_run NAME [--adapter DIR]
+    local name=$1; shift
+    rows_of "$RUN/prep/test/task3.jsonl" "$RUN/sft-test-rows.jsonl" || return 1
+    local started=$SECONDS
+    "$BIN/mlbench" agent --model "$MODEL" "$@" --data "$DATA" --split full --rows-of "$RUN/sft-test-rows.jsonl" \
+      --repos-dir "$RUN/checkouts" --config configs/agent/real-cpu.yaml "${SFT_READ[@]}" --policy ml-agent \
+      --episodes $K --max-new-tokens 512 --out "$RUN/agent-ml-agent/$name" || return 1
+    printf 'ml-agent %s\t%s\n' "$name" $((SECONDS - started)) >> "$RUN/agent-times.tsv"
+  }
+  agent_eval() {  # agent_eval NAME
+    local mode
+    for mode in "${MODES[@]}"; do
+      "$BIN/mlbench" eval --data "$DATA" --split full --generations "$RUN/agent-ml-agent/$1/generations.jsonl" \
+        --envs "$CACHE/envs.yaml" --mode "$mode" --out "$RUN/eval-$mode/agent-ml-agent/$1" || return 1
+    done
+  }
+  stage agent-sft "mlbench agent: ml-agent, k=$K, agent-SFT LoRA" agent_run agent-sft --adapter "$RUN/train-agent-sft/adapter"
+  stage agent-sft-eval "execution of its answers (${MODES[*]})" agent_eval agent-sft
+  stage agent-base "mlbench agent: ml-agent, k=$K, as released" agent_run base
+  stage agent-base-eval "execution of its answers (${MODES[*]})" agent_eval base
+  echo "real done in $((SECONDS - T0)) s: $RUN/eval-*/agent-ml-agent/*/summary.json (logs in $LOGS/)"
+  exit 0
+fi
 
 if [ $AGENT = 1 ]; then
   # 5. k episodes per test row and policy, for the model as released and with its ID LoRA (one engine each)

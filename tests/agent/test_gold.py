@@ -1,0 +1,73 @@
+"""Gold episodes (`mlbench agent --gold-episodes`): each training row's correct episode, built by the harness's own
+episode code, as SFT records whose prompts are exactly what the harness sends at each turn."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mlbench_kit.agent.run import make_encoder, run_episodes
+from mlbench_kit.agent_config import load_agent_config
+from mlbench_kit.cli import main
+from mlbench_kit.dataset import load_samples
+from mlbench_kit.engine import Generated, GenParams, GenRequest
+from mlbench_kit.hf import load_tokenizer, prompt_ids
+from mlbench_kit.records import read_prep_records
+
+REPO = "External-Attention-pytorch"
+
+
+def _rows_file(path: Path, rows: list) -> Path:
+    path.write_text("".join(json.dumps({"github_id": s.github_id, "id": s.id}) + "\n" for s in rows))
+    return path
+
+
+class Answering:
+    """An engine that answers a prompt only with the record whose prompt tokenizes to exactly the ids it was sent."""
+
+    def __init__(self, replies: dict[tuple[int, ...], str], tok) -> None:
+        self.replies, self.tok, self.requests = replies, tok, 0
+
+    def generate(self, requests: list[GenRequest], params: GenParams) -> list[Generated]:
+        self.requests += len(requests)
+        out = []
+        for r in requests:
+            assert tuple(r.token_ids) in self.replies, "the harness sent a prompt no gold record holds"
+            text = self.replies[tuple(r.token_ids)]
+            out.append(Generated(text, len(self.tok(text, add_special_tokens=False)["input_ids"])))
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def test_gold_episode_records_are_what_the_harness_sends_on_real_rows(shared: Path, tiny_tokenizer_dir: Path,
+                                                                      tmp_path: Path):
+    rows = [s for s in load_samples(shared / "full.jsonl") if s.repo == REPO]
+    train, evaluated = rows[:2], rows[2:4]
+    train_f, eval_f = _rows_file(tmp_path / "train.jsonl", train), _rows_file(tmp_path / "eval.jsonl", evaluated)
+    common = ["agent", "--gold-episodes", "--model", str(tiny_tokenizer_dir), "--data", str(shared / "full.jsonl"),
+              "--repos-dir", str(shared / "readmes"), "--eval-rows", str(eval_f)]
+    out = tmp_path / "gold"
+    assert main([*common, "--rows-of", str(train_f), "--out", str(out)]) == 0
+    recs = [r for _, r in read_prep_records(out / "sft.jsonl")]
+    assert [(r.key, json.loads(r.answer).keys() >= {"task_flag"}) for r in recs] == \
+        [(train[0].key, True), (train[0].key, False), (train[1].key, True), (train[1].key, False)]
+    assert all(r.template == "chat" and r.prompt.startswith("<s>[INST] ") for r in recs)  # the tiny template
+    assert [json.loads(r.answer)["code"] for r in recs[1::2]] == [s.output for s in train]
+    # the harness's own run, with the run's resolved config: every prompt it sends is a record's prompt, token for
+    # token, and the records' answers walk every episode to the gold answer
+    tok = load_tokenizer(str(tiny_tokenizer_dir))
+    encode, template = make_encoder(tok, "auto")
+    assert template == "chat"
+    engine = Answering({tuple(prompt_ids(tok, r.prompt, r.template)): r.answer for r in recs}, tok)
+    cfg = load_agent_config(out / "config.yaml")
+    cfg.episodes = 1
+    max_model_len = json.loads((out / "gold.json").read_text())["max_model_len"]
+    run_episodes(cfg, train, {REPO: shared / "readmes" / REPO}, lambda: engine, encode, max_model_len, tmp_path / "run",
+                 {"model": "gold", "adapter": None, "backend": "scripted"})
+    gens = [json.loads(x) for x in (tmp_path / "run" / "generations.jsonl").read_text().splitlines()]
+    assert [g["output"] for g in gens] == [[s.output] for s in train] and engine.requests == len(recs)
+    # never the evaluation rows: refused, nothing written
+    assert main([*common, "--rows-of", str(eval_f), "--out", str(tmp_path / "leak")]) == 2
+    assert not (tmp_path / "leak" / "sft.jsonl").exists()
