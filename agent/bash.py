@@ -233,6 +233,8 @@ class BashEpisode:
         rec: dict[str, Any] = {"turn": len(self.turns), "step": "bash", "seed": p.seed, "prompt_sha": sha(p.text),
                                "inputs": p.inputs, "tokens_in": len(p.ids), "raw": raw, "tokens_out": n_tokens,
                                "truncated": truncated, "wall_s": round(wall_s, 4)}
+        if not self.turns:  # the conversation's start; each later message is a turn's raw reply and its feedback
+            rec["messages"] = self.messages[:1]
         self.tokens_in += len(p.ids)
         self.tokens_out += n_tokens
         self.seconds += wall_s
@@ -243,7 +245,8 @@ class BashEpisode:
         except FormatError as exc:
             self.format_errors += 1
             rec["error"] = str(exc)
-            self.messages.append({"role": "user", "content": FORMAT_ERROR.format(why=exc)})
+            rec["observation"] = FORMAT_ERROR.format(why=exc)
+            self.messages.append({"role": "user", "content": rec["observation"]})
         else:
             self.format_errors = 0
             if cmd == SUBMIT:

@@ -240,6 +240,30 @@ def test_the_run_sh_reader_on_fixed_strings():
         assert (got.kind, got.answer) == want, text
 
 
+def test_a_bash_transcript_reproduces_every_conversation_the_model_saw(box, tmp_path: Path, capsys):
+    """The task message on turn 0, then each reply and its feedback (an observation, a format error, a submit
+    without run.sh): rebuilt from the transcript, each turn's conversation is the one the engine got."""
+    from mlbench_kit.cli import main
+    seen: list[list[dict]] = []
+
+    def script(messages, sample):
+        seen.append(messages)
+        return ["no block", bash("submit"), bash("echo ok > run.sh"), bash("submit")][len(messages) // 2]
+    cfg = _cfg(openhands_check=False)
+    cfg.episodes = 1
+    _run(box, tmp_path / "run", script, cfg, rows=ROWS[:1])
+    t = [json.loads(x) for x in (tmp_path / "run" / "transcripts" / "101-9001" / "ep0.jsonl").read_text().splitlines()]
+    turns = [r for r in t if "turn" in r]
+    rebuilt = list(turns[0]["messages"])
+    for i, r in enumerate(turns):
+        assert rebuilt == seen[i], i
+        rebuilt += [{"role": "assistant", "content": r["raw"]}, {"role": "user", "content": r.get("observation")}]
+    assert len(seen) == 4 and turns[-1]["exit"] == "submitted"
+    assert main(["agent", "show", str(tmp_path / "run"), "--row", "101-9001"]) == 0
+    shown = capsys.readouterr().out
+    assert "Format error" in shown and "does not exist" in shown and "[run.sh (its answer: unscorable)]" in shown
+
+
 def test_files_persist_between_actions_processes_do_not(box, tmp_path: Path):
     marker = "31337.5"
 
