@@ -16,10 +16,13 @@ model can play it with text alone:
   back as the next user message;
 - a reply without exactly one ``bash`` block is a format error, answered with a message saying so (as
   mini-swe-agent does); ``limits.max_format_errors`` in a row end the episode;
-- the episode ends ``submitted`` as soon as ``<task folder>/run.sh`` is a regular file in the layer: its content is
-  the episode's answer (a generation ``mlbench eval`` scores like any other). With ``bash.openhands_check`` the
-  OpenHands rule is then applied to the episode's own files (``timeout 120 bash run.sh`` in the task folder) and
-  recorded beside the answer as ``openhands``.
+- the episode ends ``submitted`` when the model says so, with the action ``submit`` alone (OpenHands' finish
+  action, mini-swe-agent's submit command), while ``<task folder>/run.sh`` is a regular file in the layer; a
+  ``submit`` without it is told so and the episode goes on. The answer is what run.sh runs
+  (:func:`agent.runsh.read_runsh`: the Python program it runs, or its text as a shell script), a generation
+  ``mlbench eval`` scores like any other. With ``bash.openhands_check`` the OpenHands rule is then applied to the
+  episode's own files (``timeout 120 bash run.sh`` in the task folder) and recorded beside the answer as
+  ``openhands``.
 
 The harness counts every limit (turns, new tokens, the episode's generation plus action time, the context,
 format errors); the model is never asked to. A sandbox fault ends the episode as ``fault``: reported apart, never
@@ -42,9 +45,10 @@ from mlbench_kit.sandbox import Env, ExecResult, Job, Limits, Sandbox
 from .episode import EXITS, Prepared, close_turn, sha, total_room, turn_seed
 from .parse import FormatError
 from .repo import Refused, RepoView
+from .runsh import read_runsh
 
 # OpenHands' ML-Bench instruction (evaluation/benchmarks/ml_bench/run_infer.py), its sentences kept; the repository
-# path is the sandbox's and the "finish tool" sentence is replaced by this harness's rule (run.sh ends the episode)
+# path is the sandbox's and the "finish tool" sentence is replaced by this harness's submit command
 TASK = ("Please complete the Machine Learning task in the following repository: {repo}\n\n"
         "{instruction}\n\n"
         "You should create a script named `run.sh` under the specified path in the repo to run the task.\n\n"
@@ -58,8 +62,12 @@ FORMAT = ("\nYou work in a Linux shell without network access. Reply with a shor
           "```bash\nyour_command_here\n```\n\n"
           "Each command runs in a new shell in /sandbox/work/{path}: files you write persist between commands, "
           "processes and `cd` do not. A command may run at most {wall:g} seconds; its output is cut to {chars} "
-          "characters and {tokens} tokens. The task ends as soon as {runsh} exists (then "
-          "`timeout {check} bash run.sh` is run there to check it), or after {turns} replies.")
+          "characters and {tokens} tokens. When {runsh} is ready (write it, run it, fix it), reply with the command "
+          "`{submit}` alone: the task ends and run.sh is your answer (`timeout {check} bash run.sh` is run there "
+          "to check it). The task also ends after {turns} replies.")
+SUBMIT = "submit"
+NO_RUNSH = ("<returncode>1</returncode>\n<output>\n{runsh} does not exist (or is not a regular file): write it "
+            "before you submit.\n</output>")
 FORMAT_ERROR = ("Format error: {why}. Reply with a short thought and exactly ONE ```bash code block holding your "
                 "next command.")
 _BLOCK = re.compile(r"```(?:bash|sh|shell)[ \t]*\n(.*?)```", re.DOTALL)
@@ -149,14 +157,15 @@ class BashEpisode:
         prefix = PREFIX.format(prefix_code=self.sample.prefix_code.strip()) if self.sample.prefix_code.strip() else ""
         task = TASK.format(repo=self.env.name, instruction=self.sample.instruction, path=folder, prefix=prefix)
         task += FORMAT.format(path=folder, wall=b.action_wall_s, chars=b.observation_chars, tokens=b.observation_tokens,
-                              runsh=self.runsh,
-                              check=b.openhands_timeout_s, turns=lim.max_turns)
+                              runsh=self.runsh, submit=SUBMIT, check=b.openhands_timeout_s, turns=lim.max_turns)
         self.messages: list[dict[str, str]] = [{"role": "user", "content": task}]
         self.format_errors = 0
         self.tokens_out = 0
         self.tokens_in = 0
         self.seconds = 0.0
         self.openhands: dict[str, Any] | None = None
+        self.run_sh: str | None = None  # run.sh's text as submitted; the answer is what it runs
+        self.answer_kind: str | None = None
         self.layer: Path | None = None
         self.cleanup: str | None = None  # what of the layer could not be removed
         self.exports = prefix_exports(self.sample.prefix_code)
@@ -176,12 +185,12 @@ class BashEpisode:
         return self.sandbox.run(Job(code, True, self.env, self.sample.path or ".", self.exports, layer=self.layer),
                                 self._limits(wall))
 
-    def _submitted(self) -> str | None:
-        """``run.sh`` of the task folder when the layer holds it as a regular file (links not followed)."""
+    def _own(self, path: str) -> str | None:
+        """A file of the episode's own (in its layer; links not followed), by its path in the repository."""
         if self.layer is None or not (self.layer / "upper").is_dir():
             return None
         try:
-            return RepoView(self.layer / "upper", self.env.name, self.cfg.read.max_file_bytes).read(self.runsh)
+            return RepoView(self.layer / "upper", self.env.name, self.cfg.read.max_file_bytes).read(path)
         except Refused:
             return None
 
@@ -224,6 +233,8 @@ class BashEpisode:
         rec: dict[str, Any] = {"turn": len(self.turns), "step": "bash", "seed": p.seed, "prompt_sha": sha(p.text),
                                "inputs": p.inputs, "tokens_in": len(p.ids), "raw": raw, "tokens_out": n_tokens,
                                "truncated": truncated, "wall_s": round(wall_s, 4)}
+        if not self.turns:  # the conversation's start; each later message is a turn's raw reply and its feedback
+            rec["messages"] = self.messages[:1]
         self.tokens_in += len(p.ids)
         self.tokens_out += n_tokens
         self.seconds += wall_s
@@ -234,9 +245,12 @@ class BashEpisode:
         except FormatError as exc:
             self.format_errors += 1
             rec["error"] = str(exc)
-            self.messages.append({"role": "user", "content": FORMAT_ERROR.format(why=exc)})
+            rec["observation"] = FORMAT_ERROR.format(why=exc)
+            self.messages.append({"role": "user", "content": rec["observation"]})
         else:
             self.format_errors = 0
+            if cmd == SUBMIT:
+                return self._submit(rec, replayed)
             action = {"kind": "bash", "command": cmd}
             res = self._run(cmd, self.cfg.bash.action_wall_s)
             rec["exec"] = {"exit_code": res.exit_code, "timed_out": res.timed_out, "limit": res.limit,
@@ -255,16 +269,27 @@ class BashEpisode:
                 self._end("fault", res.fault)
                 rec["exit"] = self.exit
                 return rec
-            text = self._submitted()
-            if text is not None:
-                self.answer = text
-                rec["action"] = action
-                self.turns.append(rec)
-                self._end("submitted", "")
-                rec["exit"] = self.exit
-                return rec
         rec["action"] = action
         return close_turn(self, rec, "generation and actions")
+
+    def _submit(self, rec: dict[str, Any], replayed: dict[str, Any] | None) -> dict[str, Any]:
+        """The model's ``submit``: with run.sh, the episode ends and its answer is what run.sh runs; without it,
+        the model is told so and the episode goes on."""
+        rec["action"] = {"kind": "submit"}
+        text = self._own(self.runsh)
+        if text is None:
+            obs = replayed["observation"] if replayed is not None else NO_RUNSH.format(runsh=self.runsh)
+            rec["observation"] = obs
+            self.messages.append({"role": "user", "content": obs})
+            return close_turn(self, rec, "generation and actions")
+        ran = read_runsh(text, task_folder(self.sample.path), self._own)
+        self.answer, self.run_sh, self.answer_kind = ran.answer, text, ran.kind
+        rec["answer_kind"] = ran.kind
+        self.turns.append(rec)
+        self._end("submitted", "" if ran.kind != "unscorable" else
+                  "run.sh is a shell script the benchmark would run as Python (no '.sh ' nor '.py '): not scorable")
+        rec["exit"] = self.exit
+        return rec
 
     def replay(self, rec: dict[str, Any]) -> None:
         self.feed(rec["raw"], rec["tokens_out"], rec["wall_s"], rec.get("truncated", False), replayed=rec)
@@ -275,6 +300,7 @@ class BashEpisode:
         self.exit, self.detail, self.answer = end["exit"], end.get("detail", ""), end.get("answer")
         self.tokens_in, self.tokens_out = end["tokens_in"], end["tokens_out"]
         self.seconds, self.openhands = end["seconds"], end.get("openhands")
+        self.run_sh, self.answer_kind = end.get("run_sh"), end.get("answer_kind")
 
     def _end(self, status: str, detail: str) -> None:
         """End the episode; with an answer and ``bash.openhands_check``, check it by OpenHands' rule on the
@@ -304,6 +330,8 @@ class BashEpisode:
         out: dict[str, Any] = {"episode": self.episode, "exit": self.exit, "detail": self.detail, "answer": self.answer,
                "turns": len(self.turns), "tokens_in": self.tokens_in, "tokens_out": self.tokens_out,
                "seconds": round(self.seconds, 4)}
+        if self.answer_kind is not None:
+            out["answer_kind"], out["run_sh"] = self.answer_kind, self.run_sh
         if self.cfg.bash.openhands_check:
             out["openhands"] = self.openhands
         if self.cleanup:

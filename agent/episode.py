@@ -231,8 +231,8 @@ class Episode:
         assert p is not None and self.exit is None, "feed() without a prepared prompt"
         self._prepared = None
         rec: dict[str, Any] = {"turn": len(self.turns), "step": self.step, "seed": p.seed,
-                               "prompt_sha": sha(p.text), "inputs": p.inputs, "tokens_in": len(p.ids),
-                               "raw": raw, "tokens_out": n_tokens, "truncated": truncated,
+                               "prompt_sha": sha(p.text), "prompt": p.text, "inputs": p.inputs,
+                               "tokens_in": len(p.ids), "raw": raw, "tokens_out": n_tokens, "truncated": truncated,
                                "wall_s": round(wall_s, 4)}
         self.tokens_in += len(p.ids)
         self.tokens_out += n_tokens

@@ -36,6 +36,7 @@ from mlbench_kit.errors import MLBenchError
 from mlbench_kit.escape import visible
 from mlbench_kit.flags import resolve
 from mlbench_kit.io import AppendLog, claim_run_folder, read_jsonl_tolerant, write_json_atomic
+from mlbench_kit.progress import Progress
 from mlbench_kit.sandbox import Sandbox, check_backend
 from mlbench_kit.stages import stage
 from mlbench_kit.untar import safe_extract
@@ -322,8 +323,10 @@ def run_episodes(cfg: AgentConfig, rows: list[Sample], repos: dict[str, Path], e
     params = GenParams(temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k,
                        max_new_tokens=cfg.sampling.max_new_tokens)
     adapter = "adapter" if ident.get("adapter") else None
-    rounds = 0
+    rounds = turns = 0
     written: set[tuple[int, int]] = set()
+    # infer's and eval's progress: a bar on a terminal, else a line every 30 s (episodes ended of those to run)
+    bar = Progress(sum(not e for _, _, e in live), "agent", "episode")
     try:
         while True:
             todo = []
@@ -331,7 +334,9 @@ def run_episodes(cfg: AgentConfig, rows: list[Sample], repos: dict[str, Path], e
                 p = ep.prepare()
                 if p is not None:
                     todo.append((ep, path, p))
+            was = sum(e for _, _, e in live)
             _finish(live, by_row, written, logs, gens, ident, cfg)
+            bar.update(sum(e for _, _, e in live) - was, f"round {rounds}, {turns} turns, {len(written)} rows written")
             if not todo:
                 break
             t0 = time.perf_counter()
@@ -351,7 +356,9 @@ def run_episodes(cfg: AgentConfig, rows: list[Sample], repos: dict[str, Path], e
                 rec = ep.feed(g.text, g.n_tokens, wall / len(todo), g.truncated)
                 rec["call_s"], rec["call_size"] = round(wall, 4), len(todo)
                 _log(logs, path).append(rec)
+                turns += 1
     finally:
+        bar.close()
         gens.close()
         for log in logs.values():
             log.close()

@@ -10,10 +10,7 @@ import subprocess
 import symtable
 from dataclasses import dataclass
 
-
-def runs_as_shell(output: str) -> bool:
-    """The benchmark runs an output as a shell command iff it contains ``'.sh '`` or ``'.py '``."""
-    return ".sh " in output or ".py " in output
+from mlbench_kit.dataset import runs_as_shell  # the benchmark's rule: in the core, the agent's run.sh needs it
 
 
 def type_ok(output: str, sample_type: str) -> bool:

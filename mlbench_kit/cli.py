@@ -7,12 +7,12 @@ import difflib
 import os
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from . import __version__
 from .errors import MLBenchError
-from .flags import add_options, check_config
-from .stages import STAGES, Stage, stage
+from .flags import add_options, check_config, extra_option
+from .stages import STAGES, Command, Stage, stage
 
 # the shipped configs: configs/ beside the package (an editable install, the way setup.sh installs)
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -51,15 +51,59 @@ class _RaisingParser(argparse.ArgumentParser):
 def stage_parser(name: str, raising: bool = False) -> argparse.ArgumentParser:
     """The parser of one stage, as ``mlbench NAME`` builds it (``raising``: a bad option raises
     :class:`MLBenchError` instead of exiting)."""
-    cls = _RaisingParser if raising else HintingParser
+    cls: type[argparse.ArgumentParser] = _RaisingParser if raising else HintingParser
     if name == "configs":
         parser = cls(prog="mlbench configs", description=CONFIGS_HELP, add_help=not raising)
         _configs_args(parser)
         return parser
     st = stage(name)
-    parser = cls(prog=f"mlbench {name}", description=st.help, add_help=not raising)
+    if st.commands:
+        cls = _with_commands(cls, st, raising)
+    parser = cls(prog=f"mlbench {name}", description=st.help, add_help=not raising, epilog=_commands_epilog(st))
     add_stage_options(parser, st)
     return parser
+
+
+def _commands_epilog(st: Stage) -> str | None:
+    return "commands: " + "; ".join(f"`mlbench {st.name} {c.name}`: {c.help}" for c in st.commands) \
+        if st.commands else None
+
+
+def command_parser(st: Stage, cmd: Command, raising: bool = False) -> argparse.ArgumentParser:
+    """The parser of ``mlbench STAGE COMMAND``, from the command's declaration in the stage table."""
+    cls = _RaisingParser if raising else argparse.ArgumentParser
+    parser = cls(prog=f"mlbench {st.name} {cmd.name}", description=cmd.help, add_help=not raising)
+    for name, help_ in cmd.positionals:
+        parser.add_argument(name, help=help_)
+    for f in cmd.options:
+        extra_option(parser, f)
+    return parser
+
+
+def _with_commands(cls: type[argparse.ArgumentParser], st: Stage, raising: bool) -> type[argparse.ArgumentParser]:
+    """A stage parser that hands ``COMMAND ...`` to that command's parser (so ``mlbench agent show RUN`` parses
+    wherever the stage's commands are parsed: here, the docs' test)."""
+    commands = {c.name: c for c in st.commands}
+
+    class WithCommands(cls):  # type: ignore[valid-type,misc]
+        def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+            words = list(sys.argv[1:] if args is None else args)
+            if words and words[0] in commands:
+                ns, rest = command_parser(st, commands[words[0]], raising).parse_known_args(words[1:], namespace)
+                ns.command = words[0]
+                return ns, rest
+            return super().parse_known_args(words, namespace)
+    return WithCommands
+
+
+def _command(words: list[str]) -> tuple[Stage, Command] | None:
+    """The stage command ``words`` ask for (``agent show ...``), if any."""
+    names = {st.name: st for st in STAGES}
+    i = next((i for i, w in enumerate(words) if not w.startswith("-")), None)
+    if i is None or words[i] not in names or i + 1 >= len(words):
+        return None
+    st = names[words[i]]
+    return next(((st, c) for c in st.commands if c.name == words[i + 1]), None)
 
 
 def add_stage_options(parser: argparse.ArgumentParser, st: Stage) -> None:
@@ -169,13 +213,20 @@ def main(argv: list[str] | None = None) -> int:
     bars_only_on_tty()  # before any stage imports tqdm: no progress bars in a log, a pipe or a Slurm file
     words = sys.argv[1:] if argv is None else argv
     chosen = next((w for w in words if not w.startswith("-")), None)
-    if words and words[0] == chosen and chosen in {st.name for st in STAGES} | {"configs"}:
+    cmd = _command(words)
+    if cmd is not None:  # `mlbench STAGE COMMAND ...`
+        i = words.index(cmd[0].name)
+        args = command_parser(*cmd).parse_args(words[i + 2:])
+        args.stage, args.command = cmd[0].name, cmd[1].name
+    elif words and words[0] == chosen and chosen in {st.name for st in STAGES} | {"configs"}:
         # the stage's own parser: a wrong option gets this stage's usage and a "did you mean", not mlbench's
         args = stage_parser(chosen).parse_args(words[1:])
         args.stage = chosen
     else:
         args = build_parser(chosen if chosen in {st.name for st in STAGES} else "").parse_args(argv)
     try:
+        if cmd is not None:
+            return int(cmd[1].function()(args))
         if args.stage == "configs":
             return _configs(args)
         if getattr(args, "check", False):

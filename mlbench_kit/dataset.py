@@ -52,6 +52,11 @@ MAX_ARGUMENTS = 256
 MAX_ARGUMENTS_CHARS = 65536
 
 
+def runs_as_shell(output: str) -> bool:
+    """The benchmark runs an output as a shell command iff it contains ``'.sh '`` or ``'.py '`` (else as Python)."""
+    return ".sh " in output or ".py " in output
+
+
 def parse_arguments(value: Any, where: str) -> dict[str, str]:
     """Parse the ``arguments`` column: a Python-literal dict string (never ``eval``), or a dict; at most
     ``MAX_ARGUMENTS`` of them, in at most ``MAX_ARGUMENTS_CHARS`` characters."""

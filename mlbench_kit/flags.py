@@ -124,7 +124,8 @@ def _config_option(parser: Any, st: Stage, name: str, key: str) -> None:
             deprecated_flag(parser, flag(old), flag(new), **old_kw)
 
 
-def _extra_option(parser: Any, f: Flag) -> None:
+def extra_option(parser: Any, f: Flag) -> None:
+    """Add one option that sets no config key (a :class:`Flag` of a stage or of a stage's command)."""
     kw: dict[str, Any] = {"dest": f.name, "help": f.help, "default": f.default}
     if f.type is bool:
         kw["action"] = "store_true"
@@ -160,7 +161,7 @@ def add_options(parser: argparse.ArgumentParser, st: Stage) -> None:
         parser.add_argument("--check", action="store_true",
                             help="validate the config (file, flags, --set) and print it resolved, without running")
     for f in st.extra:
-        _extra_option(groups.get(f.name, parser), f)
+        extra_option(groups.get(f.name, parser), f)
 
 
 def set_example(cls: type) -> str:

@@ -44,6 +44,22 @@ class Flag:
 
 
 @dataclass(frozen=True)
+class Command:
+    """A sub-command of a stage (``mlbench agent show RUN``): a tool over the stage's outputs, not a run of it."""
+
+    name: str
+    help: str
+    entry: str  # "module:function", called with the parsed arguments; returns the exit status
+    positionals: tuple[tuple[str, str], ...] = ()  # (name, help), in order
+    options: tuple[Flag, ...] = ()
+
+    def function(self) -> typing.Callable[[Any], int]:
+        """The command's entry function (its module imported now)."""
+        module, _, name = self.entry.partition(":")
+        return typing.cast(typing.Callable[[Any], int], getattr(importlib.import_module(module), name))
+
+
+@dataclass(frozen=True)
 class Stage:
     """One stage of the toolkit."""
 
@@ -55,6 +71,7 @@ class Stage:
     one_of: tuple[tuple[tuple[str, ...], bool], ...] = ()  # (options, required): at most (exactly) one of them
     default_config: str | None = None  # the config file read without --config (relative to the checkout)
     cpu_config: str | None = None  # the one to name instead when default_config needs a GPU and there is none
+    commands: tuple[Command, ...] = ()  # `mlbench STAGE COMMAND ...`: tools over the stage's outputs
 
     def module(self) -> ModuleType:
         """The stage's entry module (imported now: the first time the stage is needed)."""
@@ -90,7 +107,15 @@ STAGES: tuple[Stage, ...] = (
           "mlbench_kit.infer.run", "mlbench_kit.infer_config:InferConfig"),
     Stage("agent", "agent episodes per row (ML-Agent, or bash actions in the sandbox) -> generations to score",
           "mlbench_kit.agent.run", "mlbench_kit.agent_config:AgentConfig",
-          one_of=((("repos_dir", "tarballs"), False),)),  # one of them is required: AgentConfig.require_inputs
+          one_of=((("repos_dir", "tarballs"), False),),  # one of them is required: AgentConfig.require_inputs
+          commands=(Command("show", "render one episode of an agent run in the terminal: each turn's messages, the "
+                            "reply, what the harness did, the end", "mlbench_kit.agent.show:run",
+                            positionals=(("run", "the agent run's folder (its --out)"),),
+                            options=(Flag("row", "the row: ID or GITHUB_ID-ID (default: the run's first)",
+                                          metavar="ID"),
+                                     Flag("episode", "the episode, from 0", type=int, default=0, metavar="K"),
+                                     Flag("full", "every message whole (default: each cut to 4,000 characters, "
+                                          "head and tail)", type=bool, default=False))),)),
     Stage("eval", "execute generations in a sandbox and score them", "mlbench_kit.eval.run",
           "mlbench_kit.eval_config:EvalConfig", one_of=((("generations", "gold"), False),)),
     Stage("learn", "learn from execution verdicts: SFT records and pairs from verdicts (data), rejection-sampling "

@@ -415,6 +415,30 @@ def test_generations_and_transcripts_in_lockstep(toy_repo: Path, tmp_path: Path)
     assert gens.n == 2 and gens.outputs[SAMPLE.key] == ["python main.py --lr 0.1"] * 2
 
 
+def test_transcripts_hold_every_prompt_and_agent_show_renders_an_episode(toy_repo: Path, tmp_path: Path, capsys):
+    """Each turn records the whole prompt the engine got; `mlbench agent show` prints it, the reply and the end,
+    escaping what could drive a terminal; a run prints its progress (the last line at least, off a terminal)."""
+    from mlbench_kit.cli import main
+    seen: list[str] = []
+
+    def policy(prompt: str, seed: int) -> str:
+        seen.append(prompt)
+        return gold_reader(prompt, seed) + ("\nclear \x1b[2J" if len(seen) == 1 else "")  # talk around the JSON
+    cfg = _cfg()
+    cfg.episodes = 1
+    _run(toy_repo, tmp_path / "run", Scripted(policy), cfg)
+    assert "agent: 1/1 episodes (100%), round 4, 4 turns, 1 rows written" in capsys.readouterr().err
+    t = [json.loads(x) for x in (tmp_path / "run" / "transcripts" / "9-1" / "ep0.jsonl").read_text().splitlines()]
+    assert [r["prompt"] for r in t if "turn" in r] == seen and len(seen) == 4
+    assert main(["agent", "show", str(tmp_path / "run"), "--row", "1", "--full"]) == 0
+    shown = capsys.readouterr().out
+    assert all(p in shown for p in seen) and "\x1b" not in shown and "\\x1b[2J" in shown
+    assert shown.startswith("== row 9-1, episode 0: 4 turns, exit submitted") and "[answer]" in shown
+    assert main(["agent", "show", str(tmp_path / "run"), "--episode", "3"]) == 2
+    assert "no episode 3 for row 9-1" in capsys.readouterr().err
+    assert main(["agent", "show", str(tmp_path / "nothing")]) == 2
+
+
 def test_an_episode_without_an_answer_keeps_its_place(toy_repo: Path, tmp_path: Path):
     _run(toy_repo, tmp_path / "run", Scripted(lambda p, s: '{"task_flag": "No"}'))
     (row,) = _rows(tmp_path / "run")

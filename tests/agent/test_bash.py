@@ -43,17 +43,16 @@ def bash(cmd: str) -> str:
 class Replies:
     """A fixed reply list per episode: ``script(messages, sample) -> reply`` from the conversation so far."""
 
-    def __init__(self, script) -> None:
-        self.script, self.sizes = script, []
+    def __init__(self, script, rows=ROWS) -> None:
+        self.script, self.sizes, self.rows = script, [], rows
 
     def generate(self, requests, params):
         self.sizes.append(len(requests))
         out = []
         for r in requests:
             messages = json.loads("".join(map(chr, r.token_ids)))
-            text = self.script(messages, next(s for s in ROWS if s.instruction in messages[0]["content"]))
-            # 10 tokens a reply, never above the request's cap (as an engine; more is a refused reply)
-            out.append(Generated(text, min(10, r.max_new_tokens or 10)))
+            text = self.script(messages, next(s for s in self.rows if s.instruction in messages[0]["content"]))
+            out.append(Generated(text, min(10, r.max_new_tokens or params.max_new_tokens)))  # an engine's count
         return out
 
     def close(self) -> None:
@@ -61,11 +60,13 @@ class Replies:
 
 
 def gold_writer(messages, sample: Sample) -> str:
-    """Reads the README, then writes the row's gold answer as run.sh."""
+    """Reads the README, writes the row's gold answer as run.sh, then submits."""
     if len(messages) == 1:
         return bash("head -3 README.md")
-    assert "<returncode>0</returncode>" in messages[-1]["content"] and "toybench" in messages[-1]["content"]
-    return bash(f"printf '%s\\n' {shlex.quote(sample.output)} > run.sh")
+    if len(messages) == 3:
+        assert "<returncode>0</returncode>" in messages[-1]["content"] and "toybench" in messages[-1]["content"]
+        return bash(f"printf '%s\\n' {shlex.quote(sample.output)} > run.sh")
+    return bash("submit")
 
 
 def _cfg(**bash) -> AgentConfig:
@@ -88,7 +89,7 @@ def box(request):
 
 
 def _run(box, out: Path, script, cfg: AgentConfig | None = None, rows=ROWS, max_model_len: int = 10**6):
-    engine = Replies(script)
+    engine = Replies(script, rows)
     stats = run_episodes(cfg or _cfg(), list(rows), {REPO: CHECKOUT}, lambda: engine, encode, max_model_len, out,
                          {"model": "scripted", "adapter": None, "backend": "scripted"}, box=box)
     return stats, engine
@@ -105,19 +106,20 @@ def _layers(box) -> list[Path]:
 
 def test_gold_run_sh_is_the_answer_and_passes_the_openhands_rule(box, tmp_path: Path):
     stats, engine = _run(box, tmp_path / "run", gold_writer)
-    assert stats["exits"] == {"submitted": 6} and engine.sizes == [6, 6]  # lockstep: every episode's turn at once
+    assert stats["exits"] == {"submitted": 6} and engine.sizes == [6, 6, 6]  # lockstep: every episode's turn at once
     rows = {(r["github_id"], r["id"]): r for r in _rows(tmp_path / "run")}
     for s in ROWS:
         r = rows[s.key]
         assert r["output"] == [s.output + "\n"] * 2
         for e in r["agent"]["episodes"]:
             assert (e["exit"], e["turns"], e["openhands"]["passed"], e["openhands"]["exit_code"]) == \
-                ("submitted", 2, True, 0)
+                ("submitted", 3, True, 0)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["openhands"]["success_rate"] == 1.0 and summary["openhands"]["scored"] == 6
     t = [json.loads(x) for x in (tmp_path / "run" / "transcripts" / "101-9001" / "ep0.jsonl").read_text().splitlines()]
     assert t[0]["action"] == {"kind": "bash", "command": "head -3 README.md"} and t[0]["exec"]["exit_code"] == 0
-    assert t[1]["exit"] == "submitted" and t[-1]["end"]["openhands"]["passed"]
+    assert "exit" not in t[1] and t[2]["action"] == {"kind": "submit"}  # run.sh written: the episode goes on
+    assert t[2]["exit"] == "submitted" and t[-1]["end"]["openhands"]["passed"]
     assert _layers(box) == []  # each episode's layer is removed when it ends
     # eval reads the agent's generations as it reads infer's
     from mlbench_kit.eval.generations import load_generations
@@ -145,6 +147,121 @@ def test_the_agents_verdicts_equal_the_gold_verdicts(box, tmp_path: Path, mode: 
         return {(r["github_id"], r["id"]): (r["passed"], r["error_class"])
                 for r in map(json.loads, (run / "results.jsonl").read_text().splitlines())}
     assert verdicts(tmp_path / "eval") == verdicts(tmp_path / "gold") and len(verdicts(tmp_path / "gold")) == 3
+
+
+def _eval(rows: list[Sample], generations: Path, out: Path, mode: str) -> dict:
+    """``mlbench eval`` of ``generations`` (one output a row) on ``rows`` of the sample: each row's verdict by id."""
+    from mlbench_kit.cli import main
+    rows_file = out.with_suffix(".rows.jsonl")
+    rows_file.write_text("".join(line + "\n" for line in (SAMPLE / "samples.jsonl").read_text().splitlines()
+                                 if any(f'"id": {s.id},' in line for s in rows)))
+    assert main(["eval", "--data", str(rows_file), "--envs", str(ENVS), "--mode", mode, "--no-ci", "--k", "1",
+                 "--generations", str(generations), "--out", str(out)]) == 0
+    return {r["id"]: r["passed"] for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+
+
+def test_run_sh_is_scored_by_what_it_runs(box, tmp_path: Path):
+    """Python Code rows answered by a run.sh that works (a heredoc; a Python file an earlier action wrote) pass
+    compat and strict, as does a Bash Script row's command; the gold Python text saved as run.sh, which `bash run.sh`
+    cannot run, passes neither (nor the openhands rule): the answer is what run.sh runs."""
+    by_id = {s.id: s for s in load_samples(SAMPLE / "samples.jsonl")}
+    heredoc, from_file, broken, command = by_id[9016], by_id[9017], by_id[9018], by_id[9001]
+    rows = [heredoc, from_file, broken, command]
+
+    def script(messages, sample):
+        write = {heredoc.id: f"printf '%s\\n' \"python - <<'EOF'\" {shlex.quote(sample.output)} EOF > run.sh",
+                 from_file.id: f"printf '%s\\n' {shlex.quote(sample.output)} > task.py && echo python task.py > run.sh",
+                 broken.id: f"printf '%s\\n' {shlex.quote(sample.output)} > run.sh",
+                 command.id: f"echo {shlex.quote(sample.output)} > run.sh"}[sample.id]
+        return [bash(write), bash("bash run.sh"), bash("submit")][len(messages) // 2]
+    cfg = _cfg()
+    cfg.episodes = 1
+    _run(box, tmp_path / "agent", script, cfg, rows=rows)
+    eps = {r["id"]: r["agent"]["episodes"][0] for r in _rows(tmp_path / "agent")}
+    assert {i: (e["exit"], e["answer_kind"], e["openhands"]["passed"]) for i, e in eps.items()} == {
+        heredoc.id: ("submitted", "python", True), from_file.id: ("submitted", "python", True),
+        broken.id: ("submitted", "unscorable", False), command.id: ("submitted", "shell", True)}
+    assert [eps[s.id]["answer"] for s in rows] == [heredoc.output + "\n", from_file.output + "\n", "",
+                                                  command.output + "\n"]
+    assert eps[broken.id]["run_sh"] == broken.output + "\n"
+    for mode in ("compat", "strict"):
+        got = _eval(rows, tmp_path / "agent" / "generations.jsonl", tmp_path / f"eval-{mode}", mode)
+        assert got == {heredoc.id: True, from_file.id: True, broken.id: False,
+                                                        command.id: True}, (mode, got)
+
+
+def test_real_rows_run_sh_answers_are_what_they_run(shared: Path):
+    """Every row of the real benchmark, both kinds: its gold Python run from a heredoc run.sh is the gold answer
+    (the benchmark's checks give it the gold's verdict, compat and strict); the gold Python text saved as run.sh is
+    not scorable (it passes no check); a Bash Script row's gold command as run.sh is the gold answer."""
+    from mlbench_kit.agent.runsh import read_runsh
+    from mlbench_kit.eval.checks import check_output
+
+    def static(out: str, s: Sample, mode: str) -> bool:
+        c = check_output(out, s.arguments, s.type, mode)
+        return c.params_ok and c.type_ok
+    samples = load_samples(shared / "full.jsonl")
+    kinds = {t: [s for s in samples if s.type == t] for t in ("Python Code", "Bash Script")}
+    assert len(kinds["Python Code"]) == 89 and len(kinds["Bash Script"]) == 171
+    for s in kinds["Python Code"]:
+        ran = read_runsh(f"#!/bin/bash\npython3 <<'PY'\n{s.output}\nPY\n", "x", lambda p: None)
+        assert (ran.kind, ran.answer) == ("python", s.output + "\n"), s.key
+        assert read_runsh(s.output, "x", lambda p: None).kind == "unscorable", s.key
+        for mode in ("compat", "strict"):
+            assert static(ran.answer, s, mode) == static(s.output, s, mode) and not static("", s, mode), s.key
+    for s in kinds["Bash Script"]:
+        ran = read_runsh(s.output + "\n", "x", lambda p: None)
+        assert ran.answer in (s.output + "\n", "") and (ran.answer == "") == (ran.kind == "unscorable"), s.key
+        for mode in ("compat", "strict"):
+            assert static(ran.answer, s, mode) == static(s.output, s, mode), s.key
+
+
+def test_the_run_sh_reader_on_fixed_strings():
+    from mlbench_kit.agent.runsh import read_runsh
+    own = {"sub/t.py": "print(2)\n"}.get
+    cases = {
+        "python - <<'EOF'\nprint(1)\nEOF\n": ("python", "print(1)\n"),
+        "#!/bin/bash\nset -euo pipefail\ncd /sandbox/work/sub\npython3 -u <<-EOF\n\tprint(1)\n\tEOF\n": ("python",
+                                                                                                "print(1)\n"),
+        "python t.py": ("python", "print(2)\n"),  # the episode's own file
+        "cat <<'E' > a.py\nprint(3)\nE\npython a.py\n": ("python", "print(3)\n"),
+        "python -c 'print(4)'": ("python", "print(4)"),
+        "python <<EOF\nprint('$HOME')\nEOF\n": ("unscorable", ""),  # bash expands it: not this text
+        "python - <<'EOF'\nprint(1)\n": ("unscorable", ""),  # never closed
+        "cat > a.py <<'E'\nx\nE\ncat > b <<'E'\ny\nE\npython a.py": ("shell", "cat > a.py <<'E'\nx\nE\ncat > b "
+                                                                        "<<'E'\ny\nE\npython a.py"),  # b is read
+        "python - <<'EOF'\nprint(1)\nEOF\necho a.sh \n": ("shell", "python - <<'EOF'\nprint(1)\nEOF\necho a.sh \n"),
+        "python train.py --lr 0.1": ("shell", "python train.py --lr 0.1"),
+        "python missing.py": ("unscorable", ""),
+        "python ../t.py": ("unscorable", ""),
+    }
+    for text, want in cases.items():
+        got = read_runsh(text, "sub", own)
+        assert (got.kind, got.answer) == want, text
+
+
+def test_a_bash_transcript_reproduces_every_conversation_the_model_saw(box, tmp_path: Path, capsys):
+    """The task message on turn 0, then each reply and its feedback (an observation, a format error, a submit
+    without run.sh): rebuilt from the transcript, each turn's conversation is the one the engine got."""
+    from mlbench_kit.cli import main
+    seen: list[list[dict]] = []
+
+    def script(messages, sample):
+        seen.append(messages)
+        return ["no block", bash("submit"), bash("echo ok > run.sh"), bash("submit")][len(messages) // 2]
+    cfg = _cfg(openhands_check=False)
+    cfg.episodes = 1
+    _run(box, tmp_path / "run", script, cfg, rows=ROWS[:1])
+    t = [json.loads(x) for x in (tmp_path / "run" / "transcripts" / "101-9001" / "ep0.jsonl").read_text().splitlines()]
+    turns = [r for r in t if "turn" in r]
+    rebuilt = list(turns[0]["messages"])
+    for i, r in enumerate(turns):
+        assert rebuilt == seen[i], i
+        rebuilt += [{"role": "assistant", "content": r["raw"]}, {"role": "user", "content": r.get("observation")}]
+    assert len(seen) == 4 and turns[-1]["exit"] == "submitted"
+    assert main(["agent", "show", str(tmp_path / "run"), "--row", "101-9001"]) == 0
+    shown = capsys.readouterr().out
+    assert "Format error" in shown and "does not exist" in shown and "[run.sh (its answer: unscorable)]" in shown
 
 
 def test_files_persist_between_actions_processes_do_not(box, tmp_path: Path):
@@ -183,18 +300,21 @@ def test_hostile_actions_are_contained(box, tmp_path: Path):
         return [bash(f"echo pwned > {canary}; echo x > /usr/pwned; echo x > /sandbox/job/x; "
                      "python3 -c 'import socket; socket.create_connection((\"1.1.1.1\", 53), 2)'; "
                      f"ln -s /etc/passwd run.sh; ln -s {canary} to-canary; (setsid sleep {naps} &) ; echo end"),
+                bash("submit"),
                 bash(":(){ :|:& };: ; echo bomb"),
                 bash("cat /etc/hostname; rm run.sh; echo fine > run.sh"),
+                bash("submit"),
                 ][len(messages) // 2]
     cfg = _cfg(action_wall_s=5, openhands_check=False)
     cfg.episodes = 1
     _run(box, tmp_path / "run", script, cfg, rows=ROWS[:1])
     t = [json.loads(x) for x in (tmp_path / "run" / "transcripts" / "101-9001" / "ep0.jsonl").read_text().splitlines()]
-    assert "exit" not in t[0] and "end" in t[0]["observation"]  # the link is not run.sh's text: no answer yet
+    assert "end" in t[0]["observation"] and "exit" not in t[1]  # the link is not run.sh's text: no answer yet
+    assert "does not exist (or is not a regular file)" in t[1]["observation"]
     assert "Permission denied" in t[0]["observation"] or "Read-only" in t[0]["observation"]
     assert "Network is unreachable" in t[0]["observation"] or "OSError" in t[0]["observation"]
-    assert t[1]["exec"]["fault"] is None  # the fork bomb is a verdict about the action, not a sandbox fault
-    assert t[2]["exit"] == "submitted" and t[-1]["end"]["answer"] == "fine\n"
+    assert t[2]["exec"]["fault"] is None  # the fork bomb is a verdict about the action, not a sandbox fault
+    assert t[4]["exit"] == "submitted" and t[-1]["end"]["run_sh"] == "fine\n"
     assert canary.read_text() == "host\n" and not Path("/usr/pwned").exists()
     # each action's layer, links and all, was handed to the next action's uid (as root): no link was followed
     assert (canary.stat().st_uid, Path("/etc/passwd").stat().st_uid) == (os.getuid(), 0)
@@ -237,7 +357,7 @@ def test_format_errors_are_told_to_the_model(box, tmp_path: Path):
 
     def script(messages, sample):
         seen.append(messages[-1]["content"])
-        return "```bash\nls\n```\n```bash\npwd\n```" if len(messages) == 1 else bash("echo ok > run.sh")
+        return ["```bash\nls\n```\n```bash\npwd\n```", bash("echo ok > run.sh"), bash("submit")][len(messages) // 2]
     cfg = _cfg(openhands_check=False)
     cfg.episodes = 1
     _run(box, tmp_path / "run", script, cfg, rows=ROWS[:1])
@@ -251,7 +371,8 @@ def test_a_killed_run_resumes_to_the_same_result(box, tmp_path: Path):
     (to rebuild each episode's files) and ends as an uninterrupted run does."""
     def script(messages, sample):
         return [bash("echo step1 > a.txt"), bash("cat a.txt >> b.txt; cat b.txt"),
-                bash(f"cp b.txt run.sh; echo {shlex.quote(sample.output)} >> run.sh")][len(messages) // 2]
+                bash(f"cp b.txt run.sh; echo {shlex.quote(sample.output)} >> run.sh"),
+                bash("submit")][len(messages) // 2]
 
     class Killed(Exception):
         pass
@@ -269,7 +390,7 @@ def test_a_killed_run_resumes_to_the_same_result(box, tmp_path: Path):
         run_episodes(cfg, ROWS[:2], {REPO: CHECKOUT}, lambda: killed, encode, 10**6, tmp_path / "part",
                      {"model": "scripted", "adapter": None, "backend": "scripted"}, box=box)
     _, again = _run(box, tmp_path / "part", script, cfg, rows=ROWS[:2])
-    assert again.sizes == [4, 4]  # rounds 2 and 3 only
+    assert again.sizes == [4, 4, 4]  # rounds 2 to 4 only
 
     def strip(out: Path) -> list:
         rows = sorted(_rows(out), key=lambda r: r["id"])
@@ -374,7 +495,7 @@ def test_agent_runs_stand_beside_task_runs_in_the_report(box, tmp_path: Path):
     assert [ln.split(" | ")[1] for ln in setting_rows] == ["3", "agent: bash"]
     assert "| ML-Agent, GPT-4 (paper, quarter set) *(quoted)* | agent: ml-agent |  |  | 0.235 | 0.353 |" in md
     agents = md.split("## Agent runs")[1]
-    assert "| m · agent bash | 6 | 6 | submitted 6 | 2.00 |" in agents and "openhands rule" in agents
+    assert "| m · agent bash | 6 | 6 | submitted 6 | 3.00 |" in agents and "openhands rule" in agents
     assert "| DGL | 0.800 |" in agents  # Table 2's ML-Agent column, quoted
     rows = list(csv.DictReader((out / "report.csv").open()))
     got = {(r["task"], r["group_kind"], r["metric"]): r for r in rows if r["run"] == "m"}
@@ -395,9 +516,8 @@ def test_prefix_code_exports_apply_to_actions_and_the_openhands_check(box, tmp_p
                                                    "export OUT_DIR=$DATA_DIR/out  # where it writes\n")
 
     def script(messages, sample):
-        if len(messages) == 1:
-            return bash('echo "data=[$DATA_DIR] out=[$OUT_DIR]"')
-        return bash("printf '%s\\n' 'test \"$OUT_DIR\" = /data/x/out' > run.sh")
+        return [bash('echo "data=[$DATA_DIR] out=[$OUT_DIR]"'),
+                bash("printf '%s\\n' 'test \"$OUT_DIR\" = /data/x/out' > run.sh"), bash("submit")][len(messages) // 2]
 
     engine = Replies(script)
     cfg = _cfg()
@@ -440,9 +560,7 @@ def test_an_episode_shows_the_model_at_most_its_token_budget_of_an_action(box, t
 
     def script(messages, sample):
         seen.append(messages[0]["content"])
-        if len(messages) == 1:
-            return bash("seq 1 400")
-        return bash("echo done > run.sh")
+        return [bash("seq 1 400"), bash("echo done > run.sh"), bash("submit")][len(messages) // 2]
 
     engine = Replies(script)
     run_episodes(cfg, ROWS[:1], {REPO: CHECKOUT}, lambda: engine, encode, 10**6, tmp_path / "run",
