@@ -17,6 +17,7 @@ from mlbench_kit.records import PrepRecord
 ENVS = REPO_ROOT / "configs" / "eval" / "sample.yaml"
 DATA = SAMPLE / "samples.jsonl"
 LEARN_CFG = "configs/learn/tiny-cpu.yaml"
+STEPS = 150  # full-batch steps of the tiny model on two short rows
 
 
 def _rec(gid: int, i: int, answer: str, instruction: str = "") -> PrepRecord:
@@ -88,20 +89,26 @@ def test_verdicts_of_rows_outside_the_training_split_are_refused(tmp_path):
 
 @pytest.fixture(scope="module")
 def sample_prep(tmp_path_factory, tiny_model_dir) -> Path:
-    """The sample's task-3 prompts, split ID-train / test (toyvision held out as OOD), with the tiny tokenizer."""
+    """The sample's task-3 prompts split ID-train / test (toyvision held out as OOD), then the training split cut to
+    four rows in a short form (the instruction alone, the command as the answer): cheap enough for a tiny model to
+    learn two of them in seconds, so its answers pass on some rows and fail on others."""
     out = tmp_path_factory.mktemp("learnprep")
     r = run_cli("mlbench", "prep", "--data", DATA, "--splits", "full", "--readmes", SAMPLE / "repos",
                 "--build-splits", "--ood-repos", "toyvision", "--id-test-fraction", "0.3", "--tasks", "3",
                 "--template", "llama-inst", "--tokenizer", tiny_model_dir, "--max-context-tokens", "1024",
                 "--no-hf", "--out", out)
     assert r.returncode == 0, r.stderr
+    train = out / "id_train" / "task3.jsonl"
+    rows = [json.loads(x) for x in train.read_text().splitlines()][:4]
+    train.write_text("".join(json.dumps({**row, "prompt": f"[INST] {row['instruction']} [/INST]",
+                                         "answer": row["output"]}) + "\n" for row in rows))
     return out
 
 
 @pytest.fixture(scope="module")
 def sft_model(tmp_path_factory, tiny_model_dir, sample_prep) -> Path:
-    """The tiny model tuned on the training split's gold answers (full weights, the prompt masked) until its
-    samples at temperature 1 pass on some rows and fail on others: what every method needs to learn from."""
+    """The tiny model tuned (full weights, the prompt masked) on two of the four training rows: its samples pass
+    on those and fail on the other two, which is what every method needs to learn from."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -111,15 +118,16 @@ def sft_model(tmp_path_factory, tiny_model_dir, sample_prep) -> Path:
     shutil.copytree(tiny_model_dir, out)
     tok = AutoTokenizer.from_pretrained(out)
     model = AutoModelForCausalLM.from_pretrained(out)
-    examples = [tokenize_record(rec, tok) for _, rec in read_prep_records(sample_prep / "id_train" / "task3.jsonl")]
+    recs = [rec for _, rec in read_prep_records(sample_prep / "id_train" / "task3.jsonl")][:2]
+    examples = [tokenize_record(rec, tok) for rec in recs]
     torch.manual_seed(0)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    model.train()
     width = max(len(ex) for ex in examples)
     ids = torch.tensor([ex.input_ids + [0] * (width - len(ex)) for ex in examples])
     labels = torch.tensor([ex.labels + [-100] * (width - len(ex)) for ex in examples])
     mask = (torch.arange(width)[None, :] < torch.tensor([len(ex) for ex in examples])[:, None]).long()
-    for _ in range(40):  # all rows a step: at 40 steps about two samples in three pass, at 120 nearly all
+    model.train()
+    for _ in range(STEPS):
         model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
         opt.step()
         opt.zero_grad()
@@ -141,7 +149,7 @@ def rft_run(tmp_path_factory, sft_model, sample_prep) -> Path:
 
 
 @pytest.mark.integration
-def test_rft_keeps_only_strictly_passing_answers_and_trains_on_them(rft_run):
+def test_rft_keeps_only_strictly_passing_answers_and_trains_on_them(rft_run, sample_prep):
     (round_,) = [json.loads(x) for x in (rft_run / "rounds.jsonl").read_text().splitlines()]
     assert 0 < round_["passed"] < round_["answers"], round_  # the verdicts vary: there is something to learn
     results = [json.loads(x) for x in (rft_run / "round-1" / "eval" / "results.jsonl").read_text().splitlines()]
@@ -159,7 +167,7 @@ def test_rft_keeps_only_strictly_passing_answers_and_trains_on_them(rft_run):
     steps = [json.loads(x) for x in (rft_run / "round-1" / "train" / "metrics.jsonl").read_text().splitlines()]
     assert any(s.get("event") == "done" for s in steps)
     # a finished run re-run does nothing and says so
-    r = _learn("--method", "rft", "--model", rft_run.parent, out=rft_run)  # another model: another run
+    r = _learn("--method", "rft", "--model", rft_run.parent, "--prep-dir", sample_prep, out=rft_run)  # another model
     assert r.returncode == 2 and "other settings" in r.stderr
 
 
@@ -226,7 +234,7 @@ def test_grpo_rewards_come_from_execution_and_reach_the_update(tmp_path, rft_run
     r = _learn("--method", "grpo", "--model", sft_model, "--adapter", start, "--prep-dir", sample_prep, out=out)
     assert r.returncode == 0, r.stderr[-3000:]
     rewards = [json.loads(x) for x in (out / "rewards.jsonl").read_text().splitlines()]
-    assert len(rewards) == 2 * 2 * 4  # steps x prompts x group
+    assert len(rewards) == 2 * 4 * 4  # steps x prompts x group
     assert {x["reward"] for x in rewards} == {0.0, 1.0}, "rewards did not vary: nothing to learn from"
     for x in rewards:  # each reward is the strict verdict of `mlbench eval` in that batch's folder
         batch = out / "rewards" / f"batch-{x['batch']:05d}" / "eval" / "results.jsonl"

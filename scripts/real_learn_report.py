@@ -1,0 +1,135 @@
+"""The report of one `scripts/real.sh --learn` run: ``RUN/learning.md`` (committed as
+bench/results/2026-11-28-learning.md).
+
+Reads only what the stages wrote: eval's summaries and results of every model on the test rows, each learning run's
+own files (rft's rounds, DPO's pairs and log, GRPO's rewards and log), the per-stage timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from real_report import ROOT, _ci, _jsonl, _pct, stage_times, train_facts, tsv
+
+VARIANTS = ("base", "sft")
+
+
+def _json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def compat_only_at_limit(run: Path, v: str) -> tuple[int, int]:
+    """(answers compat passes only because they were still running at the limit, answers compat passes)."""
+    rows = _jsonl(run / "eval-compat" / "learn" / v / "results.jsonl")
+    return sum(1 for r in rows if r.get("passed") and r.get("timed_out")), sum(1 for r in rows if r.get("passed"))
+
+
+def executions(run: Path, method: str) -> int:
+    """Sandbox executions a method's learning cost (its own files)."""
+    d = run / f"learn-{method}"
+    if method == "rft":
+        return sum(r.get("answers", 0) for r in _jsonl(d / "rounds.jsonl"))
+    if method == "grpo":
+        return len(_jsonl(d / "rewards.jsonl"))
+    return 0  # dpo reads rft's first-round verdicts: no execution of its own
+
+
+def grpo_curve(run: Path) -> list[str]:
+    """Mean reward and pass rate per GRPO step, from its rewards.jsonl."""
+    by_step: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for r in _jsonl(run / "learn-grpo" / "rewards.jsonl"):
+        by_step[r.get("batch")].append(r)
+    out = ["| batch (step) | answers | mean reward | passed | faults |", "|---|---|---|---|---|"]
+    for b, rs in sorted(by_step.items()):
+        vals = [r["reward"] for r in rs if r.get("reward") is not None]
+        out.append(f"| {b} | {len(rs)} | {sum(vals) / max(1, len(vals)):.2f} | {sum(bool(r.get('passed')) for r in rs)}"
+                   f" | {sum(r.get('reward') is None for r in rs)} |")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--run", type=Path, required=True)
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--methods", nargs="+", required=True)
+    ap.add_argument("--modes", nargs="+", required=True)
+    ap.add_argument("--n", type=int, required=True)
+    ap.add_argument("--quick", type=int, default=0)
+    a = ap.parse_args()
+    run = a.run
+    variants = [*VARIANTS, *a.methods]
+    times = tsv(run / "timings.tsv")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
+    f = train_facts(run, "id", 3)
+    test = _jsonl(run / "prep" / "test" / "task3.jsonl")
+    train = _jsonl(run / "prep" / "id_train" / "task3.jsonl")
+    rft = _jsonl(run / "learn-rft" / "rounds.jsonl")
+    dpo_pairs = _jsonl(run / "learn-dpo" / "pairs.jsonl")
+    cfg = _json(run / "learn-grpo" / "learn.json")
+    L = [f"# Learning from execution on ML-Bench: SmolLM2-135M, the real loop's rows{' (quick)' if a.quick else ''}",
+         "",
+         f"Made by `bash scripts/real.sh --learn --data {a.data} --repos ../shared/mlbench/repos` on "
+         f"{dt.date.today()}, commit {commit or 'unknown'}, {os.cpu_count()} CPU cores ({platform.machine()}), no GPU. "
+         f"Every number below comes from this run's own files in `{run}`.", "",
+         "## Setting", "",
+         f"- **Rows**: the real loop's split of the real rows (`mlbench prep --build-splits`, seed 0): {len(train)} "
+         f"ID-train rows (all that learning reads; the leak check against the test split ran first in every "
+         f"learning run) and {len(test)} test rows of External-Attention-pytorch, PyTorch-GAN, Time-Series-Library.",
+         "- **SFT** (the baseline every method starts from): the ID LoRA, `configs/train/smollm2-135m-cpu.yaml` on the "
+         f"ID-train rows' gold answers (mean loss {f.get('loss_first', 0):.3f} -> {f.get('loss_last', 0):.3f}).",
+         "- **Methods** (`configs/learn/smollm2-135m-cpu.yaml`; rewards and data from **strict** verdicts):",
+         f"  - rft: {len(rft)} round(s): k = {cfg.get('rft', {}).get('k', '?')} samples per ID-train prompt from the "
+         "SFT adapter -> executed -> the distinct passing answers plus the gold ones -> SFT from the base model;",
+         f"  - dpo: {len(dpo_pairs)} pass/fail pairs from rft's first-round samples (gold as chosen where no sample "
+         "passed), the SFT adapter as policy and frozen reference, beta "
+         f"{cfg.get('dpo', {}).get('beta', '?')};",
+         f"  - grpo: {cfg.get('grpo', {}).get('max_steps', '?')} steps, groups of "
+         f"{cfg.get('grpo', {}).get('num_generations', '?')} samples per ID-train prompt, each executed in the "
+         "sandbox for its reward (TRL 1.16, transformers' generate).",
+         f"- **Test sampling**: the paper's (temperature 1.0, top-p 1.0, top-k 50), n = {a.n}, every adapter and the "
+         "model as released in one vLLM engine; `mlbench eval` in the bwrap sandbox, modes "
+         f"{', '.join(a.modes)}.", "",
+         "## Results", "",
+         "Pass@k in percent over the test rows with bootstrap 95% intervals; parameter-hit precision and type "
+         "accuracy over all outputs.", "",
+         "| model | mode | Pass@1 | Pass@2 | Pass@5 | param hit | type acc |", "|---|---|---|---|---|---|---|"]
+    for v in variants:
+        for mode in a.modes:
+            m = _json(run / f"eval-{mode}" / "learn" / v / "summary.json").get("metrics", {}).get("overall")
+            if not m:
+                L.append(f"| {v} | {mode} | – | – | – | – | – |")
+                continue
+            L.append(f"| {v} | {mode} | {_ci(m, 1)} | {_ci(m, 2)} | {_ci(m, 5)} | "
+                     f"{m.get('param_hit_precision', 0):.2f} | {m.get('type_accuracy', 0):.2f} |")
+    L += ["", "## What each method cost", "",
+          "| method | executions while learning | learning wall time (s) |", "|---|---|---|"]
+    for m in a.methods:
+        L.append(f"| {m} | {executions(run, m)} | {times.get(f'learn-{m}', '–')} |")
+    L += ["", "rft's rounds (the SFT adapter's samples on the ID-train rows):", "",
+          "| round | answers | passed | rows with a pass | SFT records |", "|---|---|---|---|---|"]
+    L += [f"| {r['round']} | {r['answers']} | {r['passed']} | {r['rows_with_pass']}/{r['rows']} | "
+          f"{r.get('sft_records', '–')} |" for r in rft]
+    L += ["", "GRPO's reward curve (one batch per optimizer step; reward = the strict verdict):", "", *grpo_curve(run)]
+    L += ["", "## Reward hacking check", "",
+          "Answers that compat passes only because they were still running at the time limit (strict fails them):",
+          "", "| model | compat passes at the limit | compat passes |", "|---|---|---|"]
+    for v in variants:
+        at_limit, passes = compat_only_at_limit(run, v)
+        L.append(f"| {v} | {at_limit} | {passes} |")
+    L += ["", *stage_times(run, [f"learn-{m}" for m in a.methods] + ["learn-infer", "learn-eval"])]
+    out = run / "learning.md"
+    out.write_text("\n".join(L) + "\n")
+    print(f"real: {out}")
+
+
+if __name__ == "__main__":
+    main()
