@@ -238,8 +238,8 @@ def test_the_live_episodes_layers_are_bounded_together(box, tmp_path: Path):
     cfg = _cfg(openhands_check=False, layers_mb=1)
 
     def script(messages, sample: Sample) -> str:
-        step = {1: "head -c 700000 /dev/zero > big && echo wrote", 3: "ls big"}
-        return bash(step.get(len(messages), "echo 'echo hi' > run.sh"))
+        step = {1: "head -c 700000 /dev/zero > big && echo wrote", 3: "ls big", 5: "echo 'echo hi' > run.sh"}
+        return bash(step.get(len(messages), "submit"))  # (where the policy waits for an explicit submit)
 
     stats, _ = _run(box, tmp_path / "run", script, cfg, rows=ROWS[:1])
     assert stats["exits"] == {"submitted": 2}
