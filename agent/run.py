@@ -37,7 +37,7 @@ from mlbench_kit.escape import visible
 from mlbench_kit.flags import resolve
 from mlbench_kit.io import AppendLog, claim_run_folder, read_jsonl_tolerant, write_json_atomic
 from mlbench_kit.progress import Progress
-from mlbench_kit.sandbox import Sandbox, check_backend
+from mlbench_kit.sandbox import LayerCaps, Sandbox, check_backend
 from mlbench_kit.stages import stage
 from mlbench_kit.untar import safe_extract
 
@@ -302,6 +302,9 @@ def run_episodes(cfg: AgentConfig, rows: list[Sample], repos: dict[str, Path], e
     if cfg.steps == "1-4":
         urls = pool_urls or {name: name for name in repos}
         pool = {name: (views[name], urls[name], views[name].description()) for name in sorted(urls)}
+    if box is not None:  # the bounds on the episodes' layers together are the run's
+        b = cfg.bash
+        box[0].layer_caps = LayerCaps(b.layer_entries, b.layers_mb, b.layers_entries)
     live: list[tuple[Any, Path, bool]] = []  # episode, transcript path, whether its end line is written
     by_row: dict[tuple[int, int], list[Any]] = {}
     for s in rows:

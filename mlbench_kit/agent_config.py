@@ -68,6 +68,11 @@ class AgentBash:
     action_mem_mb: int = option(4096, "one action's memory")
     action_pids: int = option(256, "one action's processes at once")
     disk_mb: int = option(1024, "the episode's writable layer (files persist between actions) plus home")
+    # each entry of a layer is copied in before every action and back after it, on the action's wall time
+    layer_entries: int = option(20_000, "files, folders and links of one episode's layer and home together")
+    layers_mb: int = option(4096, "every live episode's layer together, on the host's disk (an action whose files "
+                            "would pass it keeps the earlier ones and is told so)")
+    layers_entries: int = option(200_000, "every live episode's layer together, in entries")
     observation_chars: int = option(4000, "an action's output as the model sees it: head and tail, cut in the "
                                     "middle")
     observation_tokens: int = option(1024, "then cut again to this many of the model's tokens (head and tail)")
@@ -100,7 +105,10 @@ class AgentConfig:
     # keys added after run folders existed -> the value that does what the code did before them: at that value a
     # key is left out of settings(), so a folder made before it resumes with it (and only with it)
     BEFORE: ClassVar[dict[str, Any]] = {"read.readme_window": "prefix", "answer_format": "fields",
-                                        "write_code_readme": "text", "limits.max_episode_total_tokens": None}
+                                        "write_code_readme": "text", "limits.max_episode_total_tokens": None,
+                                        # unbounded before; the defaults change no run that fits them
+                                        "bash.layer_entries": 20_000, "bash.layers_mb": 4096,
+                                        "bash.layers_entries": 200_000}
     INPUTS: ClassVar[tuple[str, ...]] = ("model", "adapter", "tokenizer", "data", "split", "repos_dir", "tarballs",
                                          "envs", "repos", "rows_of", "limit", "out", "gold_episodes",
                                          "eval_rows")
@@ -201,7 +209,7 @@ class AgentConfig:
         b = self.bash
         for key, low in (("action_wall_s", 1), ("action_mem_mb", 64), ("action_pids", 8), ("disk_mb", 16),
                          ("observation_chars", 200), ("observation_tokens", 64),
-                         ("openhands_timeout_s", 1)):
+                         ("openhands_timeout_s", 1), ("layer_entries", 16), ("layers_mb", 1), ("layers_entries", 16)):
             if getattr(b, key) < low:
                 raise MLBenchError(f"bash.{key} must be at least {low}", at(f"bash.{key}"))
 

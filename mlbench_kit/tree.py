@@ -40,6 +40,20 @@ def walk(root: str | Path, onerror: Callable[[OSError], None] | None = None
         stack.extend(os.path.join(top, d) for d in reversed(dirs))
 
 
+def weigh(root: str | Path, max_entries: int) -> tuple[int, int]:
+    """``(bytes, entries)`` under ``root`` as the disk holds them (allocated blocks; links not followed), ``root``
+    itself not counted. Counting stops past ``max_entries``: a larger tree reads as ``max_entries + 1``. Raises
+    OSError for a folder that cannot be listed."""
+    size = entries = 0
+    for top, dirs, files in walk(root, onerror=_raise):
+        for name in dirs + files:
+            entries += 1
+            if entries > max_entries:
+                return size, entries
+            size += os.lstat(os.path.join(top, name)).st_blocks * 512
+    return size, entries
+
+
 def copy(src: str | Path, dst: str | Path) -> None:
     """Copy the tree ``src`` to ``dst`` (which must not exist): folders, regular files (mode bits but setuid/setgid,
     times) and symbolic links as links; the copy belongs to the caller. Other entries (FIFOs, devices, sockets) are

@@ -22,8 +22,8 @@ from .sandbox import (
            warm_code,
            warm_summary,
 )
-from .spec import CLOCKS, THREAD_VARS, Env, ExecResult, Job, Limits, Warmed, thread_vars
+from .spec import CLOCKS, THREAD_VARS, Env, ExecResult, Job, LayerCaps, Limits, Warmed, thread_vars
 
 __all__ = ["BACKENDS", "CLOCKS", "CONTAINER_PREFIX", "DEFAULT_UID", "ENGINES", "THREAD_VARS", "WARM_MODULES",
-           "Engine", "Env", "ExecResult", "Job", "Limits", "Sandbox", "Warmed", "check_backend", "thread_vars",
-           "warm_code", "warm_summary"]
+           "Engine", "Env", "ExecResult", "Job", "LayerCaps", "Limits", "Sandbox", "Warmed", "check_backend",
+           "thread_vars", "warm_code", "warm_summary"]

@@ -57,6 +57,7 @@ class Mounts:
     #                                           (as root): lower is bound idmapped, its files shown as the execution's
     user_quotas: tuple[tuple[str, int], ...] = ()  # without root: /proc/sys/user limits of the execution's own
     #                                                user namespace (its share of the caller's per-user quotas)
+    inodes: int | None = None  # the tmpfs's entries at most (nr_inodes): a layer's entry cap, held by the kernel
 
 
 def stage_script(m: Mounts, who: Identity, cgroup_procs: list[str], report_fd: int, engine_argv: list[str],
@@ -89,7 +90,8 @@ def stage_script(m: Mounts, who: Identity, cgroup_procs: list[str], report_fd: i
     if shm_mb is not None:
         lines += ["echo 1 > /proc/sys/kernel/shm_rmid_forced", f"echo {shm_mb * 256} > /proc/sys/kernel/shmall",
                   f"echo {shm_mb * 2**20} > /proc/sys/kernel/shmmax"]
-    lines += [f"mount -t tmpfs -o size={m.disk_mb}m,mode=0700{owner} mlbench {s}",
+    inodes = f",nr_inodes={m.inodes}" if m.inodes else ""
+    lines += [f"mount -t tmpfs -o size={m.disk_mb}m{inodes},mode=0700{owner} mlbench {s}",
               f"cd {s}", "mkdir upper ovw work home job ro lower", f"cp -pR {q(str(m.job))}/* job/"]  # 0444, bin/ 0755
     for i, src in enumerate(m.ro_binds):
         lines += [f"mkdir ro/{i}", f"mount --bind {q(src)} ro/{i}"]  # bwrap binds it on read-only
@@ -111,10 +113,9 @@ def stage_script(m: Mounts, who: Identity, cgroup_procs: list[str], report_fd: i
         lines.append("exec " + start)
     else:
         # the engine as a child: when it has exited (its PID 1 gone, every process of the execution with it) the
-        # upper layer is quiescent and goes back whole or not at all (a kill before the rename changes nothing)
-        lines += ["rc=0", f"{start} || rc=$?", f"exec {report_fd}>&-",
-                  f"cp -a upper {layer}/new", f"rm -rf {layer}/upper", f"mv {layer}/new {layer}/upper",
-                  "exit $rc"]
+        # upper layer is quiescent; its copy replaces the earlier one only once the host has weighed it against
+        # the run's bounds (Sandbox._take_layer), so a kill or a refusal leaves the earlier layer as it was
+        lines += ["rc=0", f"{start} || rc=$?", f"exec {report_fd}>&-", f"cp -a upper {layer}/new", "exit $rc"]
     return "\n".join(lines) + "\n"
 
 

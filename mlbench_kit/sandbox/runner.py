@@ -191,14 +191,15 @@ def _reap() -> None:
 
 
 def _full(paths: list[str]) -> list[str]:
-    """Writable mounts with no room left: the generation hit its disk limit there."""
+    """Writable mounts with no room left, in bytes or in entries (a layer's ``nr_inodes``): the generation hit its
+    disk limit there."""
     out = []
     for p in paths:
         try:
             st = os.statvfs(p)
         except OSError:
             continue
-        if st.f_blocks and st.f_bavail * st.f_frsize < 64 * 1024:
+        if st.f_blocks and st.f_bavail * st.f_frsize < 64 * 1024 or st.f_files and st.f_favail < 4:
             out.append(p)
     return out
 

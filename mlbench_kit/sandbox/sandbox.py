@@ -43,7 +43,7 @@ from .capture import capture_and_wait, captured
 from .cmdline import LAYER, NONCE_ENV, SANDBOX, Identity, Mounts, idmap_probe_script, unshare_argv
 from .engines import Launch, engine
 from .local import run_local
-from .spec import Env, ExecResult, Job, Limits, Warmed, thread_vars
+from .spec import Env, ExecResult, Job, LayerCaps, Limits, Warmed, thread_vars
 from .verdict import cpu_limit_hit, read_report, report_from_log, report_from_stream, result_from_report
 
 RUNNER = Path(__file__).with_name("runner.py")
@@ -137,6 +137,11 @@ def user_quota_shares(concurrent: int, sys_folder: Path = Path("/proc/sys")) -> 
     return tuple(out)
 
 
+def _not_kept(res: ExecResult, why: str) -> None:
+    """Say in an execution's log (the agent's observation) that its files were not kept, and why."""
+    res.log += f"\n[mlbench: this execution's files were not kept ({why}); the files from before it are unchanged]"
+
+
 def _owned_by(root: Path, uid: int, gid: int) -> bool:
     """Every entry of ``root`` belongs to ``uid`` and group ``gid`` (any depth; a folder that cannot be read counts
     as not), so the overlay's writable copy behaves like the checkout."""
@@ -162,8 +167,10 @@ class Sandbox:
     """Executions of one eval run: a scratch folder, staged checkouts, and the backend's settings."""
 
     def __init__(self, backend: str, scratch_root: Path | None = None, uid: int | None = None,
-                 strict_limits: bool = False, concurrent: int = 1) -> None:
+                 strict_limits: bool = False, concurrent: int = 1, layer_caps: LayerCaps | None = None) -> None:
         self.backend = backend
+        self.layer_caps = layer_caps or LayerCaps()
+        self._layers: dict[Path, tuple[int, int]] = {}  # each live layer's (bytes, entries) on the host
         self.engine = engine(backend)
         is_root = os.geteuid() == 0
         self._draw_uids = uid is None  # a uid the user named runs every execution
@@ -211,6 +218,8 @@ class Sandbox:
         d = self.root / "layers" / uuid.uuid4().hex[:12]
         d.parent.mkdir(mode=0o700, exist_ok=True)
         d.mkdir(mode=0o700)
+        with self._lock:
+            self._layers[d] = (0, 0)
         return d
 
     def drop_layer(self, layer: Path) -> str | None:
@@ -218,8 +227,10 @@ class Sandbox:
         any depth). Never raises: returns what could not be removed, for the caller to record, or None."""
         try:
             tree.remove(layer)
-        except OSError as exc:
+        except OSError as exc:  # what is left still counts against the run's bounds
             return f"SANDBOX: the layer {layer} was not removed ({exc})"
+        with self._lock:
+            self._layers.pop(layer, None)
         return None
 
     def close(self) -> None:
@@ -363,8 +374,8 @@ class Sandbox:
         if copy and job.layer is not None and self.engine.copy_layer:
             if (job.layer / "upper").is_dir():
                 spec["layer_in"] = LAYER
-            spec["layer_out"] = {"max_bytes": limits.disk_mb * 2**20 + LAYER_MEMBERS * 2048,
-                                 "max_members": LAYER_MEMBERS}
+            n = min(LAYER_MEMBERS, self.layer_caps.entries)
+            spec["layer_out"] = {"max_bytes": limits.disk_mb * 2**20 + n * 2048, "max_members": n}
         (jobdir / "spec.json").write_text(json.dumps(spec))
         if job.as_shell:
             (jobdir / "cmd.sh").write_text(job.code + "\n")
@@ -410,7 +421,9 @@ class Sandbox:
         binds = self._ro_binds(job.env) if eng.binds_env else ()
         who = self._exec_who(lower)
         m = Mounts(scratch, jobdir, lower, limits.disk_mb, binds, job.layer,
-                   (self.who.uid, self.who.gid) if lower is not None and who != self.who else None, self.user_quotas)
+                   (self.who.uid, self.who.gid) if lower is not None and who != self.who else None, self.user_quotas,
+                   # the workspace's own folders and the job's files beside the layer's entries
+                   self.layer_caps.entries + 256 if job.layer is not None else None)
         name = f"mlbench-{xid}"
         report_r, report_w = os.pipe()
         nonce = secrets.token_hex(16)
@@ -452,6 +465,8 @@ class Sandbox:
         res = result_from_report(raw, timed_out, duration, log, proc.returncode, limits)
         if job.layer is not None and eng.copy_layer and not timed_out:
             self._keep_layer(job.layer, stream, span, limits, res, raw)
+        elif job.layer is not None and staged:
+            self._swap_layer(job.layer, timed_out, res)
         if engine_oom and not timed_out:  # the container's own record (docker): a verdict, even without a report
             res.limit, res.fault = "memory", None
         if cg is not None:
@@ -534,7 +549,7 @@ class Sandbox:
                     why = str(json.loads(raw).get("layer_error") or "no layer came back")[:300]
                 except (ValueError, AttributeError):
                     why = "no layer came back"
-                res.log += f"\n[mlbench: this execution's files were not kept ({why})]"
+                _not_kept(res, why)
             return
         new, tar = layer / "new", layer / "new.tar"
         try:
@@ -548,7 +563,8 @@ class Sandbox:
                         raise OSError("the layer's tar is cut short")
                     dst.write(chunk)
                     left -= len(chunk)
-            safe_extract(tar, new, TarLimits(max_bytes=limits.disk_mb * 2**20, max_members=LAYER_MEMBERS),
+            safe_extract(tar, new, TarLimits(max_bytes=limits.disk_mb * 2**20,
+                                             max_members=min(LAYER_MEMBERS, self.layer_caps.entries) + 2),
                          any_link=True)
             # the next execution's runner reads it, whatever its uid and the umask (files are 0644 or 0755 already;
             # the layers' own folder, 0700, keeps everyone else out)
@@ -558,16 +574,60 @@ class Sandbox:
                         os.chmod(os.path.join(dirpath, name), 0o755)
             os.chmod(new / "upper", 0o755)
             os.chmod(layer, 0o755)
+            # ("deleted" names checkout paths only: as bounded as the checkout)
+            if not self._take_layer(layer, new / "upper", res):
+                return
             tree.remove(layer / "upper")
             (layer / "deleted").unlink(missing_ok=True)
             os.rename(new / "upper", layer / "upper")
             os.rename(new / "deleted", layer / "deleted")
         except (OSError, MLBenchError) as exc:
-            res.log += f"\n[mlbench: this execution's files were not kept ({exc})]"
+            _not_kept(res, str(exc))
         finally:
             with contextlib.suppress(OSError):
                 tar.unlink(missing_ok=True)
                 tree.remove(new)
+
+    def _swap_layer(self, layer: Path, timed_out: bool, res: ExecResult) -> None:
+        """The stage script's copy of an execution's upper layer (``layer/new``) replaces the earlier one when it
+        fits the bounds (:meth:`_take_layer`); an execution stopped at its limit, or refused, leaves it as it was."""
+        new = layer / "new"
+        try:
+            if not timed_out and new.is_dir() and not new.is_symlink() and self._take_layer(layer, new, res):
+                tree.remove(layer / "upper")
+                os.rename(new, layer / "upper")
+        except OSError as exc:
+            _not_kept(res, str(exc))
+        finally:
+            with contextlib.suppress(OSError):
+                tree.remove(new)
+
+    def _take_layer(self, layer: Path, new: Path, res: ExecResult) -> bool:
+        """Whether ``new``, an execution's changes about to replace ``layer``'s, fits :attr:`layer_caps`: its own
+        entries, and every live layer of the run together (bytes and entries on the host). When it does, it is
+        counted as ``layer``'s; when not, the execution's log says why (the caller keeps the earlier layer)."""
+        caps = self.layer_caps
+        try:
+            size, entries = tree.weigh(new, caps.entries)
+        except OSError as exc:
+            _not_kept(res, f"its files could not be counted: {exc}")
+            return False
+        with self._lock:
+            others = [use for d, use in self._layers.items() if d != layer]
+            held, held_n = sum(b for b, _ in others), sum(n for _, n in others)
+            if entries > caps.entries:
+                why = f"the layer has more than {caps.entries} entries"
+            elif held + size > caps.total_mb * 2**20:
+                why = (f"the run's live layers would hold more than {caps.total_mb} MB: {size / 2**20:.1f} MB here, "
+                       f"{held / 2**20:.1f} MB in {len(others)} other episode(s)")
+            elif held_n + entries > caps.total_entries:
+                why = (f"the run's live layers would hold more than {caps.total_entries} entries: {entries} here, "
+                       f"{held_n} in {len(others)} other episode(s)")
+            else:
+                self._layers[layer] = (size, entries)
+                return True
+        _not_kept(res, why)
+        return False
 
     def _kill(self, proc: subprocess.Popen, cg: cgroups.ExecCgroup | None, name: str) -> bool:
         """Kill what is left of an execution; True when its engine recorded an OOM kill."""

@@ -97,6 +97,18 @@ class Job:
     layer: Path | None = None
 
 
+@dataclass(frozen=True)
+class LayerCaps:
+    """Bounds on the persistent layers (:attr:`Job.layer`) of one :class:`~.sandbox.Sandbox`. ``entries``: one
+    layer's files, folders, links and deletions (each is copied in before every action and back after it, so
+    their number is time taken from the action's wall limit); ``total_mb`` and ``total_entries``: every live layer
+    of the run together, on the host's disk. An execution whose layer would pass a bound keeps the earlier one."""
+
+    entries: int = 20_000
+    total_mb: int = 4096
+    total_entries: int = 200_000
+
+
 @dataclass
 class ExecResult:
     """What happened, as the runner and the cgroup saw it."""

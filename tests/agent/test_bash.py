@@ -352,6 +352,27 @@ def test_each_limit_ends_the_episode_with_its_status(box, tmp_path: Path):
     assert _layers(box) == []
 
 
+def test_the_live_episodes_layers_are_bounded_together(box, tmp_path: Path):
+    """Issue 41, item 7: three live episodes held 601 MB on the host at once (each under its own cap). With
+    ``bash.layers_mb`` 1, the second episode's 0.7 MB beside the first's is refused: that action's observation says
+    so in plain words, its earlier files stay, and both episodes go on to submit."""
+    cfg = _cfg(openhands_check=False, layers_mb=1)
+
+    def script(messages, sample: Sample) -> str:
+        step = {1: "head -c 700000 /dev/zero > big && echo wrote", 3: "ls big", 5: "echo 'echo hi' > run.sh"}
+        return bash(step.get(len(messages), "submit"))  # (where the policy waits for an explicit submit)
+
+    stats, _ = _run(box, tmp_path / "run", script, cfg, rows=ROWS[:1])
+    assert stats["exits"] == {"submitted": 2}
+    eps = [[json.loads(x) for x in (tmp_path / "run" / "transcripts" / f"{ROWS[0].github_id}-{ROWS[0].id}" /
+                                    f"ep{k}.jsonl").read_text().splitlines()] for k in range(2)]
+    kept, refused = eps[0], eps[1]
+    assert "not kept" not in kept[0]["observation"] and kept[1]["exec"]["exit_code"] == 0
+    assert "not kept (the run's live layers would hold more than 1 MB" in refused[0]["observation"], refused[0]
+    assert refused[1]["exec"]["exit_code"] != 0  # ls: no such file
+    assert _layers(box) == []
+
+
 def test_format_errors_are_told_to_the_model(box, tmp_path: Path):
     seen = []
 

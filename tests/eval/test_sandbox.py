@@ -1079,6 +1079,46 @@ def test_a_folder_1100_levels_deep_in_a_layer_cannot_crash_the_run(box):
     assert sb.drop_layer(layer) is None and not layer.exists()
 
 
+def test_layers_are_bounded_per_layer_and_across_the_run(box):
+    """Issue 41, item 7: layers were capped per episode only: three live episodes held 601 MB on the host at once,
+    and 300,000 empty files in one made every later action time out (copying the layer in and out ate the wall
+    limit). Now one layer keeps at most ``entries`` (bwrap and podman: the workspace's tmpfs holds no more than
+    that plus a margin, so no copy can take long; docker: the runner's tar), and the live layers together at most
+    ``total_mb`` and ``total_entries`` on the host. A refused action is told so; the earlier files stay. Small
+    caps stand for large trees."""
+    sb, env = box
+    if not sb.layers_ok:
+        pytest.skip(f"{sb.backend} keeps no layer here")
+    caps = sb.layer_caps
+    sb.layer_caps = replace(caps, entries=200, total_mb=1, total_entries=300)
+    a, b = sb.new_layer(), sb.new_layer()
+
+    def act(layer, code):
+        r = sb.run(Job(code, True, env, "./", layer=layer), Limits(wall_s=30))
+        assert r.fault is None and "MLBENCH-" not in r.log, r.log
+        return r
+
+    try:
+        r = act(a, "mkdir many && for i in $(seq 600); do : > many/f$i || exit 9; done; echo made")
+        assert "were not kept (" in r.log and "the layer has more than 200 entries" in r.log, r.log
+        assert r.limit == "disk" or sb.backend == "docker", r.log  # the kernel refused the files past the margin
+        big = "head -c 700000 /dev/zero > big && echo wrote"
+        assert act(a, f"test ! -e many && {big}").log.startswith("wrote")
+        r = act(b, big)  # 0.7 MB here and 0.7 MB in a: over the run's 1 MB
+        assert "not kept (the run's live layers would hold more than 1 MB" in r.log, r.log
+        assert act(b, "test ! -e big && echo gone").log.startswith("gone")
+        assert act(a, "test -e big && echo kept").log.startswith("kept")
+        assert sb.drop_layer(a) is None
+        a = sb.new_layer()
+        assert act(b, f"{big} && mkdir m && touch m/f{{1..100}}").log.startswith("wrote")  # a's bytes are gone
+        assert "were not kept" not in act(a, "mkdir m && touch m/f{1..150}").log  # 102 + 151 entries
+        r = act(b, "touch m/g{1..60}")
+        assert "not kept (the run's live layers would hold more than 300 entries" in r.log, r.log
+    finally:
+        sb.layer_caps = caps
+        assert sb.drop_layer(a) is None and sb.drop_layer(b) is None
+
+
 def test_a_layer_sent_back_on_the_report_stream_round_trips(tmp_path):
     """Docker's Job.layer without a container: the runner's functions on real folders. The changes since the
     checkout (a file changed, a folder deleted, a new folder, a file replaced by a folder, a link out, a FIFO) go
