@@ -17,7 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from real_report import ROOT, _ci, _jsonl, _pct, stage_times, train_facts, tsv
+from real_report import ROOT, _ci, _jsonl, stage_times, train_facts, tsv
 
 VARIANTS = ("base", "sft")
 
