@@ -3,13 +3,15 @@
 Each batch of answers is written as a generations file and handed to the eval stage's own entry, ``score(cfg)``,
 resolved through the stage table (:func:`mlbench_kit.stages.stage`), with an :class:`EvalConfig` loaded and checked
 like the command line's: the same parser, static checks, sandbox engines, limits and verdicts, so the reward cannot
-disagree with `mlbench eval` on any engine. Each batch's eval folder is kept (``OUT/rewards/batch-NNNNN/``) and
+disagree with `mlbench eval` on any engine. Each batch's eval folder and log are kept (``OUT/rewards/batch-NNNNN/``) and
 every reward is appended to ``OUT/rewards.jsonl``: reward curves and the reward-hacking check read these files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -79,7 +81,9 @@ class ExecutionReward:
         write_jsonl_atomic(gens, [{"github_id": k[0], "id": k[1], "raw": [texts[i] for i in idx],
                                    "output": [parse_response(texts[i], self.cfg.parser) for i in idx]}
                                   for k, idx in by_row.items()])
-        status = self.score_fn(eval_config(self.cfg, gens, folder / "eval"))
+        with open(folder / "eval.log", "a", encoding="utf-8") as log, contextlib.redirect_stdout(log), \
+                contextlib.redirect_stderr(log):  # eval's own lines stay with its batch; one line per batch here
+            status = self.score_fn(eval_config(self.cfg, gens, folder / "eval"))
         if status not in (0, 3):  # 3: some executions faulted (their answers get no reward)
             raise MLBenchError(f"scoring the reward's batch failed (exit {status})", str(folder / "eval"))
         verdicts = {(r.key, r.idx): r for r in read_eval_results(folder / "eval" / "results.jsonl")}
@@ -96,6 +100,9 @@ class ExecutionReward:
                              "timed_out": None if v is None else v.timed_out})
         with self._lock, open(self.log, "a", encoding="utf-8") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
+        passed = sum(bool(r["passed"]) for r in rows)
+        print(f"learn: reward batch {self.calls}: {passed}/{len(rows)} answers passed ({self.cfg.reward.mode}), "
+              f"{sum(r['reward'] is None for r in rows)} not scored", file=sys.stderr, flush=True)
         return rewards
 
     def __call__(self, prompts: Sequence[str], completions: Sequence[str], **kw: Any) -> list[float | None]:

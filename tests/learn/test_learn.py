@@ -184,7 +184,9 @@ def test_the_reward_is_mlbench_evals_strict_verdict_on_every_engine(tmp_path, ba
     keys, texts = [], []
     for rec in recs:
         wrong = rec.output.replace(rec.output.split()[-1], "999") if rec.output.split() else "x"
-        for text in (rec.output, wrong, "sleep 1000", "python -c 'import sys; sys.exit(3)'"):
+        # the gold answer; a wrong value (E2); the gold answer after a sleep past the limit (compat passes it, strict
+        # fails it: TIMEOUT); the gold answer, then a failing exit (E5)
+        for text in (rec.output, wrong, f"sleep 1000; {rec.output}", f"{rec.output} && exit 3"):
             keys.append(rec.key)
             texts.append(text)
     cfg = LearnConfig(prep_dir=str(sample_prep), data=str(DATA), envs=str(ENVS), backend=backend, timeout=3.0,
@@ -202,8 +204,8 @@ def test_the_reward_is_mlbench_evals_strict_verdict_on_every_engine(tmp_path, ba
                           for v in map(json.loads, (tmp_path / mode / "results.jsonl").read_text().splitlines())}
     strict = [verdicts["strict"][(*k, i % 4)] for i, k in enumerate(keys)]
     assert rewards == [float(p) for p in strict]
-    assert strict[0::4] == [True] * 3 and not any(strict[2::4])  # gold passes; the sleeper never does in strict
-    assert all(verdicts["compat"][(*k, 2)] for k in {k for k in keys})  # ... while compat passes it at the limit
+    assert strict[0::4] == [True] * 3 and not any(strict[1::4] + strict[2::4] + strict[3::4])
+    assert all(verdicts["compat"][(*k, 2)] for k in set(keys))  # compat passes the sleeper at the limit
 
 
 def _lora_weights(adapter: Path) -> dict:
