@@ -108,6 +108,9 @@ fi
 if [ $LEARN = 1 ]; then  # the ID LoRA is the SFT baseline every method starts from
   ARMS=(id); TASKS=3; STAGES=(model envs prep train-id learn-rft learn-dpo learn-grpo learn-infer learn-eval learn-report)
   TRAIN_STAGE=train-id; METHODS=(rft dpo grpo); LEARN_EXTRA=()
+  # the test rows every model is sampled on: the repository whose rows the SFT adapter passes (all its Pass@5 in
+  # the real loop came from them); LoRA decoding on 2 CPU cores makes all 34 rows x 5 models about an hour more
+  LEARN_TEST_REPOS=(External-Attention-pytorch)
   [ $QUICK = 1 ] && LEARN_EXTRA=(--rounds 1 --k 2 --max-steps 2 --set dpo.max_steps=2)
 fi
 LOGS=$RUN/logs; DONE=$RUN/done
@@ -298,16 +301,24 @@ if [ $LEARN = 1 ]; then
   learn_infer() {
     local adapters=(sft="$SFT") m
     for m in "${METHODS[@]}"; do adapters+=("$m=$RUN/learn-$m/adapter"); done
-    "$BIN/mlbench" infer --model "$MODEL" --adapters "${adapters[@]}" --with-base --prompts "$RUN/prep" \
+    mkdir -p "$RUN/learn-test/test"
+    "$BIN/python" - "$RUN/prep/test/task3.jsonl" "$RUN/learn-test/test/task3.jsonl" "${LEARN_TEST_REPOS[@]}" <<'EOF' || return 1
+import json, sys
+src, dst, repos = sys.argv[1], sys.argv[2], set(sys.argv[3:])
+with open(dst, "w") as f:  # the test split's prompts of the chosen repositories, as prep wrote them
+    f.writelines(line for line in open(src) if line.strip() and json.loads(line)["repo"] in repos)
+EOF
+    "$BIN/mlbench" infer --model "$MODEL" --adapters "${adapters[@]}" --with-base --prompts "$RUN/learn-test" \
       --split test --tasks 3 --config configs/infer/paper.yaml --n $N --max-new-tokens $NEW_TOKENS \
       --out "$RUN/learn-infer"
   }
-  stage learn-infer "vLLM: n=$N per test prompt, base + sft + ${METHODS[*]}" learn_infer
+  stage learn-infer "vLLM: n=$N per test prompt (${LEARN_TEST_REPOS[*]}), base + sft + ${METHODS[*]}" learn_infer
   learn_evals() {
     local v mode
     for v in base sft "${METHODS[@]}"; do for mode in "${MODES[@]}"; do
       "$BIN/mlbench" eval --data "$DATA" --split full --generations "$RUN/learn-infer/$v/task3.jsonl" \
-        --envs "$CACHE/envs.yaml" --mode "$mode" --out "$RUN/eval-$mode/learn/$v" || return 1
+        --envs "$CACHE/envs.yaml" --mode "$mode" --repos "${LEARN_TEST_REPOS[@]}" --out "$RUN/eval-$mode/learn/$v" \
+        || return 1
     done; done
   }
   stage learn-eval "execution of the answers in the sandbox (${MODES[*]})" learn_evals
@@ -320,7 +331,7 @@ if [ $LEARN = 1 ]; then
         || return 1
     done
     "$BIN/python" scripts/real_learn_report.py --run "$RUN" --data "$DATA" --methods "${METHODS[@]}" \
-      --modes "${MODES[@]}" --n $N --quick $QUICK
+      --modes "${MODES[@]}" --n $N --test-repos "${LEARN_TEST_REPOS[@]}" --quick $QUICK
   }
   stage learn-report "report: learned adapters beside SFT" learn_report
   echo

@@ -62,6 +62,7 @@ def main() -> None:
     ap.add_argument("--methods", nargs="+", required=True)
     ap.add_argument("--modes", nargs="+", required=True)
     ap.add_argument("--n", type=int, required=True)
+    ap.add_argument("--test-repos", nargs="+", required=True)
     ap.add_argument("--quick", type=int, default=0)
     a = ap.parse_args()
     run = a.run
@@ -70,7 +71,7 @@ def main() -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
     f = train_facts(run, "id", 3)
-    test = _jsonl(run / "prep" / "test" / "task3.jsonl")
+    test = _jsonl(run / "learn-test" / "test" / "task3.jsonl")
     train = _jsonl(run / "prep" / "id_train" / "task3.jsonl")
     rft = _jsonl(run / "learn-rft" / "rounds.jsonl")
     dpo_pairs = _jsonl(run / "learn-dpo" / "pairs.jsonl")
@@ -82,8 +83,10 @@ def main() -> None:
          f"Every number below comes from this run's own files in `{run}`.", "",
          "## Setting", "",
          f"- **Rows**: the real loop's split of the real rows (`mlbench prep --build-splits`, seed 0): {len(train)} "
-         f"ID-train rows (all that learning reads; the leak check against the test split ran first in every "
-         f"learning run) and {len(test)} test rows of External-Attention-pytorch, PyTorch-GAN, Time-Series-Library.",
+         f"ID-train rows of External-Attention-pytorch, PyTorch-GAN and Time-Series-Library (all that learning reads; "
+         f"the leak check against the test split ran first in every learning run); every model is sampled on the "
+         f"{len(test)} test rows of {', '.join(a.test_repos)} (the rows the SFT adapter passes; all 34 test rows x 5 "
+         "models did not fit the session on 2 CPU cores).",
          "- **SFT** (the baseline every method starts from): the ID LoRA, `configs/train/smollm2-135m-cpu.yaml` on the "
          f"ID-train rows' gold answers (mean loss {f.get('loss_first', 0):.3f} -> {f.get('loss_last', 0):.3f}).",
          "- **Methods** (`configs/learn/smollm2-135m-cpu.yaml`; rewards and data from **strict** verdicts):",
