@@ -126,6 +126,7 @@ def shipped_configs() -> list[Path]:
 FOLDER_USE = {  # what reads each folder of configs/
     "accelerate": "mlbench train --accelerate-config FILE", "agent": "mlbench agent --config FILE",
     "eval": "mlbench eval --config FILE (run/); --envs FILE (the rest)", "infer": "mlbench infer --config FILE",
+    "learn": "mlbench learn --config FILE",
     "prep": "mlbench prep --config FILE", "report": "mlbench report --reference FILE",
     "sweeps": "mlbench sweep plan FILE", "train": "mlbench train --config FILE",
 }

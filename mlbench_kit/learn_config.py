@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import ClassVar, Literal
 
+from .agent_config import AgentSampling
 from .config import Check, option
 from .errors import MLBenchError
 from .records import TASKS
@@ -44,14 +45,11 @@ class RewardConfig:
 
 
 @dataclass
-class LearnSampling:
-    """How learning samples answers (rft's rounds, grpo's groups): the benchmark's sampling by default."""
+class LearnSampling(AgentSampling):
+    """How learning samples answers (rft's rounds, grpo's groups): the benchmark's sampling (the agent's fields),
+    256 new tokens per answer."""
 
-    temperature: float = option(1.0, "sampling temperature")
-    top_p: float = option(1.0, "nucleus sampling")
-    top_k: int = option(50, "sample among the k likeliest tokens")
     max_new_tokens: int = option(256, "new tokens per sample")
-    seed: int = option(42, "sampling seed")
 
 
 @dataclass
@@ -146,8 +144,8 @@ class LearnConfig:
             raise MLBenchError(f"the training split {self.split!r} is the evaluation split", at("split"),
                                "learn on a training split (id_train, ood_train)")
 
-    def require_inputs(self) -> None:
-        """What every method needs; one error names all that is missing."""
+    def require_inputs(self, source: str | None = None) -> None:
+        """What the method needs; one error names all that is missing (``source``: the config file, if any)."""
         need = ["prep_dir", "out"] + {"data": ["generations", "results"],
                                       "rft": ["model", "data", "envs"],
                                       "dpo": ["model", "adapter"],
@@ -156,7 +154,7 @@ class LearnConfig:
             need += ["generations", "results"]
         missing = [f"--{k.replace('_', '-')}" for k in need if getattr(self, k) is None]
         if missing:
-            raise MLBenchError(f"mlbench learn --method {self.method} needs {', '.join(missing)}", None,
+            raise MLBenchError(f"mlbench learn --method {self.method} needs {', '.join(missing)}", source,
                                "see docs/learn.md for each method's inputs")
 
     def training_prompts(self) -> Path:

@@ -85,6 +85,18 @@ def test_verdicts_of_rows_outside_the_training_split_are_refused(tmp_path):
         read_answers(gens, [], {(1, 1): _rec(1, 1, "a")}, "compat", "strict")
 
 
+@pytest.mark.parametrize("path", sorted((REPO_ROOT / "configs" / "learn").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_learn_config_loads_and_names_configs_that_load(path: Path):
+    from mlbench_kit.config import load
+    from mlbench_kit.infer_config import InferConfig
+    from mlbench_kit.train_config import TrainConfig
+    cfg = load(LearnConfig, path, {})
+    assert cfg.reward.mode == "strict"  # rewards come from strict verdicts unless a user says otherwise
+    load(TrainConfig, REPO_ROOT / cfg.rft.train_config, {"model": ("some/model", "--model")})
+    if cfg.rft.infer_config:
+        load(InferConfig, REPO_ROOT / cfg.rft.infer_config, {})
+
+
 # ---------------------------------------------------------------- the sample, a tiny model, real engines
 
 @pytest.fixture(scope="module")
