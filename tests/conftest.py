@@ -212,6 +212,23 @@ def trained_adapter(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Pa
     return out / "adapter"
 
 
+REAL_REPO = "External-Attention-pytorch"  # the real test repository whose environment CI builds
+
+
+@pytest.fixture(scope="session")
+def real_env_cache(tmp_path_factory: pytest.TempPathFactory, shared: Path) -> Path:
+    """An environment cache holding the real repository's environment, built once per session from the shared
+    tarball by `mlbench env build`: tests/eval/test_envs.py checks, gold-validates and scores it, and
+    tests/test_real.py's `scripts/real.sh --quick` runs with it as MLBENCH_CACHE (its envs stage finds it up to date
+    instead of building it a second time, 2-3 minutes on 2 cores)."""
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap not installed (scripts/setup.sh installs it)")
+    from mlbench_kit.cli import main
+    cache = tmp_path_factory.mktemp("envcache")
+    assert main(["env", "build", REAL_REPO, "--cache", str(cache), "--tarballs", str(shared / "repos")]) == 0
+    return cache
+
+
 @pytest.fixture(scope="session")
 def base_image() -> str | None:
     """The podman base image (Debian + Python, built without a registry), or None where podman cannot run.

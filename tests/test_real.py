@@ -20,14 +20,16 @@ def _jsonl(path: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def quick(tmp_path_factory, shared):
-    """`scripts/real.sh --quick` once: its run folder, environment and command, and the first run's result."""
+def quick(tmp_path_factory, shared, real_env_cache):
+    """`scripts/real.sh --quick` once: its run folder, environment and command, and the first run's result. Its
+    cache (MLBENCH_CACHE) is the session's ``real_env_cache``: the real repository's environment that
+    tests/eval/test_envs.py builds and validates, built once for both."""
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap not installed (scripts/setup.sh installs it)")
     tmp_path = tmp_path_factory.mktemp("real")
     run = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if not k.startswith("VIRTUAL_ENV")}
-    env.update(MLBENCH_CACHE=str(tmp_path / "cache"), NLTK_DATA=str(shared / "nltk_data"))
+    env.update(MLBENCH_CACHE=str(real_env_cache), NLTK_DATA=str(shared / "nltk_data"))
     cmd = ["bash", "scripts/real.sh", "--quick", "--data", str(shared / "full.jsonl"), "--repos", str(shared / "repos"),
            "--run", str(run)]
     return tmp_path, run, env, cmd, run_session(cmd, timeout=1500, cwd=REPO_ROOT, env=env)
@@ -40,7 +42,9 @@ def test_real_model_quick_run_end_to_end(quick):
     assert [ln.split("]")[0] for ln in r.stdout.splitlines() if ln.startswith("real [")] == \
         [f"real [{i}/8" for i in range(1, 9)]
 
-    model = tmp_path / "cache" / "models" / "SmolLM2-135M-Instruct"
+    # the envs stage ran in MLBENCH_CACHE and found the session's build there
+    assert "up to date" in (run / "logs" / "envs.log").read_text()
+    model = Path(env["MLBENCH_CACHE"]) / "models" / "SmolLM2-135M-Instruct"
     assert json.loads((model / "config.json").read_text())["num_hidden_layers"] == 30
     test = _jsonl(run / "prep" / "test" / "task3.jsonl")
     assert len(test) == 6 and {t["repo"] for t in test} == {"External-Attention-pytorch"}

@@ -288,6 +288,7 @@ def test_files_persist_between_actions_processes_do_not(box, tmp_path: Path):
     assert _layers(box) == []
 
 
+@pytest.mark.user
 def test_hostile_actions_are_contained(box, tmp_path: Path):
     """eval's hostile cases, issued as actions: no network, no write outside the work tree, the host unchanged, a
     link to a host file as run.sh is not followed (not an answer), nor are links when the layer is handed to the

@@ -94,6 +94,7 @@ def test_a_failure_while_writing_leaves_the_old_folder_as_it_was(shared: Path, t
     assert (out / "notes.txt").read_text() == "mine" and not [p for p in out.iterdir() if p.name.startswith(".")]
 
 
+@pytest.mark.user
 def test_an_unwritable_output_folder_fails_before_any_work(tmp_path: Path) -> None:
     import os
     (tmp_path / "file").write_text("")

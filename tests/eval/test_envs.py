@@ -167,13 +167,11 @@ def test_missing_checkout_tarball_is_one_clear_error(tmp_path, capsys):
     assert f"{tmp_path}/nothere.tar.gz: no checkout tarball for nothere" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 @pytest.mark.integration
-def test_real_repository_environment_and_gold_validation(tmp_path, shared, capsys):
-    """External-Attention-pytorch from the shared tarball: built as a venv, its 24 gold rows validated."""
-    cache, out = tmp_path / "cache", tmp_path / "val"
-    assert main(["env", "build", "External-Attention-pytorch", "--cache", str(cache), "--tarballs",
-                 str(shared / "repos")]) == 0
+def test_real_repository_environment_and_gold_validation(tmp_path, shared, real_env_cache, capsys):
+    """External-Attention-pytorch from the shared tarball: built as a venv (the session's ``real_env_cache``,
+    which tests/test_real.py's quick run shares), its 24 gold rows validated."""
+    cache, out = real_env_cache, tmp_path / "val"
     capsys.readouterr()
     assert main(["env", "check", "External-Attention-pytorch", "--cache", str(cache)]) == 0
     check = capsys.readouterr().out

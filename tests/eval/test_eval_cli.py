@@ -113,6 +113,7 @@ def test_gold_and_raw_responses(tmp_path):
     assert gold["samples"] == len(rows) and gold["pass@1"] == 1.0  # every dataset answer runs in its repository
 
 
+@pytest.mark.user
 def test_libraries_without_bytecode_are_named_before_scoring(tmp_path, capsys):
     """The sandbox mounts an environment read-only, so bytecode it lacks is compiled again by every execution."""
     repo = tmp_path / "toybench"

@@ -514,6 +514,7 @@ def test_podman_helpers_stay_out_of_the_execution_and_no_container_outlives_it(b
     assert not [ln for ln in left.splitlines() if ln.split()[0] in names], left
 
 
+@pytest.mark.user
 def test_one_engine_per_backend(tmp_path):
     """Each --backend is one engine from the registry; what each decides (isolation, image, cgroup, staging) and the
     command it starts, docker's and apptainer's included, which no test here executes."""
@@ -550,6 +551,7 @@ def test_one_engine_per_backend(tmp_path):
         assert ("--seccomp" in script) == (backend == "bwrap") and ("4<" in script) == (backend == "bwrap")
 
 
+@pytest.mark.user
 def test_the_stage_script_idmaps_the_lower_layer_and_shares_quotas_by_who_runs_it(tmp_path):
     """As root with the execution's own uid: the lower layer bound through idmap.py from the run's ids to the
     execution's, an earlier execution's layer handed over (chown, links not followed); the run's uid: a plain bind.
@@ -995,6 +997,7 @@ def _host_ids_of(marker: str, within: float = 60) -> tuple[int, int] | None:
     return None
 
 
+@pytest.mark.user
 def test_each_execution_runs_as_a_host_uid_of_its_own(box):
     """Two executions run as two host uids, drawn from EXEC_UIDS, neither the run's (65534); the answer owns the
     checkout's files (it appends to one and chmods it: bwrap and podman through the idmapped lower layer), and the
@@ -1033,6 +1036,7 @@ def test_each_execution_runs_as_a_host_uid_of_its_own(box):
         assert (st.st_uid, oct(st.st_mode & 0o777)) == (run_ids[0], "0o644")
 
 
+@pytest.mark.user
 @pytest.mark.skipif(not IS_ROOT, reason="a uid per execution needs root")
 def test_a_checkout_of_the_run_uid_in_another_group_stays_writable_by_the_execution_uid(box, tmp_path):
     """A checkout already the run's (uid 65534) but of another group (root's) is not used in place: the idmapped
@@ -1053,6 +1057,7 @@ def test_a_checkout_of_the_run_uid_in_another_group_stays_writable_by_the_execut
     assert "more" not in (src / "README.md").read_text()
 
 
+@pytest.mark.user
 def test_an_idmapped_bind_that_cannot_be_made_exits_3_saying_why(tmp_path):
     """The stage script's helper: a refusal (here a lower layer that is not there; without root, the mapping
     itself) is exit status 3 and one line naming the call and the reason, never a traceback."""
