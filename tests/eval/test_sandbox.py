@@ -789,7 +789,7 @@ def test_a_run_records_its_clock_and_an_older_run_resumes_only_on_the_wall_clock
     (out / "run.json").write_text(json.dumps(run_json))
     capsys.readouterr()
     rc, _ = _eval(tmp_path, {9001: [gold]})
-    assert rc == 2 and "'limit_clock': ('wall', 'cpu')" in capsys.readouterr().err
+    assert rc == 2 and 'limit_clock: "wall" here, now "cpu"' in capsys.readouterr().err
     rc, _ = _eval(tmp_path, {9001: [gold]}, "--limit-clock", "wall")
     assert rc == 0
 
