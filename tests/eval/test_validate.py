@@ -76,5 +76,5 @@ def test_validation_md_shows_control_characters_and_html_as_text() -> None:
     report = validate({"compat": [RAN | {"github_id": 9, "id": 1, "log": log}]}, [row], {"toybench": None})
     md = validation_markdown(report, {"toybench": None})
     assert "\x1b" not in md and "\r" not in md and "\x07" not in md and "<script>" not in md
-    assert "| 9 | 1 | toybench | data | \\x1b[31mFileNotFoundError: No such file or directory " \
+    assert "| 9 | 1 | toybench | data | \\x1b\\[31mFileNotFoundError: No such file or directory " \
            "&lt;script&gt;alert(1)&lt;/script&gt;\\rdone\\x07 \\| x |" in md
