@@ -17,11 +17,10 @@ from mlbench_kit.config import save_resolved, to_dict
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.flags import add_options, resolve
 from mlbench_kit.io import claim_run_folder, write_json_atomic, write_jsonl_atomic
+from mlbench_kit.learn.data import LearningData, from_verdicts, training_prompts
 from mlbench_kit.learn_config import LearnConfig
 from mlbench_kit.progress import bars_only_on_tty
 from mlbench_kit.stages import stage
-
-from .data import LearningData, from_verdicts, training_prompts
 
 
 def resolve_config(args: argparse.Namespace) -> LearnConfig:
@@ -42,6 +41,7 @@ def write_data(out: Path, data: LearningData) -> None:
 def learn(cfg: LearnConfig) -> int:
     """Run ``cfg.method``; returns the exit status."""
     cfg.require_inputs()
+    prompts = training_prompts(cfg)  # the leak check and the inputs' errors, before anything is written
     out = Path(str(cfg.out))
     out.mkdir(parents=True, exist_ok=True)
     claim_run_folder(out / "learn.json", {k: v for k, v in to_dict(cfg).items() if k != "out"})
@@ -52,13 +52,12 @@ def learn(cfg: LearnConfig) -> int:
         if cfg.method == "data":
             return 0
     if cfg.method == "rft":
-        from .rft import RFTRecipe
+        from mlbench_kit.learn.rft import RFTRecipe
         recipe = RFTRecipe(cfg)
         recipe.setup()
         recipe.train()
         return 0
-    from .trl_recipes import DPORecipe, GRPORecipe
-    prompts = training_prompts(cfg)
+    from mlbench_kit.learn.trl_recipes import DPORecipe, GRPORecipe
     if cfg.method == "dpo":
         dpo = DPORecipe(cfg, out / "pairs.jsonl", {k: r.template for k, r in prompts.items()})
         dpo.setup()

@@ -75,6 +75,9 @@ def test_learning_refuses_a_training_split_that_leaks_into_the_evaluation_split(
     r = run_cli("mlbench", "learn", "--method", "data", "--prep-dir", tmp_path, "--split", "test",
                 "--eval-split", "test", "--out", tmp_path / "o")
     assert r.returncode == 2 and "is the evaluation split" in r.stderr and not (tmp_path / "o").exists()
+    r = run_cli("mlbench", "learn", "--method", "data", "--prep-dir", tmp_path, "--generations", "g", "--results",
+                "r", "--out", tmp_path / "o")  # the leak found above: one error, nothing written
+    assert r.returncode == 2 and "in the evaluation split" in r.stderr and not (tmp_path / "o").exists()
 
 
 def test_verdicts_of_rows_outside_the_training_split_are_refused(tmp_path):
