@@ -717,7 +717,9 @@ def test_output_flood_is_bounded_like_bwrap(box, stream):
 
     t = threading.Thread(target=watch, daemon=True)
     t.start()
-    r = sb.run(Job(code, False, env, "./"), Limits(wall_s=10), drain=False)
+    # 3 million writes take seconds of CPU: 30 s leaves them three times the room at a load of 10 on 2 cores (at
+    # 10 s they reached the limit once at load 9.8); a flood kept whole still runs far past it
+    r = sb.run(Job(code, False, env, "./"), Limits(wall_s=30), drain=False)
     done.set()
     t.join()
     assert not r.timed_out and r.exit_code == 1 and r.fault is None and len(r.log) < 80_000
