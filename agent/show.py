@@ -44,7 +44,20 @@ def _folder(run: Path, row: str | None) -> Path:
     return hits[0]
 
 
-def _say(out: TextIO, role: str, text: str, chars: int) -> None:
+class _Visible:
+    """A stream that shows every control character it is given as an escape (new lines kept)."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+
+    def write(self, text: str) -> int:
+        return self.out.write(visible(text))
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+def _say(out: Any, role: str, text: str, chars: int) -> None:
     print(f"[{role}]", file=out)
     print(_clip(text, chars), file=out)
 
@@ -52,45 +65,49 @@ def _say(out: TextIO, role: str, text: str, chars: int) -> None:
 def render(run: Path, row: str | None = None, episode: int = 0, chars: int = 4000, out: TextIO | None = None
            ) -> None:
     """Print one episode of the agent run in ``run`` (to ``out``, default stdout)."""
-    out = out if out is not None else sys.stdout
+    safe = _Visible(out if out is not None else sys.stdout)  # every value of the (untrusted) run folder, escaped
     folder = _folder(run, row)
     path = folder / f"ep{episode}.jsonl"
     if not path.is_file() or path.is_symlink():
         have = sorted(p.name for p in folder.glob("ep*.jsonl"))
         raise MLBenchError(f"no episode {episode} for row {folder.name}", str(path), f"episodes: {', '.join(have)}")
-    records = [r for r in read_jsonl_tolerant(path) if isinstance(r, dict)]
+    try:
+        records = [r for r in read_jsonl_tolerant(path) if isinstance(r, dict)]
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise MLBenchError(f"not a transcript: {exc}", str(path), "pass a folder `mlbench agent` wrote") from None
     turns = [r for r in records if "turn" in r]
     end: dict[str, Any] = next((r["end"] for r in records if isinstance(r.get("end"), dict)), {})
     status = end.get("exit", "not ended (the run stopped; re-running it resumes)")
-    print(f"== row {folder.name}, episode {episode}: {len(turns)} turns, exit {status}", file=out)
+    print(f"== row {folder.name}, episode {episode}: {len(turns)} turns, exit {status}", file=safe)
     for t in turns:
         print(f"\n-- turn {t.get('turn')} · {t.get('step')} · {t.get('tokens_in')} prompt / {t.get('tokens_out')} new "
-              f"tokens{' (cut at the cap)' if t.get('truncated') else ''} · {t.get('wall_s')} s", file=out)
+              f"tokens{' (cut at the cap)' if t.get('truncated') else ''} · {t.get('wall_s')} s", file=safe)
         for m in t.get("messages") or []:  # a bash episode's start
-            _say(out, str(m.get("role", "user")), str(m.get("content", "")), chars)
+            if isinstance(m, dict):
+                _say(safe, str(m.get("role", "user")), str(m.get("content", "")), chars)
         if "prompt" in t:
-            _say(out, "user", str(t["prompt"]), chars)
+            _say(safe, "user", str(t["prompt"]), chars)
         elif t.get("step") != "bash":
-            print(f"[user] (prompt not recorded in this transcript; sha {t.get('prompt_sha')})", file=out)
-        _say(out, "assistant", str(t.get("raw", "")), chars)
+            print(f"[user] (prompt not recorded in this transcript; sha {t.get('prompt_sha')})", file=safe)
+        _say(safe, "assistant", str(t.get("raw", "")), chars)
         if t.get("error"):
-            print(f"[harness] format error: {visible(str(t['error']))}", file=out)
+            print(f"[harness] format error: {visible(str(t['error']))}", file=safe)
         if t.get("action") is not None:
-            print(f"[harness] action: {visible(str(t['action']))[:chars or None]}", file=out)
+            print(f"[harness] action: {visible(str(t['action']))[:chars or None]}", file=safe)
         if t.get("observation") is not None:
-            _say(out, "user" if t.get("step") == "bash" else "observation", str(t["observation"]), chars)
+            _say(safe, "user" if t.get("step") == "bash" else "observation", str(t["observation"]), chars)
         if t.get("exit"):
-            print(f"[harness] exit: {t['exit']}", file=out)
+            print(f"[harness] exit: {t['exit']}", file=safe)
     if end:
         print(f"\n== end: {end.get('exit')}{' (' + visible(str(end['detail'])) + ')' if end.get('detail') else ''}; "
-              f"{end.get('tokens_in')} prompt / {end.get('tokens_out')} new tokens, {end.get('seconds')} s", file=out)
+              f"{end.get('tokens_in')} prompt / {end.get('tokens_out')} new tokens, {end.get('seconds')} s", file=safe)
         if end.get("run_sh") is not None:
-            _say(out, f"run.sh (its answer: {end.get('answer_kind')})", str(end["run_sh"]), chars)
+            _say(safe, f"run.sh (its answer: {end.get('answer_kind')})", str(end["run_sh"]), chars)
         if end.get("answer") is not None:
-            _say(out, "answer", str(end["answer"]), chars)
-        if end.get("openhands"):
+            _say(safe, "answer", str(end["answer"]), chars)
+        if isinstance(end.get("openhands"), dict):
             oh = end["openhands"]
-            print(f"[openhands rule] passed {oh.get('passed')}, exit {oh.get('exit_code')}", file=out)
+            print(f"[openhands rule] passed {oh.get('passed')}, exit {oh.get('exit_code')}", file=safe)
 
 
 def run(args: argparse.Namespace) -> int:

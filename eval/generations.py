@@ -10,6 +10,7 @@ from mlbench_kit.dataset import Sample
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.io import read_jsonl
 from mlbench_kit.parse import parse_response
+from mlbench_kit.records import valid_text
 
 REFERENCE_N = 5  # the benchmark's checker silently drops rows whose output list has another length
 
@@ -44,17 +45,6 @@ class Generations:
             first = set(sorted(first, key=list(samples).index)[:limit])
             self.outputs = {k: v for k, v in self.outputs.items() if k in first}
             self.missing = [k for k in self.missing if k in first]
-
-
-def valid_text(text: str) -> str:
-    """``text`` with every code point UTF-8 cannot encode (a lone surrogate such as ``"\\ud800"``, which JSON
-    allows, or an undecodable byte read back as one) replaced by U+FFFD, so the hash, the sandbox's files and
-    every report can write it."""
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
 
 
 def load_generations(path: str | Path, samples: dict[tuple[int, int], Sample], parser: str = "compat",

@@ -13,7 +13,7 @@ from typing import Any
 
 from mlbench_kit.dataset import Sample, prefix_exports
 from mlbench_kit.eval_config import EvalConfig
-from mlbench_kit.records import EvalResult
+from mlbench_kit.records import EvalResult, output_sha
 from mlbench_kit.sandbox import Env, ExecResult, Job, Limits, Sandbox
 
 from .checks import check_output, runs_as_shell, syntax_error, type_ok
@@ -106,7 +106,7 @@ class Scorer:
 
     def _record(self, s: Sample, idx: int, output: str, env: Env, param_hits: dict[str, bool], params_ok: bool,
                 type_ok: bool, **more: Any) -> EvalResult:
-        return EvalResult(s.github_id, s.id, idx, s.repo, s.type, _sha(output), self.rules.mode, param_hits,
+        return EvalResult(s.github_id, s.id, idx, s.repo, s.type, output_sha(output), self.rules.mode, param_hits,
                           params_ok, type_ok, env=env.recipe, **more)
 
     def score(self, s: Sample, idx: int, output: str) -> EvalResult:

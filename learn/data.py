@@ -18,7 +18,7 @@ from mlbench_kit.errors import MLBenchError
 from mlbench_kit.io import read_jsonl
 from mlbench_kit.learn_config import LearnConfig
 from mlbench_kit.parse import parse_response
-from mlbench_kit.records import EvalResult, PrepRecord, read_eval_results, read_prep_records
+from mlbench_kit.records import EvalResult, PrepRecord, output_sha, read_eval_results, read_prep_records, valid_text
 
 Key = tuple[int, int]
 
@@ -50,17 +50,41 @@ def training_prompts(cfg: LearnConfig) -> dict[Key, PrepRecord]:
     if not path.is_file():
         raise MLBenchError(f"no prompts of split {cfg.split!r}, task {cfg.task}", str(path),
                            "run `mlbench prep` for the training split (--build-splits makes id_train/ood_train)")
-    train = {rec.key: rec for _, rec in read_prep_records(path, cfg.task)}
-    evaluated = [rec for _, rec in read_prep_records(cfg.eval_prompts(), cfg.task)]
+    train = {rec.key: rec for _, rec in _records(path, cfg.task)}
+    evaluated = [rec for _, rec in _records(cfg.eval_prompts(), cfg.task)]
+    if not evaluated:
+        raise MLBenchError(f"the evaluation split has no task-{cfg.task} prompts to check for leaks",
+                           str(cfg.eval_prompts()), "name the split your models are scored on (--eval-split)")
     shared = sorted(set(train) & {r.key for r in evaluated})
     if shared:
         raise MLBenchError(f"{len(shared)} rows of the training split are in the evaluation split (first: "
                            f"github_id={shared[0][0]} id={shared[0][1]})", str(path),
                            "learn on a training split: never the rows models are scored on")
     check_no_leak(list(train.values()), evaluated)
+    # a training prompt may not hold an evaluated instruction, whatever its own `instruction` field says
+    held = {normalized_text(r.instruction): r for r in evaluated if r.instruction.strip()}
+    for rec in train.values():
+        prompt = normalized_text(rec.prompt)
+        hit = next((e for text, e in held.items() if text in prompt), None)
+        if hit is not None:
+            raise MLBenchError(f"training prompt github_id={rec.github_id} id={rec.id} holds the instruction of "
+                               f"evaluated row id {hit.id}", str(path), "learn on a training split only")
     if not train:
         raise MLBenchError("the training split has no prompts", str(path), "re-run `mlbench prep` for it")
     return train
+
+
+def _records(path: Path, task: int) -> list[tuple[str, PrepRecord]]:
+    """A prep file's records of ``task``, each field of the type the record declares (untrusted files)."""
+    out = []
+    for where, rec in read_prep_records(path, task):
+        bad = [f for f in ("prompt", "answer", "instruction", "output", "template")
+               if not isinstance(getattr(rec, f), str)]
+        if bad or not all(type(getattr(rec, f)) is int for f in ("github_id", "id")):
+            raise MLBenchError(f"not a prep record: {', '.join(bad) or 'github_id and id'} of the wrong type", where,
+                               "pass the output of `mlbench prep`")
+        out.append((where, rec))
+    return out
 
 
 def read_answers(generations: str | Path, results: list[EvalResult], prompts: dict[Key, PrepRecord],
@@ -72,6 +96,10 @@ def read_answers(generations: str | Path, results: list[EvalResult], prompts: di
         if r.mode != mode:
             raise MLBenchError(f"the eval results are {r.mode} verdicts; the reward reads {mode}", "--results",
                                f"score the generations with `mlbench eval --mode {mode}` (or set reward.mode)")
+        if mode == "strict" and r.passed and r.timed_out:  # eval's --timeout-pass: the sleeper's pass
+            raise MLBenchError(f"a strict verdict passes an answer still running at the limit (github_id="
+                               f"{r.github_id} id={r.id} sample {r.idx}: `mlbench eval --timeout-pass`)", "--results",
+                               "score the generations in strict mode without --timeout-pass")
         verdicts[(r.key, r.idx)] = r
     out: dict[Key, list[Answer]] = {}
     for ln, row in read_jsonl(generations):
@@ -83,14 +111,27 @@ def read_answers(generations: str | Path, results: list[EvalResult], prompts: di
         if key not in prompts:
             raise MLBenchError(f"github_id={key[0]} id={key[1]} is not a prompt of the training split", where,
                                "pass the generations of the training split's prompts")
-        texts = row.get("raw") or row.get("output")
-        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
-            raise MLBenchError("`raw` (or `output`) must be a list of strings", where)
+        raw, output = row.get("raw"), row.get("output")
+        texts = raw if raw is not None else output
+        for name, value in (("raw", raw), ("output", output)):
+            if value is not None and (not isinstance(value, list) or not all(isinstance(t, str) for t in value)):
+                raise MLBenchError(f"`{name}` must be a list of strings", where)
+        if texts is None:
+            raise MLBenchError("each line needs `raw` or `output`", where)
         answers = []
         for i, text in enumerate(texts):
+            # eval ran `output` where there is one: the text trained on must be what it ran
+            code = parse_response(text, parser) if output is None else output[i] if i < len(output) else None
+            if code is None or (raw is not None and output is not None and parse_response(text, parser) != code):
+                raise MLBenchError(f"sample {i}: `raw` does not parse (--parser {parser}) to its `output`", where,
+                                   "pass the generations file `mlbench infer` wrote, unchanged")
             v = verdicts.get((key, i))
-            if v is not None:
-                answers.append(Answer(i, text, parse_response(text, parser), bool(v.passed), v.error_class))
+            if v is None:
+                continue
+            if v.output_sha != output_sha(valid_text(code)):
+                raise MLBenchError(f"the verdict on github_id={key[0]} id={key[1]} sample {i} is on another text",
+                                   "--results", "pass the eval folder that scored this generations file")
+            answers.append(Answer(i, text, code, bool(v.passed), v.error_class))
         out[key] = answers
     stray = sorted({k for k, _ in verdicts} - set(prompts))
     if stray:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import sys
 import threading
 from collections.abc import Sequence
@@ -65,7 +66,9 @@ class ExecutionReward:
         self.out = out
         self.score_fn = stage("eval").module().score  # the eval stage's own entry (imported when learning runs)
         self.log = out / "rewards.jsonl"
-        self.calls = len(list((out / "rewards").glob("batch-*"))) if (out / "rewards").is_dir() else 0
+        done = [int(p.name[6:]) for p in (out / "rewards").glob("batch-*") if re.fullmatch(r"batch-\d{5}", p.name)] \
+            if (out / "rewards").is_dir() else []
+        self.calls = max(done, default=0)  # a resumed run goes on after the last batch, never into one
         self._lock = threading.Lock()
 
     def score(self, keys: Sequence[Key], texts: Sequence[str], step: int | None = None) -> list[float | None]:
@@ -76,7 +79,7 @@ class ExecutionReward:
         by_row: dict[Key, list[int]] = {}
         for i, key in enumerate(keys):
             by_row.setdefault(key, []).append(i)
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True)  # a new folder: eval would resume an old batch's verdicts for new texts
         gens = folder / "generations.jsonl"
         write_jsonl_atomic(gens, [{"github_id": k[0], "id": k[1], "raw": [texts[i] for i in idx],
                                    "output": [parse_response(texts[i], self.cfg.parser) for i in idx]}

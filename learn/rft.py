@@ -21,18 +21,20 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from mlbench_kit.config import load, parse_set, save_resolved
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.hf import TRAIN_META
 from mlbench_kit.io import atomic_dir, read_jsonl, write_json_atomic, write_jsonl_atomic
 from mlbench_kit.learn_config import LearnConfig
 from mlbench_kit.records import PrepRecord
+from mlbench_kit.train_config import TrainConfig
 
 from .data import from_verdicts, training_prompts
 
 
 def mlbench(*argv: str, log: Path) -> None:
     """One stage's command, in its own process, its output in ``log``; a failure names the log."""
-    cmd = [sys.executable, "-m", "mlbench_kit.cli", *argv]
+    cmd = [sys.executable, "-I", "-m", "mlbench_kit.cli", *argv]  # -I: nothing of the working folder is imported
     with open(log, "a", encoding="utf-8") as f:
         f.write("$ mlbench " + " ".join(argv) + "\n")
         f.flush()
@@ -88,11 +90,28 @@ class RFTRecipe:
             write_json_atomic(d / "data.json", {**stats, "sft_records": len(records)})
 
         def train(d: Path) -> None:
-            sets = [x for kv in cfg.rft.train_set for x in ("--set", kv)]
-            mlbench("train", "--config", cfg.rft.train_config, "--model", str(cfg.model), "--task", t,
-                    "--set", f"data.path={d / 'sft.jsonl'}", *sets, "--out", str(d / "train"), log=d / "train.log")
+            mlbench("train", "--config", str(self.train_config(d)), log=d / "train.log")
 
         return [("infer", infer), ("eval", execute), ("select", select), ("train", train)]
+
+    def train_config(self, d: Path) -> Path:
+        """Round ``d``'s training config, resolved here and written whole as ``d/train.yaml``: the round decides
+        what it trains on (its ``sft.jsonl`` alone), the model and where it writes; ``rft.train_set`` may only
+        tune the training (a handed-over config cannot point it at the evaluation split or outside OUT)."""
+        cfg = self.cfg
+        over = parse_set(cfg.rft.train_set, "rft.train_set")
+        owned = sorted(k for k in over if k.split(".")[0] in ("data", "output_dir", "out", "model", "logging"))
+        if owned:
+            raise MLBenchError(f"rft.train_set may not set {', '.join(owned)}: each round sets what it trains on, the "
+                               "model and where it writes", "rft.train_set", "set only optim.*, lora.* and the like")
+        over.update({"model": (str(cfg.model), "--model"), "data.path": (str(d / "sft.jsonl"), "rft"),
+                     "data.task": (cfg.task, "--task"), "output_dir": (str(d / "train"), "rft")})
+        tc = load(TrainConfig, cfg.rft.train_config, over)
+        if tc.data.extra:
+            raise MLBenchError(f"rft.train_config trains on more files too (data.extra: {tc.data.extra})",
+                               cfg.rft.train_config, "a round trains on its own records alone: remove data.extra")
+        save_resolved(tc, d / "train.yaml")
+        return d / "train.yaml"
 
     def train(self) -> Path:
         adapter = self.cfg.adapter

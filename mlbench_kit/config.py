@@ -83,6 +83,9 @@ class Lines:
     def _walk(self, node: Any, path: tuple[str, ...]) -> None:
         if isinstance(node, yaml.MappingNode):
             for k, v in node.value:
+                if k.tag == "tag:yaml.org,2002:merge":  # `<<:` would hide where a key came from (the endpoint rule)
+                    raise MLBenchError("YAML merge keys (<<) are not accepted in a config file",
+                                       f"{self.source}:{k.start_mark.line + 1}", "write the keys out in full")
                 self.lines[path + (str(k.value),)] = f"{self.source}:{k.start_mark.line + 1}"
                 self._walk(v, path + (str(k.value),))
         elif isinstance(node, yaml.SequenceNode):

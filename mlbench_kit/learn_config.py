@@ -12,6 +12,7 @@ the ML-Bench rows the checker needs, the environments) and the reward (:class:`R
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -140,6 +141,18 @@ class LearnConfig:
             raise MLBenchError("grpo.num_generations must be at least 2 (advantages compare a group)", at("grpo"))
         if self.workers < 1:
             raise MLBenchError("workers must be at least 1", at("workers"))
+        for key, value in (("grpo.prompts_per_step", self.grpo.prompts_per_step), ("grpo.max_steps",
+                           self.grpo.max_steps), ("grpo.save_steps", self.grpo.save_steps),
+                           ("dpo.batch_size", self.dpo.batch_size), ("dpo.grad_accum", self.dpo.grad_accum),
+                           ("sampling.max_new_tokens", self.sampling.max_new_tokens)):
+            if value < 1:
+                raise MLBenchError(f"{key} must be at least 1, got {value}", at(key))
+        if self.timeout is not None and self.timeout <= 0:
+            raise MLBenchError("timeout must be positive", at("timeout"))
+        for key in ("split", "eval_split"):
+            name = getattr(self, key)
+            if name is not None and (not re.fullmatch(r"[\w.-]+", name) or set(name) == {"."}):
+                raise MLBenchError(f"{key} is a split's name (a folder of prep_dir), got {name!r}", at(key))
         if self.eval_split is not None and self.eval_split == self.split:
             raise MLBenchError(f"the training split {self.split!r} is the evaluation split", at("split"),
                                "learn on a training split (id_train, ood_train)")

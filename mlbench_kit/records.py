@@ -11,6 +11,7 @@ The benchmark's own rows are :class:`mlbench_kit.dataset.Sample`.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -21,6 +22,22 @@ from .errors import MLBenchError
 from .io import read_jsonl, read_log_lines
 
 TASKS = (1, 2, 3)
+
+
+def valid_text(text: str) -> str:
+    """``text`` with every code point UTF-8 cannot encode (a lone surrogate such as ``"\\ud800"``, which JSON
+    allows, or an undecodable byte read back as one) replaced by U+FFFD, so the hash, the sandbox's files and
+    every report can write it."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+
+
+def output_sha(text: str) -> str:
+    """The ``output_sha`` of a verdict on ``text`` (the code eval ran, after :func:`valid_text`)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)

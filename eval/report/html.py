@@ -197,7 +197,7 @@ def page_rows(settings: list[Setting]) -> dict[str, Any]:
 
 def _json_in_html(obj: Any) -> str:
     """JSON that no text inside can end the ``<script>`` element holding it."""
-    return json.dumps(obj, ensure_ascii=False).replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+    return json.dumps(obj).replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
 
 
 def render_html(settings: list[Setting]) -> str:

