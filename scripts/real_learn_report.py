@@ -128,7 +128,7 @@ def main() -> None:
     for v in variants:
         at_limit, passes = compat_only_at_limit(run, v)
         L.append(f"| {v} | {at_limit} | {passes} |")
-    L += ["", *stage_times(run, [f"learn-{m}" for m in a.methods] + ["learn-infer", "learn-eval"])]
+    L += ["", *stage_times(run, [k for k in times if k.startswith("learn-")])]
     out = run / "learning.md"
     out.write_text("\n".join(L) + "\n")
     print(f"real: {out}")
