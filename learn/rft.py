@@ -43,6 +43,11 @@ def mlbench(*argv: str, log: Path) -> None:
         raise MLBenchError(f"mlbench {argv[0]} failed (exit {rc})", str(log), "read the log; re-run to resume")
 
 
+# what each round decides itself: a train config or --set naming one is refused
+ROUND_KEYS = frozenset({"data.path", "data.extra", "data.prep_dir", "data.split", "data.task", "output_dir", "out",
+                        "model"})
+
+
 class RFTRecipe:
     """The rounds, declared as data: each step's name and what it runs."""
 
@@ -52,6 +57,7 @@ class RFTRecipe:
 
     def setup(self) -> None:
         self.prompts = training_prompts(self.cfg)  # the leak check, before any sampling
+        self.train_set()  # a key the rounds own is refused before any sampling too
         self.out.mkdir(parents=True, exist_ok=True)
 
     def steps(self, r: int, adapter: str | None) -> list[tuple[str, Callable[[Path], None]]]:
@@ -94,16 +100,21 @@ class RFTRecipe:
 
         return [("infer", infer), ("eval", execute), ("select", select), ("train", train)]
 
+    def train_set(self) -> dict:
+        """``rft.train_set`` as overrides; the keys a round owns (its data, model, folder, logging) are refused."""
+        over = parse_set(self.cfg.rft.train_set, "rft.train_set")
+        owned = sorted(k for k in over if k in ROUND_KEYS or k.startswith("logging."))
+        if owned:
+            raise MLBenchError(f"rft.train_set may not set {', '.join(owned)}: each round sets what it trains on, the "
+                               "model and where it writes", "rft.train_set", "set only optim.*, lora.* and the like")
+        return over
+
     def train_config(self, d: Path) -> Path:
         """Round ``d``'s training config, resolved here and written whole as ``d/train.yaml``: the round decides
         what it trains on (its ``sft.jsonl`` alone), the model and where it writes; ``rft.train_set`` may only
         tune the training (a handed-over config cannot point it at the evaluation split or outside OUT)."""
         cfg = self.cfg
-        over = parse_set(cfg.rft.train_set, "rft.train_set")
-        owned = sorted(k for k in over if k.split(".")[0] in ("data", "output_dir", "out", "model", "logging"))
-        if owned:
-            raise MLBenchError(f"rft.train_set may not set {', '.join(owned)}: each round sets what it trains on, the "
-                               "model and where it writes", "rft.train_set", "set only optim.*, lora.* and the like")
+        over = self.train_set()
         over.update({"model": (str(cfg.model), "--model"), "data.path": (str(d / "sft.jsonl"), "rft"),
                      "data.task": (cfg.task, "--task"), "output_dir": (str(d / "train"), "rft")})
         tc = load(TrainConfig, cfg.rft.train_config, over)

@@ -133,11 +133,12 @@ def test_an_rft_round_trains_on_its_own_records_alone(tmp_path):
     d.mkdir()
     cfg = LearnConfig(model="some/model", out=str(tmp_path))
     cfg.rft.train_config = str(REPO_ROOT / "configs" / "train" / "tiny-cpu.yaml")
-    cfg.rft.train_set = ["optim.epochs=1"]
+    cfg.rft.train_set = ["optim.epochs=1", "data.eval_fraction=0"]
     raw, _ = read_yaml(RFTRecipe(cfg).train_config(d))
     assert raw["data"]["path"] == str(d / "sft.jsonl") and raw["data"]["extra"] == []
     assert raw["output_dir"] == str(d / "train") and raw["model"] == "some/model" and raw["optim"]["epochs"] == 1
-    for bad in ("data.path=prep/test/task3.jsonl", "data.extra=[prep/test/task3.jsonl]", "output_dir=/elsewhere"):
+    for bad in ("data.path=prep/test/task3.jsonl", "data.extra=[prep/test/task3.jsonl]", "output_dir=/elsewhere",
+                "logging.wandb=true"):
         cfg.rft.train_set = [bad]
         with pytest.raises(MLBenchError, match="rft.train_set may not set"):
             RFTRecipe(cfg).train_config(d)
