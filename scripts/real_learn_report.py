@@ -63,10 +63,11 @@ def main() -> None:
     ap.add_argument("--modes", nargs="+", required=True)
     ap.add_argument("--n", type=int, required=True)
     ap.add_argument("--test-repos", nargs="+", required=True)
+    ap.add_argument("--baselines", nargs="+", default=list(VARIANTS), help="the models beside the methods")
     ap.add_argument("--quick", type=int, default=0)
     a = ap.parse_args()
     run = a.run
-    variants = [*VARIANTS, *a.methods]
+    variants = [*a.baselines, *a.methods]
     times = tsv(run / "timings.tsv")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
