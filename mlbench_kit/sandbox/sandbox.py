@@ -248,8 +248,8 @@ class Sandbox:
     # -- workspaces --------------------------------------------------------------------------------------------
 
     def lower(self, env: Env) -> Path:
-        """The overlay's lower layer for ``env``: the checkout itself when the sandbox uid owns it, else a
-        copy made once per run (its files then belong to the sandbox uid, like a checkout of one's own)."""
+        """The overlay's lower layer for ``env``: the checkout itself when its owner on the host (the sandbox uid as
+        root, the caller without root) owns every file, else a copy made once per run and given to that owner."""
         src = env.checkout.resolve()
         with self._lock:
             if src in self._lower:
@@ -257,7 +257,9 @@ class Sandbox:
             # the group too: an idmapped lower layer (root) maps the run's uid and gid alone, and without root the
             # user namespace maps the caller's alone, so a file of another owner or group (a setgid project folder's)
             # shows unmapped, and the overlay cannot copy it up for a write (EOVERFLOW) or the execution write it
-            if _owned_by(src, self.who.uid, self.who.gid):
+            # without root the files stay the caller's on the host (a named uid is the uid inside the namespace)
+            owner = (self.who.uid, self.who.gid) if self.who.root else (os.getuid(), os.getgid())
+            if _owned_by(src, *owner):
                 self._lower[src] = src
                 return src
             t0 = time.monotonic()
@@ -269,8 +271,8 @@ class Sandbox:
                 # chowned even without root (to the caller's own group): a setgid scratch folder gives its group
                 for dirpath, dirnames, filenames in tree.walk(dst, onerror=_unreadable):
                     for name in [*dirnames, *filenames]:
-                        os.lchown(os.path.join(dirpath, name), self.who.uid, self.who.gid)
-                os.lchown(dst, self.who.uid, self.who.gid)
+                        os.lchown(os.path.join(dirpath, name), *owner)
+                os.lchown(dst, *owner)
             except OSError as exc:
                 try:
                     tree.remove(dst)
