@@ -111,7 +111,7 @@ class AgentConfig:
                                         "bash.layers_entries": 200_000}
     INPUTS: ClassVar[tuple[str, ...]] = ("model", "adapter", "tokenizer", "data", "split", "repos_dir", "tarballs",
                                          "envs", "repos", "rows_of", "limit", "out", "gold_episodes",
-                                         "eval_rows")
+                                         "eval_rows", "own_episodes", "own_episodes_eval", "own_per_row")
 
     # inputs
     model: str | None = option(None, "base model folder or hub id (backend openai: the served name); required")
@@ -139,6 +139,12 @@ class AgentConfig:
     eval_rows: str | None = option(None, "with --gold-episodes: the rows models are scored on (a JSONL file of "
                                    "github_id and id, e.g. RUN/prep/test/task3.jsonl), refused with any training "
                                    "row sharing an instruction or an answer with them", metavar="FILE")
+    own_episodes: str | None = option(None, "with --gold-episodes (expert iteration): an `mlbench agent` run folder on "
+                                  "these training rows; the turns of its episodes that passed in --own-episodes-eval "
+                                  "are added to the gold ones", metavar="RUN")
+    own_episodes_eval: str | None = option(None, "with --own-episodes: the strict `mlbench eval` folder of that run's "
+                                       "answers", metavar="DIR")
+    own_per_row: int = option(4, "with --own-episodes: passing episodes kept per row (distinct answers)")
     # how the episodes run
     policy: Literal["ml-agent", "bash"] = option("ml-agent", "ml-agent (the paper's agent: reads files, executes "
                                                  "nothing) or bash (ML-Agent-Bench offline: actions run in the "
@@ -189,6 +195,15 @@ class AgentConfig:
                                "use policy: ml-agent, or steps: 3-4")
         if self.episodes < 1:
             raise MLBenchError("episodes must be at least 1", at("episodes"))
+        if self.own_per_row < 1:
+            raise MLBenchError("own_per_row must be at least 1", at("own_per_row"))
+        if (self.own_episodes or self.own_episodes_eval) and not self.gold_episodes:
+            raise MLBenchError("--own-episodes adds a run's passing episodes to the gold episodes' training data",
+                               at("own_episodes" if self.own_episodes else "own_episodes_eval"),
+                               "add --gold-episodes (and --eval-rows)")
+        if bool(self.own_episodes) != bool(self.own_episodes_eval):
+            raise MLBenchError("--own-episodes and --own-episodes-eval go together: the run and the strict "
+                               "`mlbench eval` folder of its answers", at("own_episodes_eval"))
         lim = self.limits
         for key in ("max_turns", "max_episode_tokens", "max_episode_total_tokens", "max_format_errors"):
             if getattr(lim, key) is not None and getattr(lim, key) < 1:

@@ -30,7 +30,9 @@
 # `mlbench agent` (ml-agent, k = 5) with it and as released on that repository's test rows -> `mlbench eval`
 # compat and strict. Shorter repository texts than real-cpu.yaml (README 1,500, index 300 characters, the same
 # for the gold episodes and the runs), so that training fits 2 CPU cores; 512 new tokens a turn: 3 of the 12
-# gold answers are longer than real-cpu.yaml's 256 as the step's JSON.
+# gold answers are longer than real-cpu.yaml's 256 as the step's JSON. Then one round of expert iteration: the
+# agent-SFT LoRA's own episodes on the ID-train rows (k = 5), executed strict, the passing ones' turns added to
+# the gold episodes (`--own-episodes`), a LoRA trained on both, run and executed on the test rows as above.
 #
 # Each stage is bounded and resumable: a re-run skips finished stages ($RUN/done/) and the tools resume their own
 # work (train from its checkpoint, infer and eval from what they wrote). One line per stage here; each tool's
@@ -100,7 +102,8 @@ if [ $AGENT = 1 ]; then  # the model as released and its ID LoRA; episodes inste
   [ $QUICK = 1 ] && { K=2; AGENT_ROWS=2; AGENT_EXTRA=(--max-turns 3 --max-new-tokens 96 --set enforce_eager=true
     --set read.max_readme_chars=2000 --set read.max_index_chars=1000 --set read.max_file_chars=2000); }
   if [ $AGENT_SFT = 1 ]; then
-    STAGES=(model envs prep gold-episodes train-agent-sft agent-sft agent-sft-eval agent-base agent-base-eval)
+    STAGES=(model envs prep gold-episodes train-agent-sft agent-sft agent-sft-eval agent-base agent-base-eval
+            agent-sft-train-rows ei-episodes train-agent-ei agent-ei agent-ei-eval)
     SFT_REPO=External-Attention-pytorch
     SFT_READ=(--set read.max_readme_chars=1500 --set read.max_index_chars=300)
   fi
@@ -203,26 +206,47 @@ EOF
   }
   stage train-agent-sft "LoRA on the gold episodes (train/lora.py)" train_sft
   # ml-agent, k = 5, on the repository's test rows: with the agent-SFT LoRA, then as released
-  agent_run() {  # agent_run NAME [--adapter DIR]
-    local name=$1; shift
+  agent_run() {  # agent_run NAME [--adapter DIR]: the test rows (NAME train-*: the ID-train rows)
+    local name=$1 rows=$RUN/sft-test-rows.jsonl; shift
     rows_of "$RUN/prep/test/task3.jsonl" "$RUN/sft-test-rows.jsonl" || return 1
+    case $name in train-*) rows=$RUN/sft-train-rows.jsonl;; esac
     local started=$SECONDS
-    "$BIN/mlbench" agent --model "$MODEL" "$@" --data "$DATA" --split full --rows-of "$RUN/sft-test-rows.jsonl" \
+    "$BIN/mlbench" agent --model "$MODEL" "$@" --data "$DATA" --split full --rows-of "$rows" \
       --repos-dir "$RUN/checkouts" --config configs/agent/real-cpu.yaml "${SFT_READ[@]}" --policy ml-agent \
       --episodes $K --max-new-tokens 512 --out "$RUN/agent-ml-agent/$name" || return 1
     printf 'ml-agent %s\t%s\n' "$name" $((SECONDS - started)) >> "$RUN/agent-times.tsv"
   }
-  agent_eval() {  # agent_eval NAME
-    local mode
-    for mode in "${MODES[@]}"; do
-      "$BIN/mlbench" eval --data "$DATA" --split full --generations "$RUN/agent-ml-agent/$1/generations.jsonl" \
-        --envs "$CACHE/envs.yaml" --mode "$mode" --out "$RUN/eval-$mode/agent-ml-agent/$1" || return 1
+  agent_eval() {  # agent_eval NAME [MODE...]
+    local name=$1 mode; shift
+    local modes=("$@"); [ ${#modes[@]} -gt 0 ] || modes=("${MODES[@]}")
+    for mode in "${modes[@]}"; do
+      "$BIN/mlbench" eval --data "$DATA" --split full --generations "$RUN/agent-ml-agent/$name/generations.jsonl" \
+        --envs "$CACHE/envs.yaml" --mode "$mode" --out "$RUN/eval-$mode/agent-ml-agent/$name" || return 1
     done
   }
   stage agent-sft "mlbench agent: ml-agent, k=$K, agent-SFT LoRA" agent_run agent-sft --adapter "$RUN/train-agent-sft/adapter"
   stage agent-sft-eval "execution of its answers (${MODES[*]})" agent_eval agent-sft
   stage agent-base "mlbench agent: ml-agent, k=$K, as released" agent_run base
   stage agent-base-eval "execution of its answers (${MODES[*]})" agent_eval base
+  # one round of expert iteration: the agent-SFT LoRA's own episodes on the ID-train rows, executed (strict), the
+  # passing ones added to the gold episodes, a LoRA trained on both from the base model, run on the test rows
+  ei_run() { agent_run train-sft --adapter "$RUN/train-agent-sft/adapter" && agent_eval train-sft strict; }
+  stage agent-sft-train-rows "its episodes on the ID-train rows, executed (strict)" ei_run
+  ei_data() {
+    "$BIN/mlbench" agent --gold-episodes --model "$MODEL" --data "$DATA" --split full \
+      --rows-of "$RUN/sft-train-rows.jsonl" --eval-rows "$RUN/prep/test/task3.jsonl" --repos-dir "$RUN/checkouts" \
+      --config configs/agent/real-cpu.yaml "${SFT_READ[@]}" --own-episodes "$RUN/agent-ml-agent/train-sft" \
+      --own-episodes-eval "$RUN/eval-strict/agent-ml-agent/train-sft" --out "$RUN/agent-ei-data"
+  }
+  stage ei-episodes "gold + its passing episodes -> SFT records" ei_data
+  train_ei() {
+    "$BIN/accelerate" launch --num_processes 1 --mixed_precision no --main_process_port 0 train/lora.py \
+      --config configs/train/smollm2-135m-cpu.yaml --model "$MODEL" --prep-dir "$RUN/prep" --task 3 --split id \
+      --set data.path="$RUN/agent-ei-data/sft.jsonl" --max-context-tokens 2048 --out "$RUN/train-agent-ei"
+  }
+  stage train-agent-ei "LoRA on them (train/lora.py)" train_ei
+  stage agent-ei "mlbench agent: ml-agent, k=$K, expert-iteration LoRA" agent_run agent-ei --adapter "$RUN/train-agent-ei/adapter"
+  stage agent-ei-eval "execution of its answers (${MODES[*]})" agent_eval agent-ei
   echo "real done in $((SECONDS - T0)) s: $RUN/eval-*/agent-ml-agent/*/summary.json (logs in $LOGS/)"
   exit 0
 fi

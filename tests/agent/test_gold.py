@@ -12,7 +12,7 @@ from mlbench_kit.cli import main
 from mlbench_kit.dataset import load_samples
 from mlbench_kit.engine import Generated, GenParams, GenRequest
 from mlbench_kit.hf import load_tokenizer, prompt_ids
-from mlbench_kit.records import read_prep_records
+from mlbench_kit.records import EvalResult, output_sha, read_prep_records
 
 REPO = "External-Attention-pytorch"
 
@@ -68,6 +68,26 @@ def test_gold_episode_records_are_what_the_harness_sends_on_real_rows(shared: Pa
                  {"model": "gold", "adapter": None, "backend": "scripted"})
     gens = [json.loads(x) for x in (tmp_path / "run" / "generations.jsonl").read_text().splitlines()]
     assert [g["output"] for g in gens] == [[s.output] for s in train] and engine.requests == len(recs)
+    # expert iteration (--own-episodes): the run's episodes that passed strict come back as records; here the
+    # harness ran the gold replies, so the kept turns are exactly the gold records, and a failing verdict keeps none
+    def verdicts(path: Path, mode: str, passed: list[bool], answers: list[str]) -> Path:
+        path.mkdir()
+        (path / "results.jsonl").write_text("".join(json.dumps(EvalResult(
+            s.github_id, s.id, 0, s.repo, s.type, output_sha(a), mode, {}, True, True, passed=p).to_json()) + "\n"
+            for s, p, a in zip(train, passed, answers, strict=True)))
+        return path
+
+    own = ["--own-episodes", str(tmp_path / "run"), "--own-episodes-eval"]
+    ok = verdicts(tmp_path / "eval-ok", "strict", [True, False], [s.output for s in train])
+    assert main([*common, "--rows-of", str(train_f), *own, str(ok), "--out", str(tmp_path / "ei")]) == 0
+    ei = [r for _, r in read_prep_records(tmp_path / "ei" / "sft.jsonl")]
+    assert [(r.prompt, r.answer) for r in ei] == [(r.prompt, r.answer) for r in [*recs, *recs[:2]]]
+    assert json.loads((tmp_path / "ei" / "gold.json").read_text())["own_episodes"]["episodes"] == 1
+    for name, mode, answers in (("compat", "compat", [s.output for s in train]),  # compat passes the sleeper
+                                ("other", "strict", ["echo other", "echo other"])):  # not what the run submitted
+        bad = verdicts(tmp_path / f"eval-{name}", mode, [True, True], answers)
+        assert main([*common, "--rows-of", str(train_f), *own, str(bad), "--out", str(tmp_path / name)]) == 2
+        assert not (tmp_path / name / "sft.jsonl").exists()
     # never the evaluation rows: refused, nothing written
     assert main([*common, "--rows-of", str(eval_f), "--out", str(tmp_path / "leak")]) == 2
     assert not (tmp_path / "leak" / "sft.jsonl").exists()
