@@ -103,7 +103,7 @@ if [ $AGENT = 1 ]; then  # the model as released and its ID LoRA; episodes inste
     --set read.max_readme_chars=2000 --set read.max_index_chars=1000 --set read.max_file_chars=2000); }
   if [ $AGENT_SFT = 1 ]; then
     STAGES=(model envs prep gold-episodes train-agent-sft agent-sft agent-sft-eval agent-base agent-base-eval
-            agent-sft-train-rows ei-episodes train-agent-ei agent-ei agent-ei-eval)
+            agent-sft-train-rows ei-episodes train-agent-ei agent-ei agent-ei-eval agent-sft-report)
     SFT_REPO=External-Attention-pytorch
     SFT_READ=(--set read.max_readme_chars=1500 --set read.max_index_chars=300)
   fi
@@ -247,7 +247,11 @@ EOF
   stage train-agent-ei "LoRA on them (train/lora.py)" train_ei
   stage agent-ei "mlbench agent: ml-agent, k=$K, expert-iteration LoRA" agent_run agent-ei --adapter "$RUN/train-agent-ei/adapter"
   stage agent-ei-eval "execution of its answers (${MODES[*]})" agent_eval agent-ei
-  echo "real done in $((SECONDS - T0)) s: $RUN/eval-*/agent-ml-agent/*/summary.json (logs in $LOGS/)"
+  stage agent-sft-report "report" "$BIN/python" scripts/real_agent_sft_report.py --run "$RUN" --data "$DATA" \
+    --repos "${REPOS:-git}" --modes "${MODES[@]}" --k $K
+  echo
+  sed -n '/^## Results/,/^## Episodes/p' "$RUN/agent-sft.md" | sed '$d'
+  echo "real done in $((SECONDS - T0)) s: $RUN/agent-sft.md (logs of every tool in $LOGS/)"
   exit 0
 fi
 
