@@ -200,6 +200,13 @@ def checkpoint_of(summary: dict[str, Any], eval_dir: Path) -> Checkpoint | None:
     or rft's ``OUT/round-R/train/adapter``) is that method's, with rft's round (of ``rft.rounds``) or the steps its
     ``mlbench_train.json`` records; an adapter with ``mlbench_train.json`` and no ``learned`` is SFT. None when the
     files do not say (generations moved, not written by `mlbench infer`)."""
+    try:
+        return _checkpoint(summary, eval_dir)
+    except (OSError, ValueError):  # a name the OS refuses (too long, a NUL): the files do not say
+        return None
+
+
+def _checkpoint(summary: dict[str, Any], eval_dir: Path) -> Checkpoint | None:
     gens = generations_file(summary, eval_dir)
     infer = _small_record(gens.parent / "infer.json") if gens is not None else None
     if infer is None or "adapter" not in infer:

@@ -183,3 +183,13 @@ def test_report_html_skips_and_counts_lines_that_are_not_records(tmp_path: Path,
     assert len(data["rows"]) == 6  # every real row still shown
     answers = [a for r in data["rows"] for c in r["cells"] if c for a in c]
     assert len(answers) == len(results) and all(a["answer"] is not None for a in answers)
+
+
+def test_an_adapter_name_the_os_refuses_is_no_checkpoint(runs: dict[str, Path], tmp_path: Path) -> None:
+    from mlbench_kit.eval.report.data import load_settings
+    record = tmp_path / "infer" / "sft" / "infer.json"
+    ident = json.loads(record.read_text())
+    for name in ("/" + "x" * 5000 + "/adapter", "/tmp/\u0000/adapter"):  # is_file() raises ENAMETOOLONG on the 1st
+        ident["adapter"] = {"name": name}
+        record.write_text(json.dumps(ident))
+        assert load_settings([f"s={runs['sft']}"])[0].checkpoint in ("–", "adapter"), name

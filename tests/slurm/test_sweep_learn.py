@@ -4,13 +4,17 @@ scripts; and one real run of a learn chain on the one-node Slurm cluster, the re
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
+import shutil
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from conftest import REPO_ROOT, run_cli
+from test_slurm import slurm  # noqa: F401  (the one-node cluster, a fixture)
 
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.learn_config import LearnConfig
@@ -168,3 +172,63 @@ def test_model_learn_options_need_the_sweep_s_learn_section(tmp_path: Path) -> N
     assert "has learn options but the sweep has no `learn:` section" in e.value.what
     assert e.value.where == f"{f}:{line}"
 
+
+
+@pytest.mark.integration
+@pytest.mark.usefixtures("slurm")
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+def test_a_learn_chain_runs_on_the_cluster_and_the_report_names_the_learned_checkpoint(tmp_path: Path) -> None:
+    # configs/sweeps/tiny-cpu-learn.yaml's ID cell on a tiny model, made cheap: 12 training steps, infer through
+    # transformers (no vLLM engine to start), one rft round of k = 2; every unit submitted to the one-node cluster
+    from test_slurm import _status, _wait  # the sweep tests' own helpers
+    model = tmp_path / "tiny"
+    r = run_cli(sys.executable, str(REPO_ROOT / "examples" / "tiny.py"), "--repos", REPO_ROOT / "examples/sample/repos",
+                "--out", model, "--pretrain-steps", "40")
+    assert r.returncode == 0, r.stderr
+    spec = yaml.safe_load(LEARN_SWEEP.read_text())
+    spec.update(name="learntest", run_dir=str(tmp_path / "sweep"), splits=["id"],
+                models={"tiny": {"path": str(model), "train_config": "configs/train/tiny-cpu.yaml"}})
+    spec["train"] = {"max_steps": 12, "set": ["data.eval_fraction=0"]}
+    spec["infer"] = {"config": "configs/infer/tiny-hf.yaml", "split": "test", "n": 2}
+    spec["learn"]["set"] = ["rft.k=2"]
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump(spec, sort_keys=False))
+    run_dir = tmp_path / "sweep"
+
+    r = run_cli("mlbench", "sweep", "submit", sweep)
+    assert r.returncode == 0, r.stderr
+    submitted = re.findall(r"^(\S+)\s+job (\d+): (\d+) task", r.stdout, re.M)
+    assert [n for n, _, _ in submitted] == ["prep", "train", "infer", "eval", "learn", "infer-learn", "eval-learn",
+                                            "report"]
+    ids = {n: j for n, j, _ in submitted}
+    assert f"learn       job {ids['learn']}: 1 task(s), after afterok:{ids['prep']},aftercorr:{ids['train']}" \
+        in r.stdout
+    assert f"after aftercorr:{ids['learn']}" in r.stdout and f"after aftercorr:{ids['infer-learn']}" in r.stdout
+    rows = _wait(sweep, lambda rows: all(r["state"] in ("done", "failed", "cancelled") for r in rows), timeout=1800)
+    assert all(r["state"] == "done" for r in rows), [(r["job"], r["key"], r["state"], r["log"]) for r in rows]
+    assert {r["job"] for r in _status(sweep)} >= {"learn", "infer-learn", "eval-learn"}
+
+    cell = run_dir / "tiny" / "id" / "task3" / "s0"
+    learn = cell / "learn"
+    assert yaml.safe_load((learn / "config.yaml").read_text())["adapter"] == str(cell / "train" / "adapter")
+    meta = json.loads((learn / "adapter" / "mlbench_train.json").read_text())
+    assert meta["learned"]["method"] == "rft" and meta["learned"]["from_adapter"] == str(cell / "train" / "adapter")
+    rounds = [json.loads(x) for x in (learn / "rounds.jsonl").read_text().splitlines()]
+    assert [x["round"] for x in rounds] == [1] and rounds[0]["answers"] > 0  # its samples were executed
+    # Slurm ran the chain in order: learn after train's adapter, the learned adapter's infer after learn's
+    assert (cell / "train" / "adapter" / "adapter_config.json").stat().st_mtime < \
+        (learn / "learn.json").stat().st_mtime
+    assert (learn / "adapter" / "adapter_config.json").stat().st_mtime < \
+        (cell / "infer-learn" / "infer.json").stat().st_mtime
+    served = json.loads((cell / "infer-learn" / "infer.json").read_text())["adapter"]["name"]
+    assert Path(served) == (learn / "adapter").resolve()
+    summary = json.loads((cell / "eval-learn" / "summary.json").read_text())
+    assert Path(summary["generations"]) == cell / "infer-learn" / "task3.jsonl"
+    assert (run_dir / "state" / "learn" / "tiny.id.task3.s0.done").exists()
+    assert (run_dir / "state" / "infer" / "tiny.id.task3.s0.learn.done").exists()
+
+    report = (run_dir / "report" / "report.md").read_text()
+    samples = summary["metrics"]["overall"]["samples"]
+    assert f"| tiny/id | 3 | 1 | {samples} | SFT |" in report, report
+    assert f"| tiny/id+rft | 3 | 1 | {samples} | rft round 1 of 1 |" in report, report
+    assert "CodeLlama-ID (paper) *(quoted)*" in report  # the paper's rows, quoted as in every report
