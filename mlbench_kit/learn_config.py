@@ -135,14 +135,15 @@ class LearnConfig:
     grpo: GrpoConfig = field(default_factory=GrpoConfig)
 
     def check(self, at: Check) -> None:
-        if self.rft.rounds < 1 or self.rft.k < 1 or self.rft.max_per_row < 1:
-            raise MLBenchError("rft.rounds, rft.k and rft.max_per_row are at least 1", at("rft"))
         if self.grpo.num_generations < 2:
-            raise MLBenchError("grpo.num_generations must be at least 2 (advantages compare a group)", at("grpo"))
+            raise MLBenchError("grpo.num_generations must be at least 2 (advantages compare a group)",
+                               at("grpo.num_generations"))
         if self.workers < 1:
             raise MLBenchError("workers must be at least 1", at("workers"))
-        for key, value in (("grpo.prompts_per_step", self.grpo.prompts_per_step), ("grpo.max_steps",
-                           self.grpo.max_steps), ("grpo.save_steps", self.grpo.save_steps),
+        for key, value in (("rft.rounds", self.rft.rounds), ("rft.k", self.rft.k),  # each at its own line
+                           ("rft.max_per_row", self.rft.max_per_row),
+                           ("grpo.prompts_per_step", self.grpo.prompts_per_step),
+                           ("grpo.max_steps", self.grpo.max_steps), ("grpo.save_steps", self.grpo.save_steps),
                            ("dpo.batch_size", self.dpo.batch_size), ("dpo.grad_accum", self.dpo.grad_accum),
                            ("sampling.max_new_tokens", self.sampling.max_new_tokens)):
             if value < 1:

@@ -3,7 +3,9 @@
 A job array per stage and kind of chain. Fine-tuned cells run prep → train → infer → eval; base-model cells
 (split ``none``) run prep → infer-base → eval-base. A sweep with an ``agent:`` section adds, per cell,
 agent → eval-agent (after train) and agent-base → eval-agent-base (after prep): the agent's generations, scored
-like infer's. Within a chain, array task *i* of a stage waits for task
+like infer's. A sweep with a ``learn:`` section adds, per fine-tuned cell, learn → infer-learn → eval-learn (after
+train): `mlbench learn` from the cell's SFT adapter on its training split, then the learned adapter through infer
+and eval as train's. Within a chain, array task *i* of a stage waits for task
 *i* of the stage before it (``aftercorr``, Slurm's per-task ``afterok``), so one failed cell stops only its
 own chain. The report runs after everything else has ended, whatever the outcome.
 """
@@ -27,7 +29,7 @@ from mlbench_kit.hf import model_positions
 from mlbench_kit.io import write_atomic
 from mlbench_kit.stages import load_stage_config, stage
 
-from .spec import Cell, Sweep
+from .spec import LEARN_SPLITS, Cell, Sweep
 
 
 @dataclass
@@ -107,10 +109,12 @@ def infer_opts(sweep: Sweep, cell: Cell) -> dict[str, Any]:
 
 
 def eval_opts(sweep: Sweep, cell: Cell, source: str = "infer") -> dict[str, Any]:
-    """The eval of the cell's generations: infer's (into ``eval/``) or the agent's (into ``eval-agent/``)."""
+    """The eval of the cell's generations: infer's (into ``eval/``), the learned adapter's (``infer-learn`` into
+    ``eval-learn/``) or the agent's (into ``eval-agent/``)."""
     d = cell_dir(sweep, cell)
-    gens, out = ((d / "infer" / f"task{cell.task}.jsonl", d / "eval") if source == "infer"
-                 else (d / "agent" / "generations.jsonl", d / "eval-agent"))
+    gens, out = {"infer": (d / "infer" / f"task{cell.task}.jsonl", d / "eval"),
+                 "infer-learn": (d / "infer-learn" / f"task{cell.task}.jsonl", d / "eval-learn"),
+                 "agent": (d / "agent" / "generations.jsonl", d / "eval-agent")}[source]
     base = {"data": sweep.cfg.data, "generations": str(gens), "out": str(out)}
     return {**base, **sweep.options("eval", cell.model)}
 
@@ -136,6 +140,37 @@ def _cell_inputs(sweep: Sweep, cell: Cell) -> dict[str, Any]:
     return {"model": sweep.models[cell.model].path, "adapter": adapter}
 
 
+def learn_opts(sweep: Sweep, cell: Cell) -> dict[str, Any]:
+    """The cell's learning run: from its SFT adapter, on the training split its adapter was tuned on, the leak check
+    against the split infer scores, the checker's rows and environments eval's. The sweep's learn options on top."""
+    ev = sweep.options("eval", cell.model)
+    base = {**_learn_cell_opts(sweep, cell), "envs": ev.get("envs"), "backend": ev.get("backend")}
+    return {**base, **sweep.options("learn", cell.model)}
+
+
+def _learn_cell_opts(sweep: Sweep, cell: Cell) -> dict[str, Any]:
+    """The learn options that are the cell's own (checked by :func:`check_jobs`: the section may not change them)."""
+    return {**_cell_inputs(sweep, cell), "prep_dir": str(prep_dir(sweep, cell.model)),
+            "split": LEARN_SPLITS[cell.split], "eval_split": _infer_split(sweep, cell.model), "task": cell.task,
+            "data": sweep.cfg.data, "seed": cell.seed, "out": str(cell_dir(sweep, cell) / "learn")}
+
+
+def learned_infer_opts(sweep: Sweep, cell: Cell) -> dict[str, Any]:
+    """The learned adapter through infer, as the cell's SFT adapter: the same options, into ``infer-learn/``."""
+    d = cell_dir(sweep, cell)
+    return {**infer_opts(sweep, cell), "adapter": str(d / "learn" / "adapter"), "out": str(d / "infer-learn")}
+
+
+def _learn_method(sweep: Sweep, model: str) -> str:
+    """The method the model's learn units run (its option, else its config file's, else the default), to name the
+    report's checkpoint; a broken learn section is reported by :func:`check_jobs` at the learn units."""
+    opts = {k: v for k, v in sweep.options("learn", model).items() if k in ("config", "method")}
+    try:
+        return str(load_stage_config(stage("learn"), opts, lambda key: key, sweep.root).method)
+    except MLBenchError:
+        return "learn"
+
+
 def _infer_split(sweep: Sweep, model: str) -> str:
     """The prep split infer's prompts come from (its option, else its config file's, else its default); a broken
     infer section is reported by :func:`check_jobs` at the infer units."""
@@ -156,19 +191,23 @@ def report_cmd(sweep: Sweep) -> list[str]:
     runs = [f"{c.model}/{c.split}={cell_dir(sweep, c) / 'eval'}" for c in sweep.cells()]
     if sweep.has_agent:  # an eval of agent generations is an agent setting of its checkpoint (the same NAME)
         runs += [f"{c.model}/{c.split}={cell_dir(sweep, c) / 'eval-agent'}" for c in sweep.cells()]
+    if sweep.has_learn:  # a learned checkpoint: a run of its own (the report names its method and round)
+        runs += [f"{c.model}/{c.split}+{_learn_method(sweep, c.model)}={cell_dir(sweep, c) / 'eval-learn'}"
+                 for c in sweep.cells() if c.split != "none"]
     return (_cli("report") + ["--skip-missing", *runs, "--out", str(sweep.run_dir / "report")]
             + options(sweep.cfg.report))
 
 
 _CELL_OPTS: dict[str, Callable[[Sweep, Cell], dict[str, Any]]] = {
     "train": train_opts, "infer": infer_opts, "eval": eval_opts, "agent": agent_opts,
-    "eval-agent": lambda sweep, cell: eval_opts(sweep, cell, "agent")}
+    "eval-agent": lambda sweep, cell: eval_opts(sweep, cell, "agent"), "learn": learn_opts,
+    "infer-learn": learned_infer_opts, "eval-learn": lambda sweep, cell: eval_opts(sweep, cell, "infer-learn")}
 
 
 def _cell_job(sweep: Sweep, name: str, stage_name: str, cells: list[tuple[int, Cell]],
               deps: list[tuple[str, str]], kind: str | None = None) -> ArrayJob:
-    """A stage's units over ``cells``; ``kind`` (eval-agent) names the options, the folder and the key's suffix
-    (its done-marker sits beside eval's)."""
+    """A stage's units over ``cells``; ``kind`` (eval-agent, infer-learn, eval-learn) names the options, the folder
+    and the key's suffix (its done-marker sits beside the stage's own)."""
     kind = kind or stage_name
     units = []
     for i, c in cells:
@@ -200,6 +239,10 @@ def jobs(sweep: Sweep) -> list[ArrayJob]:
                 out += [_cell_job(sweep, f"agent{suffix}", "agent", cs, first),
                         _cell_job(sweep, f"eval-agent{suffix}", "eval", cs, [("aftercorr", f"agent{suffix}")],
                                   "eval-agent")]
+    if sweep.has_learn and tuned:  # from the cell's SFT adapter; the learned one scored as train's
+        out += [_cell_job(sweep, "learn", "learn", tuned, [("afterok", "prep"), ("aftercorr", "train")]),
+                _cell_job(sweep, "infer-learn", "infer", tuned, [("aftercorr", "learn")], "infer-learn"),
+                _cell_job(sweep, "eval-learn", "eval", tuned, [("aftercorr", "infer-learn")], "eval-learn")]
     report = {"skip_missing": True, "out": str(sweep.run_dir / "report"), **sweep.cfg.report}
     out.append(ArrayJob("report", "report", [Unit(0, "report", str(sweep.run_dir / "report"), report,
                                                   report_cmd(sweep))],
@@ -264,6 +307,58 @@ def check_jobs(sweep: Sweep, all_jobs: list[ArrayJob]) -> None:
                         f"{room[model]} in {model}'s prompts", sweep.where("prep", model, "max_new_tokens"),
                         f"set prep max_new_tokens: {new} (or lower infer's max_new_tokens)")
     _check_agent(sweep, all_jobs)
+    _check_learn(sweep, all_jobs)
+
+
+# what a sweep's learn unit can run: a method that learns from the cell's own adapter and samples (data writes no
+# adapter; dpo needs the training split's generations and verdicts, which no unit of a sweep makes)
+SWEEP_METHODS = ("rft", "grpo")
+
+
+def _check_learn(sweep: Sweep, all_jobs: list[ArrayJob]) -> None:
+    """The learn units against their cells and evals (configs already loaded): learning starts from the cell's
+    model and SFT adapter, on its training split, is leak-checked against the split infer scores, reads eval's
+    rows, environments and sandbox (a reward is eval's verdict), writes into the folder its infer reads, runs a
+    method that writes an adapter, and names files that exist where the jobs run."""
+    by_name = {j.name: j for j in all_jobs}
+    if "learn" not in by_name:
+        return
+    evals = {u.index: u for u in by_name["eval"].units}
+    for unit in by_name["learn"].units:
+        model = _unit_model(sweep, by_name["learn"], unit)
+        cfg, ev = unit.config, evals[unit.index].config
+        given = sweep.options("learn", str(model))
+
+        def fail(what: str, key: str, fix: str, unit: Unit = unit, given: dict[str, Any] = given,
+                 model: str | None = model) -> MLBenchError:
+            at = sweep.where("learn", model, key) if key in given else sweep.lines.at("learn")
+            return MLBenchError(f"learn [{unit.key}]: {what}", at, fix)
+        if cfg.method not in SWEEP_METHODS:
+            raise fail(f"method {cfg.method!r} writes no adapter from the cell's own samples" if cfg.method == "data"
+                       else f"method {cfg.method!r} needs the training split's generations and their verdicts, "
+                       "which no sweep unit makes", "method" if "method" in given else "config",
+                       f"a sweep learns with {' or '.join(SWEEP_METHODS)}; run `mlbench learn --method "
+                       f"{cfg.method}` by hand (docs/learn.md)")
+        ours = _learn_cell_opts(sweep, sweep.cells()[unit.index])
+        for key, value in (("model", cfg.model), ("adapter", cfg.adapter), ("prep_dir", cfg.prep_dir),
+                           ("split", cfg.split), ("eval_split", cfg.eval_split), ("task", cfg.task),
+                           ("data", cfg.data), ("seed", cfg.seed), ("out", cfg.out)):
+            if value != ours[key]:
+                raise fail(f"learn's {key} is the cell's ({ours[key]}), not {value}", key if key in given else "set",
+                           f"leave {key} out of the learn section: the sweep sets it for each cell")
+        if cfg.envs != ev.envs or cfg.backend != ev.backend:
+            key = "envs" if cfg.envs != ev.envs else "backend"
+            raise fail(f"learn's rewards would come from other {key} ({getattr(cfg, key)}) than eval scores with "
+                       f"({getattr(ev, key)})", key, f"leave {key} out of the learn section: it takes eval's")
+        try:
+            cfg.require_inputs()
+        except MLBenchError as exc:
+            raise fail(exc.what, "set", "set them under eval: (envs) and at the top (data)") from None
+        for key in ("rft.train_config", "rft.infer_config"):
+            rel = cfg.rft.train_config if key == "rft.train_config" else cfg.rft.infer_config
+            if cfg.method == "rft" and rel is not None and not (Path(sweep.root) / rel).is_file():
+                raise fail(f"{key} not found: {rel}", "set" if "set" in given else "config",
+                           f"a path relative to {sweep.root}, where the jobs run")
 
 
 def _check_agent(sweep: Sweep, all_jobs: list[ArrayJob]) -> None:

@@ -5,6 +5,7 @@ Every mistake is reported with the sweep file's line (``paper.yaml:12: unknown k
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 from dataclasses import dataclass, field
@@ -15,7 +16,8 @@ from mlbench_kit.config import Check, Lines, load, read_yaml, to_dict
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.records import TASKS
 
-STAGES = ("prep", "train", "infer", "agent", "eval", "report")
+STAGES = ("prep", "train", "infer", "agent", "eval", "learn", "report")
+LEARN_SPLITS = {"id": "id_train", "ood": "ood_train"}  # a tuned cell's split -> the prep split learn trains on
 
 # What the sbatch script holds of a sweep file, each value to its Slurm syntax: a value is data in the script (a
 # newline in `partition` would end the #SBATCH block and run the rest as a command when the job starts)
@@ -48,6 +50,7 @@ class ModelSpec:
     infer: dict[str, Any] = field(default_factory=dict)
     agent: dict[str, Any] = field(default_factory=dict)  # only with the sweep's own `agent:` section
     eval: dict[str, Any] = field(default_factory=dict)
+    learn: dict[str, Any] = field(default_factory=dict)  # only with the sweep's own `learn:` section
 
 
 @dataclass
@@ -104,7 +107,7 @@ class SlurmConfig:
                 raise MLBenchError(f"unknown stage {stage!r} under resources", at(f"resources.{stage}"),
                                    f"stages: {STAGES}")
         for stage in STAGES:
-            if stage != "agent":  # the agent's default: infer's resources (Sweep.resources)
+            if stage not in ("agent", "learn"):  # their defaults: infer's, train's on one node (Sweep.resources)
                 self.resources.setdefault(stage, Resources())
         for stage, r in self.resources.items():
             if stage != "train" and r.nodes != 1:
@@ -130,6 +133,9 @@ class SweepConfig:
     # AgentConfig's options: with this section, each cell also runs `mlbench agent` and scores its generations
     agent: dict[str, Any] | None = None
     eval: dict[str, Any] = field(default_factory=dict)
+    # LearnConfig's options: with this section, each tuned cell also runs `mlbench learn` from its SFT adapter, and
+    # the learned adapter goes through infer and eval as train's does
+    learn: dict[str, Any] | None = None
     report: dict[str, Any] = field(default_factory=dict)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
 
@@ -160,6 +166,12 @@ class SweepConfig:
             if m.agent and self.agent is None:
                 raise MLBenchError(f"model {name!r} has agent options but the sweep has no `agent:` section",
                                    at(f"models.{name}.agent"), "add `agent:` (its options for every model) at the top")
+            if m.learn and self.learn is None:
+                raise MLBenchError(f"model {name!r} has learn options but the sweep has no `learn:` section",
+                                   at(f"models.{name}.learn"), "add `learn:` (its options for every model) at the top")
+        if self.learn is not None and set(self.splits) == {"none"}:
+            raise MLBenchError("learn starts from a cell's SFT adapter, but the sweep trains none (splits: [none])",
+                               at("learn"), "add id (or ood) to splits, or remove the learn section")
 
 
 @dataclass(frozen=True)
@@ -219,10 +231,17 @@ class Sweep:
         """Whether the sweep runs the agent stage (it has an ``agent:`` section)."""
         return self.cfg.agent is not None
 
+    @property
+    def has_learn(self) -> bool:
+        """Whether the sweep runs the learn stage after train (it has a ``learn:`` section)."""
+        return self.cfg.learn is not None
+
     def resources(self, stage: str) -> Resources:
         res = self.cfg.slurm.resources
         if stage == "agent":  # its own when the sweep gives them, else infer's
             return res.get("agent", res["infer"])
+        if stage == "learn":  # its own when the sweep gives them, else train's on one node (learn is one process)
+            return res.get("learn") or dataclasses.replace(res["train"], nodes=1)
         return res[stage]
 
     def options(self, stage: str, model: str) -> dict[str, Any]:
@@ -257,7 +276,7 @@ def _check_files(cfg: SweepConfig, lines: Lines, root: Path) -> None:
     for name, m in cfg.models.items():
         need(m.train_config, "train_config", f"models.{name}.train_config")
     for stage, key in (("infer", "config"), ("eval", "envs"), ("report", "reference"), ("agent", "config"),
-                       ("agent", "envs")):
+                       ("agent", "envs"), ("learn", "config")):
         need((getattr(cfg, stage) or {}).get(key), f"{stage}.{key}", f"{stage}.{key}")
     for key in ("repos_dir", "tarballs"):  # the agent's pristine checkouts
         rel = (cfg.agent or {}).get(key)

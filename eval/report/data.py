@@ -1,5 +1,6 @@
-"""What `mlbench report` reads: eval folders grouped into settings (checkpoint x task, seeds averaged) and
-published rows quoted from a reference file."""
+"""What `mlbench report` reads: eval folders grouped into settings (checkpoint x task, seeds averaged), what each
+checkpoint is (base, SFT, or a learning method's adapter and its round: :func:`checkpoint_of`), and published rows
+quoted from a reference file."""
 
 from __future__ import annotations
 
@@ -10,9 +11,43 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from mlbench_kit.config import read_yaml
 from mlbench_kit.errors import MLBenchError
+from mlbench_kit.hf import TRAIN_META
 from mlbench_kit.records import TASKS
+
+MAX_META = 1 << 20  # bytes of a run's small record (infer.json, config.yaml, mlbench_train.json) read at most
+MAX_GENERATIONS = 256 << 20  # a generations file larger than this is not read
+LEARN_METHODS = ("rft", "dpo", "grpo")  # the learn methods that write an adapter (`mlbench learn --method`)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """What an eval scored, read from the runs' own files: the base model, an SFT adapter (``mlbench train``), or
+    a learned one (``mlbench learn``: its method, rft's round of its rounds, dpo's and grpo's optimizer steps)."""
+
+    kind: str  # "base", "sft", "adapter" (an adapter of unknown origin), or a method of LEARN_METHODS
+    round: int | None = None
+    rounds: int | None = None
+    steps: int | None = None
+
+    @property
+    def label(self) -> str:
+        """``base``, ``SFT``, ``rft round 1 of 2``, ``grpo, 30 steps``."""
+        if self.kind in ("base", "adapter"):
+            return self.kind
+        if self.kind == "sft":
+            return "SFT"
+        if self.round is not None:
+            return f"{self.kind} round {self.round}" + (f" of {self.rounds}" if self.rounds else "")
+        return self.kind + (f", {self.steps} steps" if self.steps is not None else "")
+
+    @property
+    def learned(self) -> bool:
+        """Whether ``mlbench learn`` made it."""
+        return self.kind in LEARN_METHODS
 
 
 @dataclass
@@ -25,6 +60,14 @@ class Setting:
     summaries: list[dict[str, Any]] = field(default_factory=list)
     dirs: list[str] = field(default_factory=list)
     agents: list[dict[str, Any]] = field(default_factory=list)  # the agent runs' own summary.json, one per seed
+    checkpoints: list[Checkpoint | None] = field(default_factory=list)  # what each seed's eval scored (None: unknown)
+
+    @property
+    def checkpoint(self) -> str:
+        """What was scored: ``base``, ``SFT``, ``rft round 1 of 1`` (seeds that differ: each, with ``/``); ``–``
+        when the runs' files do not say."""
+        labels = list(dict.fromkeys(c.label if c else "–" for c in self.checkpoints))
+        return " / ".join(labels) if labels else "–"
 
     @property
     def label(self) -> str:
@@ -113,6 +156,87 @@ def agent_summary(summary: dict[str, Any], eval_dir: Path) -> dict[str, Any] | N
     return None
 
 
+def _small_record(path: Path) -> Any:
+    """A run's small JSON or YAML record (a mapping), or None when it is missing, a link, too large or not one."""
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > MAX_META:
+            return None
+        text = path.read_text(encoding="utf-8")
+        found = yaml.safe_load(text) if path.suffix == ".yaml" else json.loads(text)
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def generations_file(summary: dict[str, Any], eval_dir: Path) -> Path | None:
+    """The generations file an eval scored (its summary's ``generations``; relative: to the working folder, else
+    to the eval folder), or None when it is missing, a link, too large, not ``.jsonl``, or outside both the
+    working folder and the folder holding the eval folder (a run's infer/ and eval/ sit side by side there): a
+    summary is data, and a path it names elsewhere (``/home/me/notes.jsonl``, ``../../..``) is not read."""
+    gens = summary.get("generations")
+    if not isinstance(gens, str) or not gens.endswith(".jsonl") or "\x00" in gens:
+        return None
+    p = Path(gens)
+    try:
+        roots = [r for r in (Path.cwd().resolve(), eval_dir.resolve().parent) if r != Path(r.anchor)]
+        for f in [p] if p.is_absolute() else [Path.cwd() / p, eval_dir / p]:
+            real = f.resolve()
+            if not any(real.is_relative_to(r) for r in roots):
+                continue
+            if f.is_file() and not f.is_symlink() and f.stat().st_size <= MAX_GENERATIONS:
+                return real
+    except (OSError, RuntimeError, ValueError):  # a link loop, a name the OS refuses
+        return None
+    return None
+
+
+def checkpoint_of(summary: dict[str, Any], eval_dir: Path) -> Checkpoint | None:
+    """What an eval scored, from the runs' own files: the generations file's ``infer.json`` names the adapter (None:
+    the base model); an adapter in an ``mlbench learn`` folder (its ``learn.json`` and ``config.yaml``; ``OUT/adapter``
+    or rft's ``OUT/round-R/train/adapter``) is that method's, with rft's round (of ``rft.rounds``) or the steps its
+    ``mlbench_train.json`` records; an adapter with ``mlbench_train.json`` and no ``learned`` is SFT. None when the
+    files do not say (generations moved, not written by `mlbench infer`)."""
+    try:
+        return _checkpoint(summary, eval_dir)
+    except (OSError, ValueError):  # a name the OS refuses (too long, a NUL): the files do not say
+        return None
+
+
+def _checkpoint(summary: dict[str, Any], eval_dir: Path) -> Checkpoint | None:
+    gens = generations_file(summary, eval_dir)
+    infer = _small_record(gens.parent / "infer.json") if gens is not None else None
+    if infer is None or "adapter" not in infer:
+        return None
+    ident = infer["adapter"]
+    if ident is None:
+        return Checkpoint("base")
+    if not isinstance(ident, dict) or not isinstance(ident.get("name"), str) or "\x00" in ident["name"]:
+        return None
+    adapter = Path(ident["name"])
+    meta = _small_record(adapter / TRAIN_META) or {}
+    learned = meta.get("learned") if isinstance(meta.get("learned"), dict) else None
+    m = re.fullmatch(r"round-([1-9][0-9]{0,5})", adapter.parent.parent.name)
+    if adapter.name == "adapter" and adapter.parent.name == "train" and m:
+        run, rnd = adapter.parent.parent.parent, int(m.group(1))  # an rft round's own adapter
+    else:
+        run, rnd = adapter.parent, None
+    cfg = _small_record(run / "config.yaml") if (run / "learn.json").is_file() else None
+    method = cfg.get("method") if cfg is not None else None
+    if cfg is not None and method in LEARN_METHODS and (rnd is None or method == "rft") and adapter.name == "adapter":
+        if method == "rft":
+            section = cfg.get("rft") if isinstance(cfg.get("rft"), dict) else {}
+            rounds = _count(section.get("rounds"))
+            return Checkpoint("rft", rnd or _count((learned or {}).get("rounds")) or rounds, rounds)
+        return Checkpoint(method, steps=_count((learned or {}).get("steps")))
+    if learned is None and meta:
+        return Checkpoint("sft")
+    return Checkpoint("adapter")
+
+
 def load_settings(specs: list[str], skip_missing: bool = False) -> list[Setting]:
     """Group eval folders into (run name, task or agent policy) settings, in the order first given."""
     settings: dict[tuple[str, int | None, str | None], Setting] = {}
@@ -124,7 +248,13 @@ def load_settings(specs: list[str], skip_missing: bool = False) -> list[Setting]
                 print(f"report: skipped {path} (no summary.json)", file=sys.stderr)
                 continue
             raise MLBenchError("no summary.json in this run folder", str(f), "pass folders written by `mlbench eval`")
-        summary = json.loads(f.read_text())
+        try:
+            summary = json.loads(f.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise MLBenchError(f"summary.json is not JSON ({exc})", str(f),
+                               "pass folders written by `mlbench eval`") from None
+        if not isinstance(summary, dict):
+            raise MLBenchError("summary.json is not a JSON object", str(f), "pass folders written by `mlbench eval`")
         agent = agent_summary(summary, Path(path))
         policy = None if agent is None else agent["policy"] + (f" {agent['steps']}" if agent.get("steps") and
                                                                agent["policy"] == "ml-agent" else "")
@@ -132,6 +262,7 @@ def load_settings(specs: list[str], skip_missing: bool = False) -> list[Setting]
         s = settings.setdefault(key, Setting(*key))
         s.summaries.append(summary)
         s.dirs.append(path)
+        s.checkpoints.append(checkpoint_of(summary, Path(path)))
         if agent is not None:
             s.agents.append(agent)
     if not settings:

@@ -9,6 +9,11 @@ inline handler, no other script, even one that found a way into the markup.
 Per row: repository, ids, type and instruction, then one column per compared run (each seed of a setting apart),
 each with its answers, their verdict, error class and the tail of their output. Filters (repository, verdict,
 error class) also read the page's ``#repo=…&verdict=…&class=…`` fragment, so a filtered view can be linked.
+
+Every file it reads is data: the answers come only from a generations file inside the working folder or beside the
+eval folder (:func:`~.data.generations_file`; another path a summary names is not read, and the page says the
+answers are not at hand), and a line of ``results.jsonl``, of the generations or of the summary's ``per_sample``
+that is not a record (not JSON, not an object) is skipped and counted on the page.
 """
 
 from __future__ import annotations
@@ -16,16 +21,18 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
-from mlbench_kit.io import read_jsonl_tolerant, write_atomic
+from mlbench_kit.escape import visible
+from mlbench_kit.io import split_records, write_atomic
 
-from .data import Setting
+from .data import MAX_GENERATIONS, Setting, generations_file
 
 MAX_TEXT = 20_000  # characters of one instruction or answer shown
 MAX_TAIL = 2_000  # characters of an output's tail
-MAX_FILE = 256 << 20  # a generations file larger than this is not read (the page says so)
+MAX_FILE = MAX_GENERATIONS  # a generations file larger than this is not read (the page says so)
 
 STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:0 1.5em 3em;color:#222}
@@ -61,6 +68,7 @@ const repo = document.getElementById("repo"), verdict = document.getElementById(
       klass = document.getElementById("class"), count = document.getElementById("count");
 options(repo, D.repos);
 options(klass, D.classes);
+for (const n of D.notes) document.getElementById("notes").appendChild(el("div", "meta", n));
 const list = document.getElementById("list"), shown = [];
 for (const r of D.rows) {
   const s = el("section", "row");
@@ -137,41 +145,76 @@ def _clip(text: Any, limit: int, tail: bool = False) -> str | None:
         text[:limit] + f"\n[… {len(text) - limit} characters more]"
 
 
-def _answers(summary: dict[str, Any], run_dir: Path) -> dict[tuple[int, int], list[Any]]:
-    """The answers the eval scored, from the generations file its summary names (relative: to the working folder,
-    else to the run folder); {} when it is gone, too large or not a plain ``.jsonl`` file (the page says so)."""
-    gens = summary.get("generations")
-    if not isinstance(gens, str) or not gens.endswith(".jsonl"):
-        return {}
-    p = Path(gens)
-    for f in [p] if p.is_absolute() else [Path.cwd() / p, run_dir / p]:
-        if f.is_file() and not f.is_symlink() and f.stat().st_size <= MAX_FILE:
-            out: dict[tuple[int, int], list[Any]] = {}
-            for r in read_jsonl_tolerant(f):
-                gid, rid, outputs = r.get("github_id"), r.get("id"), r.get("output")
-                if isinstance(outputs, str):
-                    outputs = [outputs]
-                if isinstance(gid, int) and isinstance(rid, int) and isinstance(outputs, list):
-                    out[(gid, rid)] = outputs
-            return out
-    return {}
+def _records(path: Path) -> tuple[list[Any], int]:
+    """The records (JSON objects) of a JSONL file, and how many of its lines were not one (skipped)."""
+    if not path.is_file():
+        return [], 0
+    out: list[Any] = []  # JSON objects (mapped by the caller field by field, as untrusted data)
+    skipped = 0
+    for line in split_records(path.read_text(encoding="utf-8", errors="replace")):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            obj = None
+        if isinstance(obj, dict):
+            out.append(obj)
+        else:
+            skipped += 1
+    return out, skipped
+
+
+def _answers(summary: dict[str, Any], run_dir: Path) -> tuple[dict[tuple[int, int], list[Any]], int, bool]:
+    """The answers the eval scored, from the generations file its summary names (:func:`~.data.generations_file`:
+    relative to the working folder, else to the run folder, and inside the working folder or beside the run
+    folder); the lines skipped; whether a file the summary names was refused (outside, a link, too large)."""
+    f = generations_file(summary, run_dir)
+    if f is None:
+        gens = summary.get("generations")
+        return {}, 0, isinstance(gens, str) and gens.endswith(".jsonl")
+    out: dict[tuple[int, int], list[Any]] = {}
+    records, skipped = _records(f)
+    for r in records:
+        gid, rid, outputs = r.get("github_id"), r.get("id"), r.get("output")
+        if isinstance(outputs, str):
+            outputs = [outputs]
+        if isinstance(gid, int) and isinstance(rid, int) and isinstance(outputs, list):
+            out[(gid, rid)] = outputs
+    return out, skipped, False
 
 
 def page_rows(settings: list[Setting]) -> dict[str, Any]:
     """What the page shows: its columns (one per eval folder) and, per row, each column's answers."""
     columns: list[str] = []
+    notes: list[str] = []
     rows: dict[tuple[int, int], dict[str, Any]] = {}
     cells: list[dict[tuple[int, int], list[dict[str, Any]]]] = []
     for s in settings:
         for i, (summary, d) in enumerate(zip(s.summaries, s.dirs, strict=True)):
-            columns.append(s.label + (f" · seed {i + 1}" if len(s.dirs) > 1 else ""))
-            answers = _answers(summary, Path(d))
-            for ps in summary.get("per_sample") or []:
-                key = (ps.get("github_id"), ps.get("id"))
-                if isinstance(ps.get("instruction"), str):
-                    rows.setdefault(key, {})["instruction"] = _clip(ps["instruction"], MAX_TEXT)
+            cp = s.checkpoints[i] if i < len(s.checkpoints) else None
+            column = s.label + (f" · seed {i + 1}" if len(s.dirs) > 1 else "") + (f" · {cp.label}" if cp else "")
+            columns.append(column)
+            answers, skipped, refused = _answers(summary, Path(d))
+            if refused:
+                notes.append(f"{column}: answer texts not at hand: the generations file its summary.json names "
+                             f"({_clip(summary.get('generations'), 300)}) is missing, outside both the working "
+                             f"folder and the folder holding {d}, a link, or too large")
+            per_sample = summary.get("per_sample")
+            samples: list[Any] = per_sample if isinstance(per_sample, list) else []
+            skipped += sum(not isinstance(ps, dict) for ps in samples)
+            for ps in samples:
+                if not isinstance(ps, dict):
+                    continue
+                gid, rid = ps.get("github_id"), ps.get("id")
+                if isinstance(gid, int) and isinstance(rid, int) and isinstance(ps.get("instruction"), str):
+                    rows.setdefault((gid, rid), {})["instruction"] = _clip(ps["instruction"], MAX_TEXT)
             col: dict[tuple[int, int], list[dict[str, Any]]] = {}
-            for r in read_jsonl_tolerant(Path(d) / "results.jsonl"):
+            results, bad = _records(Path(d) / "results.jsonl")
+            if skipped + bad:
+                notes.append(f"{column}: skipped {skipped + bad} line(s) that are not records ({bad} of "
+                             f"results.jsonl, {skipped} of the generations and the summary's per_sample)")
+            for r in results:
                 key, idx = (r.get("github_id"), r.get("id")), r.get("idx")
                 if not isinstance(key[0], int) or not isinstance(key[1], int) or not isinstance(idx, int):
                     continue
@@ -192,7 +235,8 @@ def page_rows(settings: list[Setting]) -> dict[str, Any]:
                     "instruction": row.get("instruction"),
                     "cells": [sorted(c[key], key=lambda a: a["idx"]) if key in c else None for c in cells]})
     classes = sorted({a["cls"] or "none" for r in out for c in r["cells"] if c for a in c})
-    return {"columns": columns, "rows": out, "repos": sorted({r["repo"] for r in out}), "classes": classes}
+    return {"columns": columns, "rows": out, "repos": sorted({r["repo"] for r in out}), "classes": classes,
+            "notes": notes}
 
 
 def _json_in_html(obj: Any) -> str:
@@ -200,9 +244,9 @@ def _json_in_html(obj: Any) -> str:
     return json.dumps(obj).replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
 
 
-def render_html(settings: list[Setting]) -> str:
-    """The whole page."""
-    data = page_rows(settings)
+def render_html(settings: list[Setting], data: dict[str, Any] | None = None) -> str:
+    """The whole page (``data``: :func:`page_rows`'s, when already read)."""
+    data = page_rows(settings) if data is None else data
     csp = (f"default-src 'none'; script-src {_sha256(SCRIPT)}; style-src {_sha256(STYLE)}; img-src 'none'; "
            "base-uri 'none'; form-action 'none'")
     return f"""<!DOCTYPE html>
@@ -216,7 +260,7 @@ def render_html(settings: list[Setting]) -> str:
 <label>verdict <select id="verdict"><option value="">any</option><option value="pass">passed in every run</option>
 <option value="fail">failed in some run</option><option value="differs">differs between runs</option></select></label>
 <label>error class <select id="class"><option value="">any</option></select></label>
-<span id="count"></span></header>
+<span id="count"></span><div id="notes"></div></header>
 <main id="list"></main>
 <script type="application/json" id="rows">{_json_in_html(data)}</script>
 <script>{SCRIPT}</script>
@@ -225,5 +269,8 @@ def render_html(settings: list[Setting]) -> str:
 
 
 def write_html(settings: list[Setting], path: Path) -> None:
-    """Write ``report.html`` (atomically)."""
-    write_atomic(path, render_html(settings))
+    """Write ``report.html`` (atomically); what it could not show is said on the page and here."""
+    data = page_rows(settings)
+    for note in data["notes"]:
+        print(f"report: report.html: {visible(note, keep='')}", file=sys.stderr)
+    write_atomic(path, render_html(settings, data))

@@ -42,6 +42,9 @@ def write_csv(settings: list[Setting], refs: list[Reference], ks: list[int], pat
                 if v is not None:
                     put([s.run, s.task if s.agent is None else s.setting, len(s.summaries), kind,
                          g[1] if g else "all", m, round(v, 4), *(rng if rng else ("", "")), "measured"])
+        if any(s.checkpoints):  # what was scored: base, SFT, a learned adapter and its round (the runs' files)
+            put([s.run, s.task if s.agent is None else s.setting, len(s.summaries), "checkpoint", "all",
+                 "checkpoint", s.checkpoint, "", "", "measured"])
         # what the Pass@k above leaves out (faults, unscored samples): always written, 0 included
         for m, n in zip(("faults", "unscored_samples"), s.not_scored, strict=True):
             put([s.run, s.task if s.agent is None else s.setting, len(s.summaries), "overall", "all", m, n,
@@ -74,11 +77,20 @@ def write_markdown(settings: list[Setting], refs: list[Reference], ks: list[int]
              "Pass@k as the paper defines it (a sample passes if one of its first k outputs passes the parameter "
              "check, the type check and runs cleanly); brackets: the 95% bootstrap CI over samples for one seed, "
              "min–max over seeds for several (their mean shown).", "", "## Pass@k by setting", ""]
+    # the checkpoint column (base, SFT, a learned method and its round) where the runs' own files say what they scored
+    known = any(c for s in settings for c in s.checkpoints)
     rows = [[s.run, s.setting, str(len(s.summaries)), str(s.summaries[0]["metrics"]["overall"]["samples"])]
-            + [fmt_rate(*s.metric(f"pass@{k}")) for k in ks] + [s.incomplete or "–"] for s in settings]
-    rows += [[f"{r.name} *(quoted)*", r.setting, "", ""] + [fmt_rate(r.values.get(f"pass@{k}")) for k in ks]
-             + [""] for r in refs]
-    lines += _table(["run", "task", "seeds", "samples"] + [f"Pass@{k}" for k in ks] + ["not scored"], rows)
+            + ([s.checkpoint] if known else []) + [fmt_rate(*s.metric(f"pass@{k}")) for k in ks]
+            + [s.incomplete or "–"] for s in settings]
+    rows += [[f"{r.name} *(quoted)*", r.setting, "", ""] + ([""] if known else [])
+             + [fmt_rate(r.values.get(f"pass@{k}")) for k in ks] + [""] for r in refs]
+    lines += _table(["run", "task", "seeds", "samples"] + (["checkpoint"] if known else [])
+                    + [f"Pass@{k}" for k in ks] + ["not scored"], rows)
+    if any(c and c.learned for s in settings for c in s.checkpoints):
+        lines += ["", "checkpoint: what each run scored, read from its own files (the generations' `infer.json` "
+                  "names the adapter; `mlbench learn`'s `config.yaml` and the adapter's `mlbench_train.json` its "
+                  "method, rft's round and dpo's or grpo's optimizer steps): base, SFT (`mlbench train`), or a "
+                  "learned adapter."]
     bad = [s for s in settings if s.incomplete]
     if bad:
         lines += ["", "**INCOMPLETE**: " + "; ".join(f"{md_text(s.label)}: {s.incomplete}" for s in bad)
