@@ -40,9 +40,10 @@ from typing import Any
 from mlbench_kit.agent_config import AgentConfig
 from mlbench_kit.dataset import Sample, prefix_exports
 from mlbench_kit.escape import visible
+from mlbench_kit.io import read_jsonl_tolerant
 from mlbench_kit.sandbox import Env, ExecResult, Job, Limits, Sandbox
 
-from .episode import EXITS, Prepared, close_turn, sha, total_room, turn_seed
+from .episode import BaseEpisode, Prepared, sha, turn_seed
 from .parse import FormatError
 from .repo import Refused, RepoView
 from .runsh import read_runsh
@@ -135,8 +136,9 @@ def task_folder(path: str) -> str:
 
 
 @dataclass
-class BashEpisode:
-    """One ML-Agent-Bench episode; :meth:`prepare` / :meth:`feed` as :class:`~agent.episode.Episode`'s."""
+class BashEpisode(BaseEpisode):
+    """One ML-Agent-Bench episode: :meth:`prepare` gives the conversation so far, :meth:`feed` runs the reply's
+    command in the episode's sandboxed layer and answers with its observation."""
 
     sample: Sample
     env: Env
@@ -213,7 +215,7 @@ class BashEpisode:
             self._end("context_exceeded", f"the conversation is {len(ids)} tokens; with {new} new tokens it "
                                           f"exceeds max_model_len {self.max_model_len}")
             return None
-        new = total_room(self, len(ids), new)
+        new = self._total_room(len(ids), new)
         if new < 1:
             return None
         seed = turn_seed(self.cfg.sampling.seed, self.sample.key, self.episode, len(self.turns))
@@ -270,7 +272,7 @@ class BashEpisode:
                 rec["exit"] = self.exit
                 return rec
         rec["action"] = action
-        return close_turn(self, rec, "generation and actions")
+        return self._close_turn(rec, "generation and actions")
 
     def _submit(self, rec: dict[str, Any], replayed: dict[str, Any] | None) -> dict[str, Any]:
         """The model's ``submit``: with run.sh, the episode ends and its answer is what run.sh runs; without it,
@@ -281,7 +283,7 @@ class BashEpisode:
             obs = replayed["observation"] if replayed is not None else NO_RUNSH.format(runsh=self.runsh)
             rec["observation"] = obs
             self.messages.append({"role": "user", "content": obs})
-            return close_turn(self, rec, "generation and actions")
+            return self._close_turn(rec, "generation and actions")
         ran = read_runsh(text, task_folder(self.sample.path), self._own)
         self.answer, self.run_sh, self.answer_kind = ran.answer, text, ran.kind
         rec["answer_kind"] = ran.kind
@@ -292,22 +294,28 @@ class BashEpisode:
         return rec
 
     def replay(self, rec: dict[str, Any]) -> None:
+        """Feed a transcript's turn record again: its action runs again (the layer), its observation is the one
+        recorded."""
         self.feed(rec["raw"], rec["tokens_out"], rec["wall_s"], rec.get("truncated", False), replayed=rec)
 
-    def restore(self, records: list[dict[str, Any]], end: dict[str, Any]) -> None:
-        """An episode whose transcript has its end line: taken as recorded, nothing run again."""
-        self.turns = records
+    def resume(self, path: Path) -> bool:
+        """An episode whose transcript has its end line is taken as recorded (nothing run again); one that had not
+        ended runs its recorded actions again, to rebuild its files (:meth:`replay`)."""
+        recs = read_jsonl_tolerant(path)
+        end = next((r["end"] for r in recs if "end" in r), None)
+        if end is None:
+            return super().resume(path)
+        self.turns = [r for r in recs if "end" not in r]
         self.exit, self.detail, self.answer = end["exit"], end.get("detail", ""), end.get("answer")
         self.tokens_in, self.tokens_out = end["tokens_in"], end["tokens_out"]
         self.seconds, self.openhands = end["seconds"], end.get("openhands")
         self.run_sh, self.answer_kind = end.get("run_sh"), end.get("answer_kind")
+        return True
 
     def _end(self, status: str, detail: str) -> None:
         """End the episode; with an answer and ``bash.openhands_check``, check it by OpenHands' rule on the
         episode's own files first. The layer is removed either way."""
-        assert status in EXITS
-        self.exit, self.detail = status, detail
-        self._prepared = None
+        super()._end(status, detail)
         b = self.cfg.bash
         if self.answer is not None and b.openhands_check:
             res = self._run(f"timeout {b.openhands_timeout_s} bash run.sh", b.openhands_timeout_s + 10)
@@ -323,10 +331,8 @@ class BashEpisode:
             self.cleanup = self.sandbox.drop_layer(self.layer)
             self.layer = None
 
-    def fault(self, detail: str) -> None:
-        self._end("fault", detail)
-
     def summary(self) -> dict[str, Any]:
+        """The episode's end line, with run.sh and its kind once submitted and the OpenHands check when on."""
         out: dict[str, Any] = {"episode": self.episode, "exit": self.exit, "detail": self.detail, "answer": self.answer,
                "turns": len(self.turns), "tokens_in": self.tokens_in, "tokens_out": self.tokens_out,
                "seconds": round(self.seconds, 4)}

@@ -20,53 +20,27 @@ The machine is deterministic given the replies, so a transcript replays it exact
 from __future__ import annotations
 
 import hashlib
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from mlbench_kit.agent_config import AgentConfig
 from mlbench_kit.dataset import Sample
+from mlbench_kit.errors import MLBenchError
+from mlbench_kit.io import read_jsonl_tolerant
 
 from . import prompts as P
 from .parse import FormatError, parse_reply
 from .repo import Refused, RepoView, cut, readme_window
 
+# prompt text (a user turn), or a conversation of user and assistant messages -> the token ids the engine gets
+Encoder = Callable[[str | list[dict[str, str]]], list[int]]
+
 EXITS = ("submitted", "rejected", "no_answer", "turn_limit", "token_limit", "time_limit", "context_exceeded",
          "format_errors", "fault")
 
-
-
-def close_turn(ep: Any, rec: dict[str, Any], timed: str) -> dict[str, Any]:
-    """Record a turn and apply the harness's hard limits, counted after each turn in this order (format errors,
-    tokens, seconds, turns): the first one reached ends the episode. ``ep`` is an ``Episode`` or a
-    ``BashEpisode``; ``timed`` names what its seconds count. Returns the turn record, with the exit if it ended."""
-    ep.turns.append(rec)
-    lim = ep.cfg.limits
-    if ep.exit is None:
-        if ep.format_errors >= lim.max_format_errors:
-            ep._end("format_errors", f"{ep.format_errors} unparseable replies in a row")
-        elif ep.tokens_out >= lim.max_episode_tokens:
-            ep._end("token_limit", f"{ep.tokens_out} new tokens (limit {lim.max_episode_tokens})")
-        elif ep.seconds >= lim.max_episode_seconds:
-            ep._end("time_limit", f"{ep.seconds:.1f} s of {timed} (limit {lim.max_episode_seconds})")
-        elif lim.max_turns is not None and len(ep.turns) >= lim.max_turns:
-            ep._end("turn_limit", f"{len(ep.turns)} turns (limit {lim.max_turns})")
-    if ep.exit is not None:
-        rec["exit"] = ep.exit
-    return rec
-
-
-def total_room(ep: Any, prompt_tokens: int, new: int) -> int:
-    """The new tokens the next turn may have under ``limits.max_episode_total_tokens`` (prompt and new tokens summed
-    over the episode's turns, this prompt included); below 1, the episode has ended (``token_limit``) unsent."""
-    total = ep.cfg.limits.max_episode_total_tokens
-    if total is None:
-        return new
-    room = total - ep.tokens_in - ep.tokens_out - prompt_tokens
-    if room < 1:
-        ep._end("token_limit", f"{ep.tokens_in + ep.tokens_out} prompt and new tokens; the next prompt's "
-                               f"{prompt_tokens} leave no room (limit {total})")
-    return min(new, room)
 
 
 def turn_seed(seed: int, key: tuple[int, int], episode: int, turn: int) -> int:
@@ -91,8 +65,116 @@ class Prepared:
     inputs: dict[str, Any]
 
 
+class BaseEpisode(ABC):
+    """What the lockstep loop (:func:`agent.run.run_episodes`) knows of an episode, whatever its policy: ask it for
+    the next turn's prompt (:meth:`prepare`: None once it has ended), give it the model's reply (:meth:`feed`: the
+    turn's transcript record) or end it for a bad reply (:meth:`fault`), resume it from its transcript
+    (:meth:`resume`), read its outcome (``exit``, ``answer``, ``turns``, ``tokens_out``, :meth:`summary`) and
+    release what it holds (:meth:`discard`). The hard limits and their order are kept here once
+    (:meth:`_close_turn`, :meth:`_total_room`) for every policy."""
+
+    cfg: AgentConfig
+    episode: int
+    turns: list[dict[str, Any]]
+    exit: str | None
+    answer: str | None
+    detail: str
+    format_errors: int
+    tokens_in: int
+    tokens_out: int
+    seconds: float
+    _prepared: Prepared | None
+
+    @abstractmethod
+    def prepare(self) -> Prepared | None:
+        """The next turn's prompt, or None when the episode has ended (possibly now: a limit before the call)."""
+        raise NotImplementedError
+
+    @abstractmethod
+    def feed(self, raw: str, n_tokens: int, wall_s: float, truncated: bool = False) -> dict[str, Any]:
+        """Take the model's reply to the prepared prompt; returns the turn's transcript record."""
+        raise NotImplementedError
+
+    @abstractmethod
+    def replay(self, rec: dict[str, Any]) -> None:
+        """Feed a transcript's turn record again (resume)."""
+        raise NotImplementedError
+
+    @abstractmethod
+    def summary(self) -> dict[str, Any]:
+        """The episode's end line: its exit, answer, turns, tokens and seconds (and what its policy adds)."""
+        raise NotImplementedError
+
+    def resume(self, path: Path) -> bool:
+        """Replay a transcript into this fresh episode (every prompt's hash and seed checked); True when it had
+        ended. A prompt or seed that differs is an error naming the transcript."""
+        recs = read_jsonl_tolerant(path)
+        end = next((r["end"] for r in recs if "end" in r), None)
+        ended = False
+        for rec in recs:
+            if "end" in rec:
+                ended = True
+                break
+            p = self.prepare()
+            if p is None or sha(p.text) != rec["prompt_sha"] or p.seed != rec["seed"]:
+                raise MLBenchError(f"turn {rec.get('turn')} of this transcript does not replay: its prompt or seed "
+                                   "differs from what this run builds (the repository or the code changed)",
+                                   str(path), "use a new --out")
+            self.replay(rec)
+        if ended and self.exit is None and end is not None:  # a fault or a limit outside the turns (in the end line)
+            self.exit, self.detail = end["exit"], end.get("detail", "")
+        return ended
+
+    def fault(self, detail: str) -> None:
+        """End the episode as ``fault``: not the model's doing (the engine's reply was refused, the sandbox)."""
+        self._end("fault", detail)
+
+    def discard(self) -> None:  # noqa: B027 - a hook: an episode of most policies holds nothing outside itself
+        """Release what the episode holds outside itself (the run stopped, or it ended); nothing by default."""
+
+    def _end(self, status: str, detail: str) -> None:
+        assert status in EXITS
+        self.exit, self.detail = status, detail
+        self._prepared = None
+
+    def _close_turn(self, rec: dict[str, Any], timed: str) -> dict[str, Any]:
+        """Record a turn and apply the harness's hard limits, counted after each turn in this order (format errors,
+        tokens, seconds, turns): the first one reached ends the episode. ``timed`` names what its seconds count.
+        Returns the turn record, with the exit if it ended."""
+        self.turns.append(rec)
+        lim = self.cfg.limits
+        if self.exit is None:
+            if self.format_errors >= lim.max_format_errors:
+                self._end("format_errors", f"{self.format_errors} unparseable replies in a row")
+            elif self.tokens_out >= lim.max_episode_tokens:
+                self._end("token_limit", f"{self.tokens_out} new tokens (limit {lim.max_episode_tokens})")
+            elif self.seconds >= lim.max_episode_seconds:
+                self._end("time_limit", f"{self.seconds:.1f} s of {timed} (limit {lim.max_episode_seconds})")
+            elif lim.max_turns is not None and len(self.turns) >= lim.max_turns:
+                self._end("turn_limit", f"{len(self.turns)} turns (limit {lim.max_turns})")
+        if self.exit is not None:
+            rec["exit"] = self.exit
+        return rec
+
+    def _total_room(self, prompt_tokens: int, new: int) -> int:
+        """The new tokens the next turn may have under ``limits.max_episode_total_tokens`` (prompt and new tokens
+        summed over the episode's turns, this prompt included); below 1, the episode has ended (``token_limit``)
+        unsent."""
+        total = self.cfg.limits.max_episode_total_tokens
+        if total is None:
+            return new
+        room = total - self.tokens_in - self.tokens_out - prompt_tokens
+        if room < 1:
+            self._end("token_limit", f"{self.tokens_in + self.tokens_out} prompt and new tokens; the next prompt's "
+                                     f"{prompt_tokens} leave no room (limit {total})")
+        return min(new, room)
+
+
 @dataclass
-class Episode:
+class Episode(BaseEpisode):
+    """One ML-Agent episode (steps 3-4, or 1-4 with ``pool``): :meth:`prepare` builds the step's prompt from the
+    repository, :meth:`feed` parses the reply and acts on it."""
+
     sample: Sample
     repo: RepoView
     cfg: AgentConfig
@@ -217,7 +299,7 @@ class Episode:
             self._end("context_exceeded", f"the {inputs['step']} prompt is {len(ids)} tokens; with {new} new tokens "
                                           f"it exceeds max_model_len {self.max_model_len}")
             return None
-        new = total_room(self, len(ids), new)
+        new = self._total_room(len(ids), new)
         if new < 1:
             return None
         seed = turn_seed(self.cfg.sampling.seed, self.sample.key, self.episode, len(self.turns))
@@ -247,7 +329,7 @@ class Episode:
             self.format_errors = 0
             rec["observation"] = self._act(action)
         rec["action"] = action
-        return close_turn(self, rec, "generation")
+        return self._close_turn(rec, "generation")
 
     def replay(self, rec: dict[str, Any]) -> None:
         """Feed a transcript's turn record again (resume)."""
@@ -346,16 +428,9 @@ class Episode:
         self.repo = self.pool[self.repo_order[self.repo_at]][0]
         self.ranked, self.readme_at, self.step = [], -1, "plan"
 
-    def _end(self, status: str, detail: str) -> None:
-        assert status in EXITS
-        self.exit, self.detail = status, detail
-        self._prepared = None
-
-    def fault(self, detail: str) -> None:
-        self._end("fault", detail)
-
     def summary(self) -> dict[str, Any]:
-        out = {"episode": self.episode, "exit": self.exit, "detail": self.detail, "answer": self.answer,
+        """The episode's end line (with steps 1-4, the repository its answer was written for)."""
+        out: dict[str, Any] = {"episode": self.episode, "exit": self.exit, "detail": self.detail, "answer": self.answer,
                "turns": len(self.turns), "tokens_in": self.tokens_in, "tokens_out": self.tokens_out,
                "seconds": round(self.seconds, 4)}
         if self.pool is not None:  # steps 1-4: the repository the answer was written for (its row's or another)

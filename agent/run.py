@@ -42,7 +42,7 @@ from mlbench_kit.stages import stage
 from mlbench_kit.untar import safe_extract
 
 from .bash import BashEpisode
-from .episode import Episode, sha
+from .episode import BaseEpisode, Encoder, Episode
 from .repo import RepoView
 
 LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
@@ -263,31 +263,18 @@ def sandbox_for(cfg: AgentConfig, rows: list[Sample], repos: dict[str, Path]) ->
     return box, envs
 
 
-def _replay(ep: Episode | BashEpisode, path: Path) -> bool:
-    """Replay a transcript into a fresh episode (every prompt's hash checked); True when it had ended. A bash
-    episode that had ended is taken as recorded; one that had not runs its recorded actions again (its files)."""
-    recs = read_jsonl_tolerant(path)
-    end = next((r["end"] for r in recs if "end" in r), None)
-    if end is not None and isinstance(ep, BashEpisode):
-        ep.restore([r for r in recs if "end" not in r], end)
-        return True
-    ended = False
-    for rec in recs:
-        if "end" in rec:
-            ended = True
-            break
-        p = ep.prepare()
-        if p is None or sha(p.text) != rec["prompt_sha"] or p.seed != rec["seed"]:
-            raise MLBenchError(f"turn {rec.get('turn')} of this transcript does not replay: its prompt or seed "
-                               "differs from what this run builds (the repository or the code changed)", str(path),
-                               "use a new --out")
-        ep.replay(rec)
-    if ended and ep.exit is None and end is not None:  # a fault or a limit outside the turns (in the end line)
-        ep.exit, ep.detail = end["exit"], end.get("detail", "")
-    return ended
+def new_episode(cfg: AgentConfig, sample: Sample, k: int, encode: Encoder, max_model_len: int,
+                views: dict[str, RepoView], pool: dict[str, tuple[RepoView, str, str]] | None,
+                box: tuple[Sandbox, EnvConfig] | None) -> BaseEpisode:
+    """Episode ``k`` of ``sample`` under ``cfg.policy``: the one place that knows which policies there are."""
+    if cfg.policy == "bash":
+        if box is None:
+            raise MLBenchError("the bash policy needs a sandbox", "policy", "pass box= (see sandbox_for)")
+        return BashEpisode(sample, box[1].for_repo(sample.repo), box[0], cfg, k, encode, max_model_len)
+    return Episode(sample, views[sample.repo], cfg, k, encode, max_model_len, pool=pool)
 
 
-def run_episodes(cfg: AgentConfig, rows: list[Sample], repos: dict[str, Path], engine: Any, encode: Any,
+def run_episodes(cfg: AgentConfig, rows: list[Sample], repos: dict[str, Path], engine: Any, encode: Encoder,
                  max_model_len: int, out: Path, ident: dict[str, Any],
                  box: tuple[Sandbox, EnvConfig] | None = None,
                  pool_urls: dict[str, str] | None = None) -> dict[str, Any]:
@@ -305,20 +292,15 @@ def run_episodes(cfg: AgentConfig, rows: list[Sample], repos: dict[str, Path], e
     if box is not None:  # the bounds on the episodes' layers together are the run's
         b = cfg.bash
         box[0].layer_caps = LayerCaps(b.layer_entries, b.layers_mb, b.layers_entries)
-    live: list[tuple[Any, Path, bool]] = []  # episode, transcript path, whether its end line is written
-    by_row: dict[tuple[int, int], list[Any]] = {}
+    live: list[tuple[BaseEpisode, Path, bool]] = []  # episode, transcript path, whether its end line is written
+    by_row: dict[tuple[int, int], list[BaseEpisode]] = {}
     for s in rows:
         if s.key in done:
             continue
         for k in range(cfg.episodes):
-            ep: Episode | BashEpisode
-            if cfg.policy == "bash":
-                assert box is not None, "the bash policy needs a sandbox"
-                ep = BashEpisode(s, box[1].for_repo(s.repo), box[0], cfg, k, encode, max_model_len)
-            else:
-                ep = Episode(s, views[s.repo], cfg, k, encode, max_model_len, pool=pool)
+            ep = new_episode(cfg, s, k, encode, max_model_len, views, pool, box)
             path = out / "transcripts" / f"{s.github_id}-{s.id}" / f"ep{k}.jsonl"
-            ended = _replay(ep, path) if path.exists() else False
+            ended = ep.resume(path) if path.exists() else False
             by_row.setdefault(s.key, []).append(ep)
             live.append((ep, path, ended))
     logs: dict[Path, AppendLog] = {}
@@ -366,8 +348,7 @@ def run_episodes(cfg: AgentConfig, rows: list[Sample], repos: dict[str, Path], e
         for log in logs.values():
             log.close()
         for ep, _, _ in live:
-            if isinstance(ep, BashEpisode):
-                ep.discard()
+            ep.discard()
     exits: dict[str, int] = {}
     for eps in by_row.values():
         for ep in eps:
@@ -409,7 +390,7 @@ def _log(logs: dict[Path, AppendLog], path: Path) -> AppendLog:
     return logs[path]
 
 
-def _finish(live: list[tuple[Any, Path, bool]], by_row: dict[tuple[int, int], list[Any]],
+def _finish(live: list[tuple[BaseEpisode, Path, bool]], by_row: dict[tuple[int, int], list[BaseEpisode]],
             written: set[tuple[int, int]], logs: dict[Path, AppendLog], gens: AppendLog, ident: dict[str, Any],
             cfg: AgentConfig) -> None:
     """Write the end line of every episode that has ended, and the generations line of every row whose k
@@ -424,8 +405,9 @@ def _finish(live: list[tuple[Any, Path, bool]], by_row: dict[tuple[int, int], li
             written.add(key)
 
 
-def generation_line(key: tuple[int, int], eps: list[Any], ident: dict[str, Any],
+def generation_line(key: tuple[int, int], eps: list[BaseEpisode], ident: dict[str, Any],
                     cfg: AgentConfig) -> dict[str, Any]:
+    """A row's line of ``generations.jsonl`` once its k episodes have ended: infer's format plus ``agent``."""
     return {"github_id": key[0], "id": key[1], "output": [ep.answer or "" for ep in eps],
             "raw": [ep.turns[-1]["raw"] if ep.turns else "" for ep in eps],
             "n_tokens": [ep.tokens_out for ep in eps], "model": ident["model"], "adapter": ident.get("adapter"),

@@ -65,6 +65,8 @@ class Engine(Protocol):
     #               inside, by the runner, so that nothing the answer prints can block the runner's report; the
     #               container's stderr is the runner's alone (the report, then a layer's files: copy_layer)
     copy_layer: bool  # keeps Job.layer without a stage script: the runner applies it and sends the changes back
+    cgroup_evidence: bool  # its container's /sys/fs/cgroup is the container's own (docker): the runner reads the
+    #                        kernel's count of refused forks there (pids.events), the process limit's evidence
     uid_per_execution: str  # when each execution runs as a uid of its own, so per-user kernel quotas are its own:
     #                         "always" (docker: it copies every file it writes, so no file's owner ties it to the
     #                         run's uid), "idmap" (staged as root: the stage script binds the lower layer idmapped
@@ -106,6 +108,7 @@ class Bwrap:
 
     name, isolated, container, cgroup, binds_env = "bwrap", True, False, True, True
     relays = copy_layer = False
+    cgroup_evidence = False
     uid_per_execution = "idmap"
 
     def tools(self, root: bool) -> tuple[str, ...]:
@@ -134,6 +137,7 @@ class Docker:
 
     name, isolated, container, cgroup, binds_env = "docker", True, True, False, False
     relays = copy_layer = True
+    cgroup_evidence = True
     uid_per_execution = "always"
 
     def tools(self, root: bool) -> tuple[str, ...]:
@@ -171,6 +175,7 @@ class Podman(Docker):
 
     name, isolated, container, cgroup, binds_env = "podman", True, True, True, False
     relays = copy_layer = False  # passthrough: the container's stdout is our pipe itself
+    cgroup_evidence = False
     uid_per_execution = "idmap"  # rootless (not staged), only its subuid range is mapped: the run's uid
 
     def tools(self, root: bool) -> tuple[str, ...]:
@@ -197,6 +202,7 @@ class Apptainer:
 
     name, isolated, container, cgroup, binds_env = "apptainer", True, True, False, False
     relays = copy_layer = False
+    cgroup_evidence = False
     uid_per_execution = ""
 
     def tools(self, root: bool) -> tuple[str, ...]:
@@ -220,6 +226,7 @@ class Local:
 
     name, isolated, container, cgroup, binds_env = "local", False, False, False, False
     relays = copy_layer = False
+    cgroup_evidence = False
     uid_per_execution = ""
 
     def tools(self, root: bool) -> tuple[str, ...]:

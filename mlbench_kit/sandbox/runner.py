@@ -1,15 +1,17 @@
 """The trusted supervisor that runs as PID 1 inside every sandbox (bwrap, podman, docker, apptainer).
 
-Started as ``python3 -I -S runner.py SPEC REPORT`` (``REPORT``: a file descriptor, or ``stderr`` for
-engines that cannot pass one; the report line then carries the nonce from ``$MLBENCH_REPORT_NONCE``, which
-only this process knows: its environment is unreadable once it is non-dumpable, and the child never gets
-it). Standard library only, never imports the project. It makes itself non-dumpable (so the generation, running
-under the same uid, can neither ptrace it nor open its ``/proc/1/fd``), forks the generation, waits for it, counts
-every process still alive in the PID namespace, kills them, and writes one JSON report to ``REPORT_FD``: a pipe
-held only by this process. As PID 1 of its namespace it receives no signal from inside that it did not ask for, so
-the generation cannot kill it either. The host takes its verdict from this report alone; nothing the generation
-can write is read back. Under the cpu clock (``cpu_limit_s`` in the spec) it also ends the execution once every
-process of the namespace together has used that many CPU seconds, and reports it as the time limit reached.
+Started as ``python3 -I -S runner.py SPEC REPORT`` (``SPEC``: the execution's ``RunnerSpec``, the host's typed
+contract in ``mlbench_kit/sandbox/spec.py``, as JSON, read here by its field names; ``REPORT``: a file descriptor,
+or ``stderr`` for engines that cannot pass one; the report line then carries the nonce from
+``$MLBENCH_REPORT_NONCE``, which only this process knows: its environment is unreadable once it is non-dumpable, and
+the child never gets it). Standard library only, never imports the project. It makes itself non-dumpable (so the
+generation, running under the same uid, can neither ptrace it nor open its ``/proc/1/fd``), forks the generation,
+waits for it, counts every process still alive in the PID namespace, kills them, and writes one JSON report to
+``REPORT_FD``: a pipe held only by this process. As PID 1 of its namespace it receives no signal from inside that it
+did not ask for, so the generation cannot kill it either. The host takes its verdict from this report alone; nothing
+the generation can write is read back. Under the cpu clock (``cpu_limit_s`` in the spec) it also ends the execution
+once every process of the namespace together has used that many CPU seconds, and reports it as the time limit
+reached.
 """
 
 import ctypes

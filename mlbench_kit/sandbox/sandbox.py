@@ -33,7 +33,6 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import mlbench_kit.tree as tree
 from mlbench_kit.errors import MLBenchError
@@ -43,7 +42,7 @@ from .capture import capture_and_wait, captured
 from .cmdline import LAYER, NONCE_ENV, SANDBOX, Identity, Mounts, idmap_probe_script, unshare_argv
 from .engines import Launch, engine
 from .local import run_local
-from .spec import Env, ExecResult, Job, LayerCaps, Limits, Warmed, thread_vars
+from .spec import Env, ExecResult, Job, LayerCaps, LayerOut, Limits, RunnerSpec, Warmed, thread_vars
 from .verdict import cpu_limit_hit, read_report, report_from_log, report_from_stream, result_from_report
 
 RUNNER = Path(__file__).with_name("runner.py")
@@ -349,36 +348,40 @@ class Sandbox:
         # a folder inside another bound folder is already visible
         return tuple(p for p in out if not any(p != q and p.startswith(q + "/") for q in out))
 
-    def _write_job(self, job: Job, limits: Limits, jobdir: Path, copy: bool, undrained: bool = False) -> None:
-        jobdir.mkdir(mode=0o700)
+    def runner_spec(self, job: Job, limits: Limits, staged: bool, drain: bool = True) -> RunnerSpec:
+        """What the runner is told about one execution of ``job`` (see :class:`~.spec.RunnerSpec`): from the job,
+        its limits and what the engine declares. ``staged``: the engine started by the stage script (else the
+        runner copies the checkout); ``drain``: as :meth:`run`'s."""
+        eng = self.engine
         workdir = os.path.normpath(os.path.join(f"{SANDBOX}/work", job.workdir))
         if not workdir.startswith(f"{SANDBOX}/work"):
             workdir = f"{SANDBOX}/work/.."  # a path escaping the repository: the runner reports it missing
-        env = self._job_env(job, limits)
-        spec: dict[str, Any] = {"argv": ["bash", f"{SANDBOX}/job/cmd.sh"] if job.as_shell else ["python", "temp.py"],
-                "workdir": workdir, "env": env, "interpreter": "python",
-                "temp_py": None if job.as_shell else f"{SANDBOX}/job/temp.py",
-                "writable": [f"{SANDBOX}/work", f"{SANDBOX}/home", "/tmp", "/dev/shm"],
-                "rlimits": {"RLIMIT_CPU": limits.cpu_s, "RLIMIT_FSIZE": limits.fsize_mb * 2**20,
-                            "RLIMIT_CORE": 0, "RLIMIT_NOFILE": limits.nofile}}
-        if limits.cpu_limit_s is not None:  # the cpu clock: the runner ends the execution at the limit
-            spec["cpu_limit_s"] = limits.cpu_limit_s
-        if self.cgroups is None and not self.engine.container:  # no cgroup: per-process fallbacks
-            spec["rlimits"] |= {"RLIMIT_AS": limits.mem_mb * 2**20, "RLIMIT_NPROC": limits.pids}
-        if copy:
-            spec |= {"copy_from": f"{SANDBOX}/src", "copy_to": f"{SANDBOX}/work"}
-        if undrained:
-            spec["undrained_stdout"] = True
-        if self.engine.name == "docker":  # its /sys/fs/cgroup is the container's own: the runner reads pids.events
-            spec["cgroup_evidence"] = True
-        if self.engine.relays:  # the container's stderr is the report's alone; the runner drains the answer's
-            spec["report_alone"], spec["log_bytes"] = True, limits.log_bytes  # output and relays its head and tail
-        if copy and job.layer is not None and self.engine.copy_layer:
-            if (job.layer / "upper").is_dir():
-                spec["layer_in"] = LAYER
+        rlimits = {"RLIMIT_CPU": limits.cpu_s, "RLIMIT_FSIZE": limits.fsize_mb * 2**20, "RLIMIT_CORE": 0,
+                   "RLIMIT_NOFILE": limits.nofile}
+        if self.cgroups is None and not eng.container:  # no cgroup: per-process fallbacks
+            rlimits |= {"RLIMIT_AS": limits.mem_mb * 2**20, "RLIMIT_NPROC": limits.pids}
+        copy = not staged
+        layer_in, layer_out = None, None
+        if copy and job.layer is not None and eng.copy_layer:
+            layer_in = LAYER if (job.layer / "upper").is_dir() else None
             n = min(LAYER_MEMBERS, self.layer_caps.entries)
-            spec["layer_out"] = {"max_bytes": limits.disk_mb * 2**20 + n * 2048, "max_members": n}
-        (jobdir / "spec.json").write_text(json.dumps(spec))
+            layer_out = LayerOut(max_bytes=limits.disk_mb * 2**20 + n * 2048, max_members=n)
+        return RunnerSpec(
+            argv=("bash", f"{SANDBOX}/job/cmd.sh") if job.as_shell else ("python", "temp.py"), workdir=workdir,
+            env=self._job_env(job, limits), rlimits=rlimits,
+            writable=(f"{SANDBOX}/work", f"{SANDBOX}/home", "/tmp", "/dev/shm"),
+            temp_py=None if job.as_shell else f"{SANDBOX}/job/temp.py", cpu_limit_s=limits.cpu_limit_s,
+            copy_from=f"{SANDBOX}/src" if copy else None, copy_to=f"{SANDBOX}/work" if copy else None,
+            layer_in=layer_in, layer_out=layer_out,
+            # relaying engines (docker): the container's stderr is the report's alone, the runner drains the
+            # answer's output (relaying its head and tail) and holds the benchmark's undrained stdout itself
+            undrained_stdout=not drain and eng.relays, report_alone=eng.relays, log_bytes=limits.log_bytes,
+            cgroup_evidence=eng.cgroup_evidence)
+
+    def _write_job(self, job: Job, spec: RunnerSpec, jobdir: Path) -> None:
+        """The execution's read-only job folder: the runner and its spec, the code, passwd and group, the shims."""
+        jobdir.mkdir(mode=0o700)
+        (jobdir / "spec.json").write_text(spec.to_json())
         if job.as_shell:
             (jobdir / "cmd.sh").write_text(job.code + "\n")
         else:
@@ -393,7 +396,7 @@ class Sandbox:
         shims = self.shim_dir(job.env)
         if shims:
             shutil.copytree(shims, jobdir / "bin")  # its modes: 0755 folder, 0755 scripts
-        if copy:
+        if spec.copy_from is not None:
             jobdir.chmod(0o755)
 
     def run(self, job: Job, limits: Limits, drain: bool = True) -> ExecResult:
@@ -411,8 +414,9 @@ class Sandbox:
         scratch, jobdir = self.root / xid, self.root / f"{xid}.job"
         staged = eng.staged(self.who)
         lower = self.lower(job.env) if staged else None
-        inside = not drain and eng.relays  # the undrained stdout reproduced by the runner (docker)
-        self._write_job(job, limits, jobdir, copy=not staged, undrained=inside)
+        spec = self.runner_spec(job, limits, staged, drain)
+        inside = spec.undrained_stdout  # the undrained stdout reproduced by the runner (docker)
+        self._write_job(job, spec, jobdir)
         scratch.mkdir(mode=0o700)
         cg = None
         if self.cgroups and eng.cgroup:

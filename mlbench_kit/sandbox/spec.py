@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -95,6 +96,45 @@ class Job:
     # ends, so files persist between executions while each stays disk-capped; processes never persist. An
     # execution killed at its wall limit leaves the layer as it was. Staged engines only (Sandbox.layer_ok).
     layer: Path | None = None
+
+
+@dataclass(frozen=True)
+class LayerOut:
+    """The bounds on a layer the runner sends back (engines that keep :attr:`Job.layer` through the runner: docker):
+    the tar's bytes and members at most; past either, no layer is sent and the host keeps the earlier one."""
+
+    max_bytes: int
+    max_members: int
+
+
+@dataclass(frozen=True)
+class RunnerSpec:
+    """The runner's contract for one execution: everything the trusted runner (``runner.py``, PID 1) is told, as
+    plain data. Built once per execution (:meth:`~.sandbox.Sandbox.runner_spec`, from the job, its limits and the
+    engine's declaration), serialised once (:meth:`to_json`, the job folder's read-only ``spec.json``) and read by
+    the runner by these field names (it imports nothing of the project: standard library only). Paths are the
+    sandbox's own (``/sandbox/...``), never the host's."""
+
+    argv: tuple[str, ...]  # the command: ``bash /sandbox/job/cmd.sh`` or ``python temp.py``
+    workdir: str  # where it starts, inside /sandbox/work (a path escaping it is sent as /sandbox/work/..: missing)
+    env: dict[str, str]  # its whole environment (no host variable reaches it)
+    rlimits: dict[str, int]  # resource module names (RLIMIT_CPU, ...) -> soft limit, set in the child
+    writable: tuple[str, ...]  # the writable mounts: a full one is the disk limit's evidence
+    interpreter: str = "python"  # exit 127 with this not on the PATH is an environment fault, not a verdict
+    temp_py: str | None = None  # a Python answer's file, copied to ``temp.py`` in the workdir
+    cpu_limit_s: float | None = None  # the cpu clock: the runner ends the execution at this many CPU seconds
+    copy_from: str | None = None  # engines that cannot mount the overlay for us: the checkout, copied by the runner
+    copy_to: str | None = None  # into this size-capped tmpfs
+    layer_in: str | None = None  # an earlier execution's layer, applied over the copy (copy_layer engines)
+    layer_out: LayerOut | None = None  # send the copy's changes back as a tar ahead of the report
+    undrained_stdout: bool = False  # reproduce the benchmark's undrained stdout inside (relaying engines)
+    cgroup_evidence: bool = False  # the container's /sys/fs/cgroup is its own: read the kernel's refused forks
+    report_alone: bool = False  # the report's stream is the runner's alone; the answer's output is drained here
+    log_bytes: int = 65536  # with report_alone: the head and tail of the output relayed, in bytes
+
+    def to_json(self) -> str:
+        """The ``spec.json`` the runner reads: every field by its name (tuples as lists)."""
+        return json.dumps(asdict(self))
 
 
 @dataclass(frozen=True)

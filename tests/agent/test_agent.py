@@ -13,7 +13,7 @@ import pytest
 
 from mlbench_kit import tree
 from mlbench_kit.agent import prompts as P
-from mlbench_kit.agent.episode import Episode, turn_seed
+from mlbench_kit.agent.episode import BaseEpisode, Episode, Prepared, sha, turn_seed
 from mlbench_kit.agent.parse import FormatError, parse_reply
 from mlbench_kit.agent.repo import Refused, RepoView
 from mlbench_kit.agent.run import run_episodes
@@ -491,6 +491,72 @@ def test_a_killed_run_resumes_to_the_same_result(toy_repo: Path, tmp_path: Path,
     assert _rows(tmp_path / "part") == _rows(tmp_path / "whole")
     assert sum(again.sizes) == sum(whole.sizes) - before  # finished turns are not generated again
     assert before > 0
+
+
+class Echo(BaseEpisode):
+    """A third policy, defined outside agent/: two turns of its own prompts, then ``submitted`` with its last reply;
+    it records when the loop releases it."""
+
+    def __init__(self, cfg: AgentConfig, sample: Sample, k: int, released: list[tuple[int, int]]) -> None:
+        self.cfg, self.sample, self.episode, self.released = cfg, sample, k, released
+        self.turns, self.exit, self.answer, self.detail = [], None, None, ""
+        self.format_errors = self.tokens_in = self.tokens_out = 0
+        self.seconds, self._prepared = 0.0, None
+
+    def prepare(self) -> Prepared | None:
+        if self.exit is None and self._prepared is None:
+            text = f"echo {self.sample.id}/{self.episode}/{len(self.turns)}"
+            seed = turn_seed(self.cfg.sampling.seed, self.sample.key, self.episode, len(self.turns))
+            self._prepared = Prepared(text, encode(text), seed, 8, {"step": "echo"})
+        return self._prepared
+
+    def feed(self, raw: str, n_tokens: int, wall_s: float, truncated: bool = False) -> dict:
+        p = self._prepared
+        assert p is not None
+        self._prepared = None
+        self.tokens_in, self.tokens_out, self.seconds = self.tokens_in + len(p.ids), self.tokens_out + n_tokens, \
+            self.seconds + wall_s
+        rec = {"turn": len(self.turns), "seed": p.seed, "prompt_sha": sha(p.text), "raw": raw, "tokens_out": n_tokens,
+               "wall_s": wall_s}
+        if len(self.turns) == 1:
+            self.answer = raw
+            self._end("submitted", "")
+        return self._close_turn(rec, "generation")
+
+    def replay(self, rec: dict) -> None:
+        self.feed(rec["raw"], rec["tokens_out"], rec["wall_s"])
+
+    def summary(self) -> dict:
+        return {"episode": self.episode, "exit": self.exit, "detail": self.detail, "answer": self.answer,
+                "turns": len(self.turns), "tokens_in": self.tokens_in, "tokens_out": self.tokens_out,
+                "seconds": round(self.seconds, 4)}
+
+    def discard(self) -> None:
+        self.released.append((self.sample.id, self.episode))
+
+
+def test_the_lockstep_loop_drives_any_episode_of_the_one_shape(toy_repo: Path, tmp_path: Path, monkeypatch):
+    """Issue 42, item 2: the loop knows the episode's shape (BaseEpisode), never which policy it holds: a policy of
+    its own runs, resumes from its transcripts after a kill (its own turns replayed, none generated again) and is
+    released (discard) at the end of each run, killed or not, as the bash policy's layers are."""
+    from mlbench_kit.agent import run as agent_run
+    released: list[tuple[int, int]] = []
+    monkeypatch.setattr(agent_run, "new_episode", lambda cfg, s, k, *_: Echo(cfg, s, k, released))
+
+    def reply(prompt: str, seed: int) -> str:
+        return prompt.upper()
+    _run(toy_repo, tmp_path / "whole", Scripted(reply), rows=(SAMPLE, OTHER))
+    assert [r["output"] for r in _rows(tmp_path / "whole")] == [["ECHO 1/0/1", "ECHO 1/1/1"],
+                                                                 ["ECHO 2/0/1", "ECHO 2/1/1"]]
+    assert sorted(released) == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    released.clear()
+    with pytest.raises(Killed):
+        _run(toy_repo, tmp_path / "part", KillAfter(reply, 1), rows=(SAMPLE, OTHER))
+    assert len(released) == 4  # released on the way out of a killed run too
+    again = Scripted(reply)
+    _run(toy_repo, tmp_path / "part", again, rows=(SAMPLE, OTHER))
+    assert _transcripts(tmp_path / "part") == _transcripts(tmp_path / "whole")
+    assert _rows(tmp_path / "part") == _rows(tmp_path / "whole") and again.sizes == [4]  # only the second turns
 
 
 def test_a_torn_transcript_line_is_redone(toy_repo: Path, tmp_path: Path):

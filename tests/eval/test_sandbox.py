@@ -39,8 +39,9 @@ from mlbench_kit.sandbox import (
     warm_summary,
 )
 from mlbench_kit.sandbox.cmdline import CONTAINER_RUNNER_PYTHON, IDMAP, Identity, Mounts, container_argv, stage_script
-from mlbench_kit.sandbox.engines import Launch
-from mlbench_kit.sandbox.sandbox import EXEC_UIDS
+from mlbench_kit.sandbox.engines import Docker, Launch
+from mlbench_kit.sandbox.sandbox import EXEC_UIDS, RUNNER
+from mlbench_kit.sandbox.spec import LayerOut, RunnerSpec
 
 REPO = REPO_ROOT / "examples" / "sample" / "repos" / "toybench"
 IS_ROOT = os.geteuid() == 0
@@ -549,6 +550,60 @@ def test_one_engine_per_backend(tmp_path):
         script = (tmp_path / "j" / "stage.sh").read_text()
         assert script.splitlines()[-1].startswith(engine_line)
         assert ("--seccomp" in script) == (backend == "bwrap") and ("4<" in script) == (backend == "bwrap")
+
+
+def test_the_runner_reads_its_spec_by_the_typed_contracts_names():
+    """Issue 42, item 4: what the runner is told is one typed RunnerSpec, read inside by its field names (the runner
+    imports nothing of the project). Every name the runner reads from its spec (and from the layer's bounds) is a
+    field, and every field is read: a name changed on one side only fails here, never silently in a sandbox."""
+    import ast
+    from dataclasses import fields
+    read: dict[str, set[str]] = {"spec": set(), "out": set()}  # `out`: spec["layer_out"] in _send_layer
+    for node in ast.walk(ast.parse(RUNNER.read_text())):
+        if isinstance(node, ast.Subscript):  # spec["key"]
+            holder, key = node.value, node.slice
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+            holder, key = node.func.value, node.args[0]  # spec.get("key", ...)
+        else:
+            continue
+        if isinstance(holder, ast.Name) and holder.id in read and isinstance(key, ast.Constant) \
+                and isinstance(key.value, str):
+            read[holder.id].add(key.value)
+    assert read["spec"] == {f.name for f in fields(RunnerSpec)}
+    assert read["out"] == {f.name for f in fields(LayerOut)}
+
+
+def test_what_the_runner_is_told_comes_from_the_engines_declaration(tmp_path, monkeypatch):
+    """Issue 42, item 4: the spec is built once from the job, its limits and what the engine declares, never from
+    the engine's name: an engine declared as docker is, under another name (a docker-compatible CLI), told what
+    docker is (its own cgroup's evidence, the report's stream alone, the undrained stdout inside, the checkout
+    copied and its layer sent back); bwrap, staged, none of it. The spec travels as JSON with every field."""
+    layer = tmp_path / "layer"
+    (layer / "upper").mkdir(parents=True)
+    job = Job("ls", True, Env("toybench", REPO, image="img:1"), "./examples/../a", layer=layer)
+    limits = Limits(log_bytes=4096, clock="cpu", wall_s=3)
+
+    class Moby(Docker):
+        name = "moby"
+
+    monkeypatch.setitem(ENGINES, "moby", Moby())
+    specs = {}
+    for backend, staged in (("docker", False), ("moby", False), ("bwrap", True)):
+        with Sandbox(backend, tmp_path / backend) as sb:
+            specs[backend] = sb.runner_spec(job, limits, staged=staged, drain=False)
+    docker = specs["docker"]
+    assert docker.cgroup_evidence and docker.report_alone and docker.undrained_stdout and docker.log_bytes == 4096
+    assert (docker.copy_from, docker.copy_to, docker.layer_in) == ("/sandbox/src", "/sandbox/work", "/sandbox/layer")
+    assert docker.layer_out == LayerOut(2048 * 2**20 + 20_000 * 2048, 20_000)
+    assert docker.workdir == "/sandbox/work/a" and docker.argv == ("bash", "/sandbox/job/cmd.sh")
+    assert docker.cpu_limit_s == 3 and "RLIMIT_AS" not in docker.rlimits  # a container holds memory itself
+    assert specs["moby"] == docker
+    bwrap = specs["bwrap"]
+    assert not (bwrap.cgroup_evidence or bwrap.report_alone or bwrap.undrained_stdout)
+    assert bwrap.copy_from is bwrap.copy_to is bwrap.layer_in is bwrap.layer_out is None
+    sent = json.loads(docker.to_json())
+    assert sent["layer_out"] == {"max_bytes": docker.layer_out.max_bytes, "max_members": 20_000}
+    assert set(sent) == {f for f in RunnerSpec.__dataclass_fields__} and sent["argv"] == list(docker.argv)
 
 
 @pytest.mark.user
@@ -1155,8 +1210,9 @@ def test_a_layer_sent_back_on_the_report_stream_round_trips(tmp_path):
     stream, report = tmp_path / "stream", {"v": 1}
     fd = os.open(stream, os.O_WRONLY | os.O_CREAT)
     os.write(fd, b"engine noise\n")
-    runner._send_layer(fd, {"layer_out": {"max_bytes": 2**24, "max_members": 100}, "copy_to": str(work),
-                            "copy_from": str(src)}, "N0", report)
+    spec = RunnerSpec(("true",), "/", {}, {}, (), copy_from=str(src), copy_to=str(work),
+                      layer_out=LayerOut(max_bytes=2**24, max_members=100))
+    runner._send_layer(fd, json.loads(spec.to_json()), "N0", report)
     os.write(fd, b"\nMLBENCH-REPORT N0 " + json.dumps(report).encode() + b"\n")
     os.close(fd)
     raw, said, span = report_from_stream(stream, "N0")
