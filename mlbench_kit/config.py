@@ -376,6 +376,20 @@ class At:
 Check = At  # the type of ``check``'s argument
 
 
+OPTION = "mlbench_option"  # the key of a field's metadata that holds its :class:`Facts`
+_FLAG = re.compile(r"--[a-z0-9]+(-[a-z0-9]+)*")
+
+
+@dataclasses.dataclass(frozen=True)
+class Facts:
+    """What :func:`option` was told about a field's option (its spelling, old names, aliases)."""
+
+    flag: bool | str = False
+    old: tuple[str, ...] = ()
+    alias: tuple[str, ...] = ()
+    negated: str | None = None
+
+
 def option(default: Any = dataclasses.MISSING, help: str = "", *, factory: Callable[[], Any] | None = None,
            flag: bool | str = False, old: tuple[str, ...] = (), alias: tuple[str, ...] = (),
            negated: str | None = None, **meta: Any) -> Any:
@@ -391,30 +405,16 @@ def option(default: Any = dataclasses.MISSING, help: str = "", *, factory: Calla
     bare name (``max_seq_len``) is an old key of the field in files and overrides and, when the field is an
     option, an old flag too (``--max-seq-len``); a ``--`` name is an old flag only (``--output-dir``). ``meta``:
     the option's ``choices``, ``metavar`` or ``nargs`` where the type does not say them."""
-    for spelling in (*alias, *([flag] if isinstance(flag, str) else []), *([negated] if negated else []),
-                     *(o for o in old if o.startswith("-"))):
-        if not _FLAG.fullmatch(spelling):
-            raise ValueError(f"option spelling {spelling!r}: --lowercase-words")
+    for spelled in (*alias, *([flag] if isinstance(flag, str) else []), *([negated] if negated else []),
+                    *(o for o in old if o.startswith("-"))):
+        if not _FLAG.fullmatch(spelled):
+            raise ValueError(f"option spelling {spelled!r}: --lowercase-words")
     if (alias or any(o.startswith("-") for o in old)) and not (flag or negated):
         raise ValueError("aliases and old flags belong to an option: pass flag= too")
     metadata = {"help": help, **meta, OPTION: Facts(flag, tuple(old), tuple(alias), negated)}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
-
-
-OPTION = "mlbench_option"  # the key of a field's metadata that holds its :class:`Facts`
-_FLAG = re.compile(r"--[a-z0-9]+(-[a-z0-9]+)*")
-
-
-@dataclasses.dataclass(frozen=True)
-class Facts:
-    """What :func:`option` was told about a field's option (its spelling, old names, aliases)."""
-
-    flag: bool | str = False
-    old: tuple[str, ...] = ()
-    alias: tuple[str, ...] = ()
-    negated: str | None = None
 
 
 def old_keys(f: dataclasses.Field) -> tuple[str, ...]:
