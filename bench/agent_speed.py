@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 from mlbench_kit.agent.run import checkouts, make_encoder, run_episodes, select_rows
-from mlbench_kit.agent_config import load_agent_config
+from mlbench_kit.agent_config import AgentConfig
+from mlbench_kit.config import load
 from mlbench_kit.engine import VllmEngine
 from mlbench_kit.hf import load_tokenizer, model_positions
 
@@ -62,7 +63,7 @@ def main() -> None:
             (("episodes", "episodes"), ("max_turns", "limits.max_turns"), ("max_new_tokens", "sampling.max_new_tokens"))
             if getattr(a, flag) is not None}
     inputs = {k: (getattr(a, k), f"--{k}") for k in ("model", "data", "split", "tarballs", "repos", "limit", "out")}
-    cfg = load_agent_config(a.config, {**over, **inputs})
+    cfg = load(AgentConfig, a.config, {**over, **inputs})
     rows = select_rows(cfg)
     out = Path(a.out)
     repos = checkouts(cfg, {s.repo for s in rows}, out)

@@ -36,13 +36,13 @@ def main() -> None:
                    capture_output=True)
     # generation alone, same prompts and sampling, each backend built once (vLLM's engine start-up is ~35-60 s on
     # CPU and is paid once per `mlbench infer`, so it is reported apart)
+    from mlbench_kit.cli import stage_config
     from mlbench_kit.hf import load_tokenizer
     from mlbench_kit.infer.backends import HfBackend, VllmBackend
     from mlbench_kit.infer.prompts import encode, load_prompts
-    from mlbench_kit.infer_config import load_config
     tok = load_tokenizer(str(tmp / "m"))
     items = encode(load_prompts(tmp / "prep" / "full" / "task3.jsonl", 3)[: a.prompts], tok)
-    cfg = load_config(None, {"n": 5, "max_new_tokens": a.max_new_tokens})
+    cfg = stage_config("infer", ["--n", "5", "--max-new-tokens", str(a.max_new_tokens)])
     longest = max(len(it.token_ids) for it in items)
     speed = {}
     for name in ("hf", "vllm"):

@@ -190,8 +190,9 @@ def _check(args: Namespace) -> int:
 
 
 def _validate(args: Namespace) -> int:
+    from mlbench_kit.config import load
     from mlbench_kit.dataset import load_samples
-    from mlbench_kit.eval_config import load_eval_config
+    from mlbench_kit.eval_config import EvalConfig
 
     from . import run as eval_run
     from .envs.validate import validate, validation_markdown
@@ -208,8 +209,8 @@ def _validate(args: Namespace) -> int:
             options = {"data": args.data, "split": args.split, "gold": True, "envs": str(cache / "envs.yaml"),
                        "out": str(out / f"gold-{mode}"), "mode": mode, "workers": args.workers,
                        "backend": args.backend, "ci": False, "cpus": args.cpus or None, "repos": built}
-            code = eval_run.score(load_eval_config(None, {k: (v, f"mlbench env validate ({k})")
-                                                          for k, v in options.items()}))
+            code = eval_run.score(load(EvalConfig, None, {k: (v, f"mlbench env validate ({k})")
+                                                       for k, v in options.items()}))
             if code not in (0, 3):
                 return code
             recs = read_jsonl_tolerant(out / f"gold-{mode}" / "results.jsonl")

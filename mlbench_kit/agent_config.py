@@ -8,10 +8,9 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from .config import Check, load, option
+from .config import Check, option
 from .engine import check_endpoint
 from .errors import MLBenchError
 
@@ -24,8 +23,8 @@ class AgentSampling:
     temperature: float = option(1.0, "sampling temperature")
     top_p: float = option(1.0, "nucleus sampling: the smallest set of tokens holding this probability")
     top_k: int = option(50, "sample among the k likeliest tokens")
-    max_new_tokens: int = option(512, "new tokens per turn")
-    seed: int = option(42, "sampling seed")
+    max_new_tokens: int = option(512, "new tokens per turn", flag=True)
+    seed: int = option(42, "sampling seed", flag=True)
 
 
 @dataclass
@@ -34,7 +33,7 @@ class AgentLimits:
 
     max_turns: int | None = option(10, "model calls per episode (OpenHands' ML-Agent-Bench: 10 iterations); null: "
                                    "none (policy ml-agent: the released loop, 1 + 3 calls per ranked README, plus "
-                                   "format errors asked again)")
+                                   "format errors asked again)", flag=True)
     max_episode_tokens: int = option(4096, "new tokens summed over an episode's turns")
     max_episode_total_tokens: int | None = option(None, "prompt and new tokens summed over an episode's turns (a "
                                                   "prompt that would pass it is not sent); null: no such limit")
@@ -100,7 +99,6 @@ class AgentOpenAI:
 class AgentConfig:
     """Everything `mlbench agent` runs: its inputs (usually flags), then how the episodes run (configs/agent/*.yaml)."""
 
-    FLAGS: ClassVar[dict[str, str]] = {}  # option -> key (mlbench_kit.stages), set below
     # the inputs: what a run works on, not how (left out of settings(): the run folder records them its own way)
     # keys added after run folders existed -> the value that does what the code did before them: at that value a
     # key is left out of settings(), so a folder made before it resumes with it (and only with it)
@@ -114,41 +112,45 @@ class AgentConfig:
                                          "eval_rows", "own_episodes", "own_episodes_eval", "own_per_row")
 
     # inputs
-    model: str | None = option(None, "base model folder or hub id (backend openai: the served name); required")
-    adapter: str | None = option(None, "PEFT LoRA adapter folder (from train/; backend openai: a served LoRA's name)")
-    tokenizer: str | None = option(None, "tokenizer folder or id (default: the model's; backend openai: required)")
-    data: str | None = option(None, "ML-Bench rows (file, folder or hub id); required")
-    split: str = option("full", "split of --data (default full)")
+    model: str | None = option(None, "base model folder or hub id (backend openai: the served name); required",
+                               flag=True)
+    adapter: str | None = option(None, "PEFT LoRA adapter folder (from train/; backend openai: a served LoRA's name)",
+                                 flag=True)
+    tokenizer: str | None = option(None, "tokenizer folder or id (default: the model's; backend openai: required)",
+                                   flag=True)
+    data: str | None = option(None, "ML-Bench rows (file, folder or hub id); required", flag=True)
+    split: str = option("full", "split of --data (default full)", flag=True)
     repos_dir: str | None = option(None, "folder holding one pristine checkout per repository (<repo>/); this or "
-                                   "--tarballs")
+                                   "--tarballs", flag=True)
     tarballs: str | None = option(None, "folder of <repo>.tar.gz checkouts, unpacked into OUT/checkouts/; this or "
-                                  "--repos-dir")
+                                  "--repos-dir", flag=True)
     envs: str | None = option(None, "policy bash: the environments file (envs.yaml of `mlbench env build`) whose "
                               "environments the actions run in (default: each repository's checkout with the base "
-                              "interpreter)")
-    repos: list[str] = option(help="only these repositories' rows", factory=list)
+                              "interpreter)", flag=True)
+    repos: list[str] = option(help="only these repositories' rows", factory=list, flag=True)
     rows_of: str | None = option(None, "only the rows a JSONL file names by github_id and id (e.g. prep's split "
                                  "file RUN/prep/test/task3.jsonl, or a generations file), in the data's order",
-                                 metavar="FILE")
-    limit: int | None = option(None, "only the first N rows (after --repos and --rows-of)")
-    out: str | None = option(None, "run folder; required")
+                                 metavar="FILE", flag=True)
+    limit: int | None = option(None, "only the first N rows (after --repos and --rows-of)", flag=True)
+    out: str | None = option(None, "run folder; required", flag=True)
     # training data from the harness itself (agent/gold.py): no model runs
     gold_episodes: bool = option(False, "write the turns of a correct episode of each row (from its gold answer, "
                                  "through the harness's own episode code) as SFT records in prep's format into "
-                                 "OUT/sft.jsonl instead of running a model; training rows only (--eval-rows)")
+                                 "OUT/sft.jsonl instead of running a model; training rows only (--eval-rows)",
+                                 flag=True)
     eval_rows: str | None = option(None, "with --gold-episodes: the rows models are scored on (a JSONL file of "
                                    "github_id and id, e.g. RUN/prep/test/task3.jsonl), refused with any training "
-                                   "row sharing an instruction or an answer with them", metavar="FILE")
+                                   "row sharing an instruction or an answer with them", metavar="FILE", flag=True)
     own_episodes: str | None = option(None, "with --gold-episodes (expert iteration): an `mlbench agent` run folder on "
                                   "these training rows; the turns of its episodes that passed in --own-episodes-eval "
-                                  "are added to the gold ones", metavar="RUN")
+                                  "are added to the gold ones", metavar="RUN", flag=True)
     own_episodes_eval: str | None = option(None, "with --own-episodes: the strict `mlbench eval` folder of that run's "
-                                       "answers", metavar="DIR")
-    own_per_row: int = option(4, "with --own-episodes: passing episodes kept per row (distinct answers)")
+                                       "answers", metavar="DIR", flag=True)
+    own_per_row: int = option(4, "with --own-episodes: passing episodes kept per row (distinct answers)", flag=True)
     # how the episodes run
     policy: Literal["ml-agent", "bash"] = option("ml-agent", "ml-agent (the paper's agent: reads files, executes "
                                                  "nothing) or bash (ML-Agent-Bench offline: actions run in the "
-                                                 "sandbox)")
+                                                 "sandbox)", flag=True)
     # steps the episode runs: "3-4" is what the benchmark's evaluation ran (its eval.py -> run_choose_repo.py):
     # the row's own repository, README ranking, then the code loop.
     # "1-4": keywords (Table 20) and repository ranking (Table 21) over the local repositories first (no web
@@ -157,8 +159,8 @@ class AgentConfig:
     steps: Literal["3-4", "1-4"] = option("3-4", "the agent steps an episode runs (3-4: the benchmark's "
                                           "evaluation; 1-4: keyword search and repository ranking first)")
     backend: Literal["vllm", "hf", "openai"] = option("vllm", "engine (openai: an OpenAI-compatible server, "
-                                                       "`vllm serve`)")
-    episodes: int = option(5, "k: episodes (answers) per row (the paper's Pass@1/2/5 on ML-Agent: 5)")
+                                                       "`vllm serve`)", flag=True)
+    episodes: int = option(5, "k: episodes (answers) per row (the paper's Pass@1/2/5 on ML-Agent: 5)", flag=True)
     template: Literal["auto", "chat", "plain"] = option("auto", "auto: the model's chat template when it has one")
     # The released agent listed the README files to sort after the task (step3_function_repo.yml's
     # "readme_files need to be sorted:{}"); the paper's Table 22 prints the prompt without that line.
@@ -176,7 +178,7 @@ class AgentConfig:
     read: AgentRead = field(default_factory=AgentRead)
     bash: AgentBash = field(default_factory=AgentBash)
     openai: AgentOpenAI = field(default_factory=AgentOpenAI)
-    max_model_len: int | None = option(None, "context: prompt + new tokens (default: the model's positions)")
+    max_model_len: int | None = option(None, "context: prompt + new tokens (default: the model's positions)", flag=True)
     fit_context: bool = option(True, "a prompt over the context has its repository texts (README, index, file) "
                                "cut further to fit, the task never (off: such a prompt ends the episode as "
                                "context_exceeded)")
@@ -263,13 +265,3 @@ class AgentConfig:
                                "--tarballs, and --out", source, "e.g. mlbench agent --model MODEL --data ROWS "
                                "--tarballs REPOS --out runs/agent (mlbench agent --help lists every option)")
 
-
-AgentConfig.FLAGS = {**{k: k for k in AgentConfig.INPUTS},  # option -> key (mlbench_kit.stages)
-                     "policy": "policy", "backend": "backend", "episodes": "episodes", "seed": "sampling.seed",
-                     "max_turns": "limits.max_turns", "max_new_tokens": "sampling.max_new_tokens",
-                     "max_model_len": "max_model_len"}
-
-
-def load_agent_config(path: str | Path | None, overrides: dict[str, tuple[Any, str]] | None = None) -> AgentConfig:
-    """An :class:`AgentConfig` from an optional YAML file plus ``{dotted key: (value, origin)}`` overrides."""
-    return load(AgentConfig, path, overrides)

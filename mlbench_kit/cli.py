@@ -11,7 +11,7 @@ from typing import Any, NoReturn
 
 from . import __version__
 from .errors import MLBenchError
-from .flags import add_options, check_config, extra_option
+from .flags import add_options, check_config, extra_option, resolve
 from .stages import STAGES, Command, Stage, stage
 
 # the shipped configs: configs/ beside the package (an editable install, the way setup.sh installs)
@@ -62,6 +62,13 @@ def stage_parser(name: str, raising: bool = False) -> argparse.ArgumentParser:
     parser = cls(prog=f"mlbench {name}", description=st.help, add_help=not raising, epilog=_commands_epilog(st))
     add_stage_options(parser, st)
     return parser
+
+
+def stage_config(name: str, argv: list[str]) -> Any:
+    """The typed config ``mlbench NAME ARGV...`` runs with: its options parsed by the stage's generated parser and
+    resolved (``--config`` file, flags, ``--set``) and checked as the stage does; a bad option or value raises
+    :class:`MLBenchError`."""
+    return resolve(stage(name), stage_parser(name, raising=True).parse_args(argv))
 
 
 def _commands_epilog(st: Stage) -> str | None:

@@ -8,9 +8,11 @@ unknown key, or a value of the wrong type or outside a ``Literal``, is one :clas
 and line (or the flag). A dataclass may define ``check(self, at)`` for rules across fields; ``at("data.task")``
 gives the location of that key for its error.
 
-A field that was renamed keeps its old names for one release: ``field(default=..., metadata=renamed_from("old"))``
-(:mod:`mlbench_kit.deprecation`). The old key, in the file or in an override, loads as the new one with one
-warning naming the new name and the old key's file:line; both names at once are an error.
+Each field is declared once, with every fact of its option (:func:`option`): its help, its command-line spelling
+and aliases (read by :mod:`mlbench_kit.flags` and a sweep's stage sections, :func:`cli_options`), and the names it
+had before. A renamed field (``option(8192, "...", old=("max_seq_len",))``) keeps its old names for one release
+(:mod:`mlbench_kit.deprecation`): the old key, in the file or in an override, loads as the new one with one warning
+naming the new name and the old key's file:line; both names at once are an error.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import re
 import types
 import typing
 from collections.abc import Callable
@@ -26,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union
 
 import yaml
 
-from .deprecation import renamed_from, warn_renamed
+from .deprecation import warn_renamed
 from .errors import MLBenchError
 
 if TYPE_CHECKING:
@@ -161,14 +164,14 @@ def _nested(tp: Any) -> tuple[Any, bool]:
 
 
 def rename_old_keys(cls: Any, raw: Any, lines: Lines | None = None, path: tuple[str, ...] = ()) -> None:
-    """Old names of renamed fields (their ``aliases`` metadata) in ``raw`` become the new ones, in place. With
+    """Old names of renamed fields (their ``old`` keys, :func:`option`) in ``raw`` become the new ones, in place. With
     ``lines`` (a config being loaded) each is one warning with its file:line; without, silently (a record written
     before the rename, read back)."""
     if not isinstance(raw, dict) or not dataclasses.is_dataclass(cls):
         return
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        for old in f.metadata.get("aliases", ()):
+        for old in old_keys(f):
             if old not in raw:
                 continue
             old_name, new_name = ".".join(path + (old,)), ".".join(path + (f.name,))
@@ -195,7 +198,7 @@ def _new_name(cls: Any, dotted: str, origin: str) -> str:
     i = 0
     while i < len(parts) and dataclasses.is_dataclass(tp):
         fields = {f.name: f for f in dataclasses.fields(tp)}
-        renamed = {old: f.name for f in fields.values() for old in f.metadata.get("aliases", ())}
+        renamed = {old: f.name for f in fields.values() for old in old_keys(f)}
         if parts[i] in renamed and parts[i] not in fields:
             new = parts[:i] + [renamed[parts[i]]]
             warn_renamed(".".join(parts[:i + 1]), ".".join(new), origin)
@@ -213,7 +216,7 @@ def with_old_names(cls: Any, data: dict[str, Any]) -> dict[str, Any]:
     out = dict(data)
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        aliases = f.metadata.get("aliases", ())
+        before = old_keys(f)
         inner, is_dict = _nested(hints.get(f.name))
         value = out.get(f.name)
         if inner is not None and isinstance(value, dict):
@@ -221,7 +224,7 @@ def with_old_names(cls: Any, data: dict[str, Any]) -> dict[str, Any]:
                      if is_dict else with_old_names(inner, value))
         if f.name in out:
             out.pop(f.name)
-            out[aliases[0] if aliases else f.name] = value
+            out[before[0] if before else f.name] = value
     return out
 
 
@@ -373,15 +376,106 @@ class At:
 Check = At  # the type of ``check``'s argument
 
 
+OPTION = "mlbench_option"  # the key of a field's metadata that holds its :class:`Facts`
+_FLAG = re.compile(r"--[a-z0-9]+(-[a-z0-9]+)*")
+
+
+@dataclasses.dataclass(frozen=True)
+class Facts:
+    """What :func:`option` was told about a field's option (its spelling, old names, aliases)."""
+
+    flag: bool | str = False
+    old: tuple[str, ...] = ()
+    alias: tuple[str, ...] = ()
+    negated: str | None = None
+
+
 def option(default: Any = dataclasses.MISSING, help: str = "", *, factory: Callable[[], Any] | None = None,
-           renamed: tuple[str, ...] = (), **meta: Any) -> Any:
-    """A config field with its help (what ``--help`` and :mod:`mlbench_kit.flags` show): ``option(5, "samples per
-    prompt")``; ``factory`` for a list's default, ``renamed`` its old names (:func:`renamed_from`), ``meta`` the
-    option's ``choices``, ``metavar`` or ``nargs`` where the type does not say them."""
-    metadata = {"help": help, **meta, **(renamed_from(*renamed) if renamed else {})}
+           flag: bool | str = False, old: tuple[str, ...] = (), alias: tuple[str, ...] = (),
+           negated: str | None = None, **meta: Any) -> Any:
+    """A config field with every fact of its option, declared once::
+
+        task: int = option(3, "the task", flag="--tasks", alias=("--task",), choices=TASKS)
+
+    ``help`` is what ``--help`` shows; ``factory`` gives a list's default. ``flag``: the field is a command-line
+    option (and a sweep section's key) of every stage whose config holds it: True names it after the field
+    (``max_new_tokens`` -> ``--max-new-tokens``), a string spells it (``--out``). ``alias``: other spellings of
+    the same option. ``negated``: the option is the switch that turns a default-on field off (``--no-hf``).
+    ``old``: names it had before, each working for one release with a warning (:mod:`mlbench_kit.deprecation`): a
+    bare name (``max_seq_len``) is an old key of the field in files and overrides and, when the field is an
+    option, an old flag too (``--max-seq-len``); a ``--`` name is an old flag only (``--output-dir``). ``meta``:
+    the option's ``choices``, ``metavar`` or ``nargs`` where the type does not say them."""
+    for spelled in (*alias, *([flag] if isinstance(flag, str) else []), *([negated] if negated else []),
+                    *(o for o in old if o.startswith("-"))):
+        if not _FLAG.fullmatch(spelled):
+            raise ValueError(f"option spelling {spelled!r}: --lowercase-words")
+    if (alias or any(o.startswith("-") for o in old)) and not (flag or negated):
+        raise ValueError("aliases and old flags belong to an option: pass flag= too")
+    metadata = {"help": help, **meta, OPTION: Facts(flag, tuple(old), tuple(alias), negated)}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
+
+
+def old_keys(f: dataclasses.Field) -> tuple[str, ...]:
+    """The field's old names as a config key (``old`` entries that are not flags)."""
+    facts = f.metadata.get(OPTION)
+    return tuple(o for o in facts.old if not o.startswith("-")) if facts else ()
+
+
+def spelling(name: str) -> str:
+    """An option's command-line spelling: ``max_new_tokens`` -> ``--max-new-tokens``."""
+    return "--" + name.replace("_", "-")
+
+
+def option_name(spelled: str) -> str:
+    """An option's name (its ``args`` attribute and its key in a sweep file's stage section): ``--no-hf`` ->
+    ``no_hf``."""
+    return spelled.lstrip("-").replace("-", "_")
+
+
+@dataclasses.dataclass(frozen=True)
+class CliOption:
+    """One command-line option of a config, as its field declares it."""
+
+    name: str  # args.<name>; a sweep section's key (max_new_tokens)
+    key: str  # the dotted config key it sets (sampling.max_new_tokens)
+    spelled: str  # --max-new-tokens; a negated switch's --no-hf (which sets hf: false)
+    aliases: tuple[str, ...] = ()  # other spellings (--task)
+    old: tuple[str, ...] = ()  # old spellings, hidden and warned (--max-tokens)
+    negated: bool = False
+
+
+@functools.cache
+def cli_options(cls: type) -> dict[str, CliOption]:
+    """The options a config dataclass declares (its fields' ``flag=``), by name: the top level's fields first,
+    then each section's, in field order. Two options of one name, or an option whose spelling another one
+    already has, is an error in the declaration."""
+    out: dict[str, CliOption] = {}
+    seen: dict[str, str] = {}
+    queue: list[tuple[type, str]] = [(cls, "")]
+    while queue:
+        tp, prefix = queue.pop(0)
+        hints = typing.get_type_hints(tp)
+        for f in dataclasses.fields(tp):
+            if dataclasses.is_dataclass(hints[f.name]):
+                queue.append((hints[f.name], prefix + f.name + "."))
+                continue
+            facts = f.metadata.get(OPTION)
+            if facts is None or not (facts.flag or facts.negated):
+                continue
+            key = prefix + f.name
+            spelled = facts.negated or (facts.flag if isinstance(facts.flag, str) else spelling(f.name))
+            name = f.name if facts.negated else option_name(spelled)
+            old = tuple(o if o.startswith("-") else spelling(o) for o in facts.old)
+            opt = CliOption(name, key, spelled, facts.alias, old, bool(facts.negated))
+            for s in (spelled, *opt.aliases, *opt.old):
+                other = seen.get(s) or (out[name].key if name in out else None)
+                if other is not None:
+                    raise ValueError(f"{cls.__name__}: option {s} of {key} is also {other}'s")
+                seen[s] = key
+            out[name] = opt
+    return out
 
 
 def save_resolved(cfg: Any, path: Path) -> None:

@@ -4,8 +4,10 @@ every old name goes in :data:`REMOVED_IN`.
     p.add_argument("--max-context-tokens", type=int, default=8192)
     deprecated_flag(p, "--max-tokens", "--max-context-tokens", type=int)   # argparse: the old flag, hidden
 
-For config files the loader (:mod:`mlbench_kit.config`) reads a field's old names from its ``aliases`` metadata
-(``field(default=8192, metadata=renamed_from("max_seq_len"))``) and warns with the file:line of the old key.
+A config field declares its old names itself (``option(8192, "...", flag=True, old=("max_seq_len",))``,
+:func:`mlbench_kit.config.option`): the loader (:mod:`mlbench_kit.config`) reads the old key in files and warns with
+its file:line, and the generated command line (:mod:`mlbench_kit.flags`) adds the old flag with
+:func:`deprecated_flag`.
 """
 
 from __future__ import annotations
@@ -34,11 +36,6 @@ def warn_renamed(old: str, new: str, where: str | None = None) -> None:
     if msg not in _warned:
         _warned.add(msg)
         print(msg, file=sys.stderr, flush=True)
-
-
-def renamed_from(*old: str) -> dict[str, Any]:
-    """A dataclass field's metadata: the names it had before (``field(default=..., metadata=renamed_from(...))``)."""
-    return {"aliases": old}
 
 
 class _DeprecatedFlag(argparse.Action):

@@ -1,12 +1,14 @@
 """Every stage's command-line options, generated from its declaration (:mod:`mlbench_kit.stages`): one option per
-config key the config class lists in ``FLAGS``, plus ``--config FILE``, ``--set KEY=VALUE`` and the stage's
-non-config flags (``Stage.extra``).
+config field declared with ``flag=`` (:func:`mlbench_kit.config.option`, read by
+:func:`mlbench_kit.config.cli_options`), plus ``--config FILE``, ``--set KEY=VALUE`` and the stage's non-config
+flags (``Stage.extra``).
 
-From a key's field the generator takes the option's type (``int``, ``float``, ``str``; a ``Literal``'s values as
-its choices; a list as one or more values, repeatable; a bool as a switch), its help (the field's ``help``
-metadata, with the default the config gives it), its ``choices``/``metavar`` metadata, and its old names (the
-class's ``OLD_FLAGS``: hidden, with a warning). A config option's own default is None, so an option not given
-leaves the ``--config`` file's value (the file wins over the defaults, a flag over the file, ``--set`` over both).
+From a key's field the generator takes the option's spelling and aliases, its type (``int``, ``float``, ``str``; a
+``Literal``'s values as its choices; a list as one or more values, repeatable; a bool as a switch, or its
+``negated`` spelling that turns it off), its help (with the default the config gives it), its
+``choices``/``metavar`` metadata, and its old names (hidden, with a warning). A config option's own default is
+None, so an option not given leaves the ``--config`` file's value (the file wins over the defaults, a flag over the
+file, ``--set`` over both).
 
     parser = argparse.ArgumentParser(prog="mlbench infer")
     add_options(parser, stage("infer"))
@@ -23,7 +25,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, Union
 
-from .config import load, parse_set
+from .config import CliOption, cli_options, load, parse_set
 from .deprecation import deprecated_flag
 from .errors import MLBenchError
 from .stages import Flag, Stage, config_fields, flag
@@ -72,7 +74,7 @@ def option_help(st: Stage, name: str, key: str) -> str:
     if not text:
         raise MLBenchError(f"{st.config}: field {key!r} has no help", None,
                            'declare it with option(default, "what it is") (mlbench_kit.config.option)')
-    if name in getattr(cls, "FLAG_SPELLING", {}):  # --no-hf: the help says what the switch does, not the key
+    if st.options()[name].negated:  # --no-hf: the help says what the switch does, not the key
         return negated_help(text, key)
     if key != name:
         text += f" ({key})"
@@ -87,20 +89,18 @@ def negated_help(text: str, key: str) -> str:
     return f"turns off: {text} (key {key}, on by default)"
 
 
-def _config_option(parser: Any, st: Stage, name: str, key: str) -> None:
+def _config_option(parser: Any, st: Stage, opt: CliOption) -> None:
     cls = typing.cast(type, st.config_class())
+    name, key = opt.name, opt.key
     f = config_fields(cls)[key]
     tp = field_type(cls, key)
     meta = f.metadata
-    spelled = getattr(cls, "FLAG_SPELLING", {}).get(name)
-    aliases = [flag(a) for a, target in getattr(cls, "ALIASES", {}).items() if target == name]
-    strings = [spelled or flag(name), *aliases]
     kw: dict[str, Any] = {"dest": name, "default": None, "help": option_help(st, name, key)}
     if meta.get("metavar"):
         kw["metavar"] = meta["metavar"]
     old_kw: dict[str, Any] = {}
     if tp is bool:
-        if spelled:  # --no-hf: the switch that turns a default-on key off
+        if opt.negated:  # --no-hf: the switch that turns a default-on key off
             kw["action"] = "store_false"
         elif field_default(f) is False:
             kw["action"] = "store_true"
@@ -118,10 +118,9 @@ def _config_option(parser: Any, st: Stage, name: str, key: str) -> None:
         if meta.get("choices"):
             kw["choices"] = tuple(meta["choices"])
         kw["type"] = old_kw["type"] = item if item in (int, float) else str
-    parser.add_argument(*strings, **kw)
-    for old, new in getattr(cls, "OLD_FLAGS", {}).items():
-        if new == name:
-            deprecated_flag(parser, flag(old), flag(new), **old_kw)
+    parser.add_argument(opt.spelled, *opt.aliases, **kw)
+    for old in opt.old:
+        deprecated_flag(parser, old, flag(name), **old_kw)
 
 
 def extra_option(parser: Any, f: Flag) -> None:
@@ -140,7 +139,7 @@ def extra_option(parser: Any, f: Flag) -> None:
 
 
 def add_options(parser: argparse.ArgumentParser, st: Stage) -> None:
-    """Every option of the stage ``st`` on ``parser``: ``--config``, one per ``FLAGS`` entry, ``--set``, and the
+    """Every option of the stage ``st`` on ``parser``: ``--config``, one per declared option, ``--set``, and the
     stage's extra (non-config) flags; the stage's ``one_of`` names are mutually exclusive."""
     groups: dict[str, Any] = {}
     for names, required in st.one_of:
@@ -152,10 +151,10 @@ def add_options(parser: argparse.ArgumentParser, st: Stage) -> None:
         parser.add_argument("--config", metavar="FILE", default=None,
                             help=f"YAML of {st.name}'s config keys, e.g. a shipped one (`mlbench configs ls "
                                  f"{st.name}`; {default}); the flags win over it")
-        for name, key in st.flags().items():
-            if typing.get_origin(field_type(cls, key)) is dict:
+        for name, opt in st.options().items():
+            if typing.get_origin(field_type(cls, opt.key)) is dict:
                 continue  # a mapping: through --set KEY.SUB=VALUE or the file
-            _config_option(groups.get(name, parser), st, name, key)
+            _config_option(groups.get(name, parser), st, opt)
         parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                             help=SET_HELP.format(example=set_example(cls)))
         parser.add_argument("--check", action="store_true",
@@ -172,10 +171,9 @@ def set_example(cls: type) -> str:
 
 
 def args_overrides(cls: type, args: Any) -> dict[str, tuple[Any, str]]:
-    """The parsed flags (``args``) that set keys of ``cls`` (its ``FLAGS``), then ``--set``, as overrides whose
-    origin is the flag."""
-    spelled = getattr(cls, "FLAG_SPELLING", {})
-    over = {key: (getattr(args, name), spelled.get(name, flag(name))) for name, key in getattr(cls, "FLAGS", {}).items()
+    """The parsed flags (``args``) that set keys of ``cls`` (its declared options), then ``--set``, as overrides
+    whose origin is the flag."""
+    over = {o.key: (getattr(args, name), o.spelled) for name, o in cli_options(cls).items()
             if getattr(args, name, None) is not None}
     return over | parse_set(getattr(args, "set", None) or [])
 

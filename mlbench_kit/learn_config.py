@@ -13,9 +13,9 @@ the ML-Bench rows the checker needs, the environments) and the reward (:class:`R
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Literal
 
 from .agent_config import AgentSampling
 from .config import Check, option
@@ -34,8 +34,10 @@ class RewardConfig:
 
     mode: Literal["strict", "compat"] = option(
         "strict", "checker mode of the verdicts (compat passes a process still running at the time limit, so a "
-        "model rewarded in compat can learn to sleep: use it only to reproduce the paper's checker)")
-    kind: Literal["pass", "shaped"] = option("pass", "pass: the binary verdict; shaped: plus partial credit")
+        "model rewarded in compat can learn to sleep: use it only to reproduce the paper's checker)",
+        flag="--reward-mode")
+    kind: Literal["pass", "shaped"] = option("pass", "pass: the binary verdict; shaped: plus partial credit",
+                                             flag="--reward-kind")
     params_weight: float = option(0.25, "shaped: weight of the share of the row's parameters the answer sets")
     type_weight: float = option(0.25, "shaped: weight of the output-type check (bash vs Python)")
     format_weight: float = option(0.0, "shaped: weight of an answer that parses to non-empty code")
@@ -48,9 +50,11 @@ class RewardConfig:
 @dataclass
 class LearnSampling(AgentSampling):
     """How learning samples answers (rft's rounds, grpo's groups): the benchmark's sampling (the agent's fields),
-    256 new tokens per answer."""
+    256 new tokens per answer. Its fields are no options of `mlbench learn` (its ``--seed`` is the training seed):
+    the config file's ``sampling:`` or ``--set sampling.KEY=VALUE`` sets them."""
 
     max_new_tokens: int = option(256, "new tokens per sample")
+    seed: int = option(42, "sampling seed")
 
 
 @dataclass
@@ -59,8 +63,8 @@ class RftConfig:
     execute -> keep the passing answers -> SFT from the base model on them, with the gold answers when
     ``include_gold``)."""
 
-    rounds: int = option(2, "rounds of sample -> execute -> SFT")
-    k: int = option(5, "samples per training prompt and round")
+    rounds: int = option(2, "rounds of sample -> execute -> SFT", flag=True)
+    k: int = option(5, "samples per training prompt and round", flag=True)
     include_gold: bool = option(True, "train on the gold answers too (else on passing samples alone)")
     max_per_row: int = option(4, "distinct passing answers kept per row and round")
     train_config: str = option("configs/train/smollm2-135m-cpu.yaml", "`mlbench train` config of each round's SFT")
@@ -90,9 +94,9 @@ class DpoConfig:
 class GrpoConfig:
     """GRPO online (TRL): ``num_generations`` samples per prompt, each rewarded by executing it in the sandbox."""
 
-    num_generations: int = option(4, "group size: samples per prompt")
+    num_generations: int = option(4, "group size: samples per prompt", flag=True)
     prompts_per_step: int = option(1, "prompts per optimizer step")
-    max_steps: int = option(30, "optimizer steps")
+    max_steps: int = option(30, "optimizer steps", flag=True)
     lr: float = option(1e-5, "learning rate")
     beta: float = option(0.0, "KL penalty towards the start adapter (0: none, as DAPO and Dr. GRPO)")
     loss_type: str = option("dapo", "TRL's loss_type")
@@ -103,31 +107,32 @@ class GrpoConfig:
 class LearnConfig:
     """Everything `mlbench learn` runs (``configs/learn/*.yaml`` set the method's section; inputs come as flags)."""
 
-    FLAGS: ClassVar[dict[str, str]] = {}  # option -> key, set below
-
     method: Literal["data", "rft", "dpo", "grpo"] = option("rft", "data: verdicts -> SFT records and pairs; rft, "
-                                                           "dpo, grpo: a learned adapter")
-    model: str | None = option(None, "base model (folder or hub id)")
+                                                           "dpo, grpo: a learned adapter", flag=True)
+    model: str | None = option(None, "base model (folder or hub id)", flag=True)
     adapter: str | None = option(None, "the SFT adapter to start from (dpo, grpo; rft samples its first round "
-                                 "with it)")
-    prep_dir: str | None = option(None, "`mlbench prep --out` folder: the training split's prompts")
-    split: str = option("id_train", "the training split (a folder of prep_dir); never the evaluation split")
+                                 "with it)", flag=True)
+    prep_dir: str | None = option(None, "`mlbench prep --out` folder: the training split's prompts", flag=True)
+    split: str = option("id_train", "the training split (a folder of prep_dir); never the evaluation split", flag=True)
     eval_split: str | None = option(None, "the split models are evaluated on, checked for leaks and never read "
-                                    "for learning (default: test, else full, of prep_dir)")
-    task: int = option(3, "the task", choices=TASKS)
-    data: str | None = option(None, "ML-Bench rows the checker reads (file, folder or hub id)")
+                                    "for learning (default: test, else full, of prep_dir)", flag=True)
+    task: int = option(3, "the task", choices=TASKS, flag=True)
+    data: str | None = option(None, "ML-Bench rows the checker reads (file, folder or hub id)", flag=True)
     data_split: str | None = option(None, "split of --data holding the training rows (default: full for a local "
-                                    "file or folder, the training split for a hub id)")
-    envs: str | None = option(None, "environments YAML (`mlbench env build`)")
-    backend: Literal["bwrap", "podman", "docker", "apptainer"] = option("bwrap", "the sandbox answers run in")
-    workers: int = option(2, "executions at once")
-    timeout: float | None = option(None, "time limit per execution (default: the benchmark's)")
-    parser: Literal["compat", "fenced"] = option("compat", "code parser for the model's replies (infer's)")
-    generations: str | None = option(None, "data: the training split's generations (`mlbench infer` task file)")
-    results: str | None = option(None, "data: their `mlbench eval` folder (results.jsonl), in the reward's mode")
-    out: str | None = option(None, "output folder")
-    seed: int = option(0, "training seed")
-    quantization: Literal["nf4"] | None = option(None, "dpo, grpo: nf4 loads the base in 4 bits (QLoRA)")
+                                    "file or folder, the training split for a hub id)", flag=True)
+    envs: str | None = option(None, "environments YAML (`mlbench env build`)", flag=True)
+    backend: Literal["bwrap", "podman", "docker", "apptainer"] = option("bwrap", "the sandbox answers run in",
+                                                                        flag=True)
+    workers: int = option(2, "executions at once", flag=True)
+    timeout: float | None = option(None, "time limit per execution (default: the benchmark's)", flag=True)
+    parser: Literal["compat", "fenced"] = option("compat", "code parser for the model's replies (infer's)", flag=True)
+    generations: str | None = option(None, "data: the training split's generations (`mlbench infer` task file)",
+                                     flag=True)
+    results: str | None = option(None, "data: their `mlbench eval` folder (results.jsonl), in the reward's mode",
+                                 flag=True)
+    out: str | None = option(None, "output folder", flag=True)
+    seed: int = option(0, "training seed", flag=True)
+    quantization: Literal["nf4"] | None = option(None, "dpo, grpo: nf4 loads the base in 4 bits (QLoRA)", flag=True)
     reward: RewardConfig = field(default_factory=RewardConfig)
     sampling: LearnSampling = field(default_factory=LearnSampling)
     rft: RftConfig = field(default_factory=RftConfig)
@@ -192,9 +197,3 @@ class LearnConfig:
             return self.data_split
         return "full" if Path(str(self.data)).exists() else self.split
 
-
-_SECTIONS = {"reward": RewardConfig, "sampling": LearnSampling, "rft": RftConfig, "dpo": DpoConfig,
-             "grpo": GrpoConfig}
-LearnConfig.FLAGS = {**{f.name: f.name for f in fields(LearnConfig) if f.name not in _SECTIONS},
-                     "rounds": "rft.rounds", "k": "rft.k", "reward_mode": "reward.mode", "reward_kind": "reward.kind",
-                     "max_steps": "grpo.max_steps", "num_generations": "grpo.num_generations"}

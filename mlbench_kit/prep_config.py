@@ -7,9 +7,9 @@ Every key of the file is a flag's name with ``_`` for ``-`` (``--max-context-tok
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Literal
 
 from .config import Check, option
 from .dataset import HUB_ID
@@ -21,39 +21,35 @@ from .records import TASKS
 class PrepConfig:
     """What prep reads, how it renders tasks 1-3, and where it writes."""
 
-    # option name -> key (mlbench_kit.stages): every key is its own option; old option names -> new ones
-    FLAGS: ClassVar[dict[str, str]] = {}
-    FLAG_SPELLING: ClassVar[dict[str, str]] = {"hf": "--no-hf"}
-    OLD_FLAGS: ClassVar[dict[str, str]] = {"max_tokens": "max_context_tokens"}
-
-    data: str = option(HUB_ID, "hub id, .jsonl/.parquet file or save_to_disk folder")
+    data: str = option(HUB_ID, "hub id, .jsonl/.parquet file or save_to_disk folder", flag=True)
     splits: list[str] = option(help="splits to load (hub/DatasetDict: full quarter id_train ood_train; a file "
-                               "holds one)", factory=lambda: ["full"])
-    readmes: str | None = option(None, "folder of READMEs laid out as DIR/<repo>/<path>/README.md")
+                               "holds one)", factory=lambda: ["full"], flag=True)
+    readmes: str | None = option(None, "folder of READMEs laid out as DIR/<repo>/<path>/README.md", flag=True)
     repos_dir: str | None = option(None, "folder of repository checkouts (DIR/<repo>); with --checkout, cloned "
-                                   "there")
+                                   "there", flag=True)
     checkout: str | None = option(None, "clone the repositories of this repos.json at their pinned commits",
-                                  metavar="REPOS_JSON")
-    tasks: list[int] = option(help="tasks to render", factory=lambda: list(TASKS), choices=TASKS)
+                                  metavar="REPOS_JSON", flag=True)
+    tasks: list[int] = option(help="tasks to render", factory=lambda: list(TASKS), choices=TASKS, flag=True)
     # data_prep.templates.TEMPLATES
-    template: Literal["paper", "llama-inst", "chat"] = option("paper", "prompt template")
-    tokenizer: str | None = option(None, "tokenizer folder or hub id; without it nothing is truncated")
+    template: Literal["paper", "llama-inst", "chat"] = option("paper", "prompt template", flag=True)
+    tokenizer: str | None = option(None, "tokenizer folder or hub id; without it nothing is truncated", flag=True)
     max_context_tokens: int = option(8192, "budget for prompt + answer + EOS, capped at the model's positions",
-                                     renamed=("max_tokens",))
+                                     flag=True, old=("max_tokens",))
     max_new_tokens: int = option(1024, "room left for generation in the splits inference reads (all but *train*): "
                                  "their prompts are cut to the model's positions minus this (the benchmark's; "
-                                 "0: off)")
+                                 "0: off)", flag=True)
     splitter: Literal["punkt", "regex"] = option("punkt", "sentence splitter for task 2 (punkt is the paper's; "
-                                                 "regex an explicit fallback)")
-    build_splits: bool = option(False, "build test/id_train/ood_train from the loaded rows (see --ood-repos)")
-    ood_repos: list[str] = option(help="repositories held out for ood_train", factory=list, nargs="*")
+                                                 "regex an explicit fallback)", flag=True)
+    build_splits: bool = option(False, "build test/id_train/ood_train from the loaded rows (see --ood-repos)",
+                                flag=True)
+    ood_repos: list[str] = option(help="repositories held out for ood_train", factory=list, nargs="*", flag=True)
     repos: list[str] | None = option(None, "only these repositories' rows (e.g. those whose environments are "
-                                     "built); default: all", metavar="REPO")
+                                     "built); default: all", metavar="REPO", flag=True)
     id_test_fraction: float = option(0.5, "with --build-splits: the share of the ID repositories' rows kept for "
-                                     "test")
-    seed: int = option(0, "seed of --build-splits' shuffle")
-    hf: bool = option(True, "datasets folders beside the JSONL")
-    out: str | None = option(None, "output folder (required)")
+                                     "test", flag=True)
+    seed: int = option(0, "seed of --build-splits' shuffle", flag=True)
+    hf: bool = option(True, "datasets folders beside the JSONL", negated="--no-hf")
+    out: str | None = option(None, "output folder (required)", flag=True)
 
     def check(self, at: Check) -> None:
         if self.out is None:
@@ -83,6 +79,4 @@ class PrepConfig:
         if self.build_splits and len(self.splits) != 1:
             raise MLBenchError("`build_splits` takes exactly one loaded split", at("splits"))
 
-
-PrepConfig.FLAGS = {f.name: f.name for f in fields(PrepConfig)}
 

@@ -5,10 +5,10 @@ Entries and configs are named by dotted path (``module`` or ``module:Name``), as
 does, so the core imports no stage (``tests/core/test_layout.py`` checks it): a stage's module is imported only
 when that stage runs.
 
-A stage with a typed config declares its options as data: the config class lists the options that set its keys in
-``FLAGS`` (option name -> dotted key), their old names in ``OLD_FLAGS`` (old -> new, warned), other spellings in
-``ALIASES`` (alias -> option) and negated switches in ``FLAG_SPELLING`` (``hf`` -> ``--no-hf``); each field carries
-its help (:func:`mlbench_kit.config.option`). Options that set no key are :class:`Flag` rows of the stage. The
+A stage with a typed config declares its options on the config's fields, each once
+(:func:`mlbench_kit.config.option`): its help, whether it is an option and how it is spelled (``flag=``), its other
+spellings (``alias=``), a negated switch (``negated="--no-hf"``) and its old names (``old=``), which
+:func:`mlbench_kit.config.cli_options` reads. Options that set no key are :class:`Flag` rows of the stage. The
 command line (:mod:`mlbench_kit.flags` generates it) and a sweep file's stage section use the same names. The
 entry module has ``run(args) -> int`` (``mlbench_kit.flags.resolve(stage, args)`` gives its config); a stage
 without a config has ``add_arguments(parser)`` too.
@@ -24,7 +24,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .config import load, parse_set
+from .config import CliOption, cli_options, load, option_name, parse_set, spelling
 from .deprecation import warn_renamed
 from .errors import MLBenchError
 
@@ -86,8 +86,12 @@ class Stage:
 
     def flags(self) -> dict[str, str]:
         """Option name (``max_new_tokens``) -> the config key it sets (``sampling.max_new_tokens``)."""
+        return {name: o.key for name, o in self.options().items()}
+
+    def options(self) -> dict[str, CliOption]:
+        """The options its config's fields declare, by name (none without a config)."""
         cls = self.config_class()
-        return dict(getattr(cls, "FLAGS", {})) if cls is not None else {}
+        return cli_options(cls) if cls is not None else {}
 
 
 STAGES: tuple[Stage, ...] = (
@@ -136,9 +140,7 @@ def stage(name: str) -> Stage:
     raise MLBenchError(f"unknown stage {name!r}", None, f"stages: {', '.join(s.name for s in STAGES)}")
 
 
-def flag(option: str) -> str:
-    """An option's command-line spelling: ``max_new_tokens`` -> ``--max-new-tokens``."""
-    return "--" + option.replace("_", "-")
+flag = spelling  # an option's command-line spelling: max_new_tokens -> --max-new-tokens
 
 
 def option_overrides(st: Stage, options: dict[str, Any], where: typing.Callable[[str], str]
@@ -146,15 +148,15 @@ def option_overrides(st: Stage, options: dict[str, Any], where: typing.Callable[
     """Stage options written in a file (a sweep's stage section: ``{max_new_tokens: 512, set: [lora.r=64]}``) as
     the config's dotted overrides, each located by ``where(option)``. An option the stage does not have is an
     error at its line."""
+    opts = st.options()
     flags = st.flags()
-    renamed = dict(getattr(st.config_class(), "OLD_FLAGS", {}))
-    aliases = dict(getattr(st.config_class(), "ALIASES", {}))
-    negated = {spelled.lstrip("-").replace("-", "_"): name
-               for name, spelled in getattr(st.config_class(), "FLAG_SPELLING", {}).items()}
+    renamed = {option_name(o): name for name, opt in opts.items() for o in opt.old}
+    aliases = {option_name(a): name for name, opt in opts.items() for a in opt.aliases}
+    negated = {option_name(opt.spelled): name for name, opt in opts.items() if opt.negated}
     out: dict[str, tuple[Any, str]] = {}
     for old, value in options.items():
         name = aliases.get(old, old)
-        if name in renamed and renamed[name] in flags:
+        if name in renamed:
             warn_renamed(flag(name), flag(renamed[name]), where(name))
             if renamed[name] in options:
                 raise MLBenchError(f"{name} and {renamed[name]} are both set ({name} is the old name)", where(name),

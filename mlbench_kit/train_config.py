@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
-from .config import Check, load, option, parse_set, to_dict
+from .config import Check, option, to_dict
 from .errors import MLBenchError
 from .records import TASKS
 
@@ -19,19 +19,20 @@ SPLIT_DIRS = {"id": "id_train", "ood": "ood_train"}
 
 @dataclass
 class DataConfig:
-    prep_dir: str = option("prep", "`mlbench prep --out` folder holding <split>/task<t>.jsonl")
-    task: int = option(3, "the task to train on, one per run", choices=TASKS)
+    prep_dir: str = option("prep", "`mlbench prep --out` folder holding <split>/task<t>.jsonl", flag=True)
+    task: int = option(3, "the task to train on, one per run", choices=TASKS, flag="--tasks", alias=("--task",))
     # recorded by its short name
     split: Literal["id_train", "ood_train", "id", "ood"] = option(
-        "id", "the prep split to train on: id_train (ID) or ood_train (OOD); id and ood are short for them")
+        "id", "the prep split to train on: id_train (ID) or ood_train (OOD); id and ood are short for them", flag=True)
     path: str | None = option(None, "a prep .jsonl file instead of prep_dir/<split>/task<t>.jsonl")
     extra: list[str] = option(help="more prep .jsonl files for training only (never held out)", factory=list)
     eval_fraction: float = option(0.05, "share of the records held out for the eval loss")
     # a packed row holds several examples; was max_seq_len (still read, with a warning, for one release)
     max_context_tokens: int = option(8192, "prompt + answer + EOS of one example, capped at the model's positions",
-                                     renamed=("max_seq_len",))
-    batching: Literal["packing", "grouped", "padding"] = option("packing", "how records become micro-batches")
-    micro_batch_size: int = option(1, "rows per micro-batch")
+                                     flag=True, old=("max_seq_len",))
+    batching: Literal["packing", "grouped", "padding"] = option("packing", "how records become micro-batches",
+                                                                flag=True)
+    micro_batch_size: int = option(1, "rows per micro-batch", flag=True)
 
     def check(self, at: Check) -> None:
         self.split = {"id_train": "id", "ood_train": "ood"}.get(self.split, self.split)  # type: ignore[assignment]
@@ -59,13 +60,13 @@ class LoraConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = option(2e-4, "learning rate")
+    lr: float = option(2e-4, "learning rate", flag=True)
     weight_decay: float = option(0.0, "AdamW weight decay")
     warmup_ratio: float = option(0.03, "share of the steps spent warming the learning rate up")
     scheduler: str = option("cosine", "transformers' learning-rate schedule name")
-    epochs: int = option(3, "passes over the data")
-    max_steps: int = option(-1, "stop after N optimizer steps (> 0; whatever the epochs)")
-    grad_accum: int = option(8, "micro-batches per optimizer step")
+    epochs: int = option(3, "passes over the data", flag=True)
+    max_steps: int = option(-1, "stop after N optimizer steps (> 0; whatever the epochs)", flag=True)
+    grad_accum: int = option(8, "micro-batches per optimizer step", flag=True)
     max_grad_norm: float = option(1.0, "gradient clipping norm")
 
     def check(self, at: Check) -> None:
@@ -91,11 +92,7 @@ class LoggingConfig:
 class TrainConfig:
     """Everything a LoRA/QLoRA run needs; ``configs/train/*.yaml`` fill it per model."""
 
-    FLAGS: ClassVar[dict[str, str]] = {}  # option -> key (mlbench_kit.stages), set below from SHORTCUTS
-    OLD_FLAGS: ClassVar[dict[str, str]] = {}
-    ALIASES: ClassVar[dict[str, str]] = {"task": "tasks"}  # the card's `accelerate launch train/lora.py --task 3`
-
-    model: str | None = option(None, "base model: hub id or local folder")
+    model: str | None = option(None, "base model: hub id or local folder", flag=True)
     family: str | None = option(None, "codellama | deepseek-coder | llama2 | tiny: names the output folder")
     template: Literal["paper", "llama-inst", "chat"] = option("llama-inst", "what prep rendered the records with")
     data: DataConfig = field(default_factory=DataConfig)
@@ -123,12 +120,12 @@ class TrainConfig:
     # the liger-kernel package, in the gpu extra; train/model.py: add_lora
     liger_kernels: bool = option(False, "Liger-Kernel's Triton RMSNorm, SwiGLU and RoPE in place of transformers' "
                                  "(CUDA only): fewer kernel launches and saved activations per layer")
-    seed: int = option(42, "seed of the data order, init and sampling")
+    seed: int = option(42, "seed of the data order, init and sampling", flag=True)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     merge: bool = option(False, "also write merged full weights at the end")
     output_dir: str = option("runs/train/{family}-task{task}-{split}-s{seed}", "output folder ({family}, {task}, "
-                             "{split} and {seed} are filled in)")
+                             "{split} and {seed} are filled in)", flag="--out", old=("--output-dir",))
 
     def check(self, at: Check) -> None:
         if not self.model:
@@ -162,29 +159,4 @@ class TrainConfig:
 
 # how a step runs, not what it computes (tests hold each to the default's losses and gradients)
 SPEED_KEYS = frozenset({"gradient_checkpointing_every_n_layers", "compile", "fused_linear_loss", "liger_kernels"})
-
-
-# Short command-line options for the keys people change most (option -> key); anything else goes through
-# --set a.b=value. `tasks` takes one task here (a run trains on one); `--task` is the same option (ALIASES).
-SHORTCUTS = {"tasks": "data.task", "split": "data.split", "lr": "optim.lr",
-             "epochs": "optim.epochs", "max_steps": "optim.max_steps", "seed": "seed", "model": "model",
-             "out": "output_dir", "batching": "data.batching", "max_context_tokens": "data.max_context_tokens",
-             "prep_dir": "data.prep_dir", "grad_accum": "optim.grad_accum",
-             "micro_batch_size": "data.micro_batch_size"}
-# Renamed options keep their old spelling for one release (mlbench_kit.deprecation): old -> new.
-OLD_FLAGS = {"max_seq_len": "max_context_tokens", "output_dir": "out"}
-TrainConfig.FLAGS = dict(SHORTCUTS)
-TrainConfig.OLD_FLAGS = OLD_FLAGS
-
-
-def load_train_config(path: str | Path | None, shortcuts: dict[str, Any], sets: list[str] | None = None
-                      ) -> TrainConfig:
-    """The config of one run: the file, the shortcut flags, then ``--set``."""
-    names = {**SHORTCUTS, **{a: SHORTCUTS[o] for a, o in TrainConfig.ALIASES.items()}}
-    over = {names[k]: (v, f"--{k.replace('_', '-')}") for k, v in shortcuts.items() if v is not None and k in names}
-    over |= parse_set(sets or [])
-    if path is not None and not Path(path).is_file():
-        raise MLBenchError("config not found", str(path), "pass one of configs/train/*.yaml")
-    return load(TrainConfig, path, over)
-
 

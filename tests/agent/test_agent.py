@@ -17,7 +17,8 @@ from mlbench_kit.agent.episode import BaseEpisode, Episode, Prepared, sha, turn_
 from mlbench_kit.agent.parse import FormatError, parse_reply
 from mlbench_kit.agent.repo import Refused, RepoView
 from mlbench_kit.agent.run import run_episodes
-from mlbench_kit.agent_config import AgentConfig, load_agent_config
+from mlbench_kit.agent_config import AgentConfig
+from mlbench_kit.cli import stage_config
 from mlbench_kit.dataset import Sample, load_samples
 from mlbench_kit.engine import Generated, GenParams, GenRequest
 from mlbench_kit.errors import MLBenchError
@@ -335,14 +336,15 @@ def test_config_errors_name_the_line(tmp_path: Path):
     f = tmp_path / "a.yaml"
     f.write_text("episodes: 5\nlimits:\n  max_turns: 0\n")
     with pytest.raises(MLBenchError, match=rf"{re.escape(str(f))}:3"):
-        load_agent_config(f)
+        stage_config("agent", ["--config", str(f)])
     f.write_text("episodes: 5\nlimit:\n  max_turns: 3\n")
     with pytest.raises(MLBenchError, match=rf"{re.escape(str(f))}:2"):
-        load_agent_config(f)
+        stage_config("agent", ["--config", str(f)])
     shipped = Path(__file__).resolve().parents[2] / "configs" / "agent"
     for y in shipped.glob("*.yaml"):
-        load_agent_config(y)
-    assert load_agent_config(shipped / "ml-agent.yaml").sha() == AgentConfig().sha()  # the file is the defaults
+        stage_config("agent", ["--config", str(y)])
+    shipped_defaults = stage_config("agent", ["--config", str(shipped / "ml-agent.yaml")])
+    assert shipped_defaults.sha() == AgentConfig().sha()  # the file is the defaults
 
 
 # ----------------------------------------------------------------------------------------- runs, transcripts, resume
@@ -841,7 +843,7 @@ def test_each_step_sends_its_function_with_the_papers_captions_as_valid_json(sha
 def test_no_turn_cap_runs_the_released_loop_and_prompt_tokens_count(toy_repo: Path, tmp_path: Path):
     """``max_turns: null`` (configs/agent/paper.yaml): the loop runs to its own end, 1 + 3 calls for each of the
     R ranked READMEs; a total-token limit counts the prompts too and sends no prompt that would pass it."""
-    paper = load_agent_config(Path(__file__).resolve().parents[2] / "configs" / "agent" / "paper.yaml")
+    paper = stage_config("agent", ["--config", str(Path(__file__).resolve().parents[2] / "configs/agent/paper.yaml")])
     assert paper.limits.max_turns is None
     ep = drive(_episode(toy_repo, paper), looper)
     assert (ep.exit, len(ep.turns)) == ("no_answer", 1 + 3 * 2)
@@ -856,4 +858,4 @@ def test_no_turn_cap_runs_the_released_loop_and_prompt_tokens_count(toy_repo: Pa
     f = tmp_path / "bash.yaml"
     f.write_text("policy: bash\nlimits:\n  max_turns: null\n")
     with pytest.raises(MLBenchError, match=rf"{re.escape(str(f))}:3.*no turn cap"):
-        load_agent_config(f)
+        stage_config("agent", ["--config", str(f)])

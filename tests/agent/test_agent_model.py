@@ -13,7 +13,7 @@ from test_agent import _transcripts  # the transcripts less what a re-run may ch
 
 from mlbench_kit.agent.episode import EXITS
 from mlbench_kit.agent.run import make_encoder, run_episodes
-from mlbench_kit.agent_config import load_agent_config
+from mlbench_kit.cli import stage_config
 from mlbench_kit.dataset import load_samples
 
 REPO = "PyTorch-GAN"  # a small checkout (67 kB packed)
@@ -88,7 +88,7 @@ def test_resume_with_the_tiny_model_equals_an_uninterrupted_run(tmp_path: Path, 
     """Kill after turn 2, resume: the transcripts and generations are those of a run never killed."""
     from mlbench_kit.engine import HfEngine
     from mlbench_kit.hf import load_tokenizer
-    cfg = load_agent_config(TINY)
+    cfg = stage_config("agent", ["--config", str(TINY)])
     cfg.limits.max_format_errors = 4  # the untrained model rarely writes JSON: let episodes run 4 turns
     rows = load_samples(rows_file)
     tok = load_tokenizer(str(tiny_model_dir), fast=False)
@@ -137,7 +137,7 @@ def test_lockstep_equals_sequential_on_vllm_and_a_vllm_server_samples_the_same(
     served, every episode ends with a recorded exit, and the first turns are the offline engine's."""
     from mlbench_kit.engine import OpenAIEngine, VllmEngine
     from mlbench_kit.hf import load_tokenizer
-    cfg = load_agent_config(TINY)
+    cfg = stage_config("agent", ["--config", str(TINY)])
     cfg.limits.max_format_errors = 4
     rows = load_samples(rows_file)
     tok = load_tokenizer(str(tiny_model_dir), fast=False)
@@ -209,7 +209,7 @@ def test_gold_answers_through_the_agent_get_the_gold_verdicts(tmp_path: Path, sh
     with tarfile.open(shared / "repos" / f"{REPO}.tar.gz") as tf:
         tf.extractall(tmp_path / "repos", filter="data")
     checkout = tmp_path / "repos" / REPO
-    cfg = load_agent_config(TINY)
+    cfg = stage_config("agent", ["--config", str(TINY)])
     run_episodes(cfg, rows, {REPO: checkout}, lambda: GoldModel(), lambda t: [ord(c) for c in t], 10**6,
                  tmp_path / "agent", {"model": "gold", "adapter": None, "backend": "scripted"})
     envs = _envs(tmp_path, checkout)

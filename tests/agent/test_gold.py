@@ -7,8 +7,7 @@ import json
 from pathlib import Path
 
 from mlbench_kit.agent.run import make_encoder, run_episodes
-from mlbench_kit.agent_config import load_agent_config
-from mlbench_kit.cli import main
+from mlbench_kit.cli import main, stage_config
 from mlbench_kit.dataset import load_samples
 from mlbench_kit.engine import Generated, GenParams, GenRequest
 from mlbench_kit.hf import load_tokenizer, prompt_ids
@@ -61,7 +60,7 @@ def test_gold_episode_records_are_what_the_harness_sends_on_real_rows(shared: Pa
     encode, template = make_encoder(tok, "auto")
     assert template == "chat"
     engine = Answering({tuple(prompt_ids(tok, r.prompt, r.template)): r.answer for r in recs}, tok)
-    cfg = load_agent_config(out / "config.yaml")
+    cfg = stage_config("agent", ["--config", str(out / "config.yaml")])
     cfg.episodes = 1
     max_model_len = json.loads((out / "gold.json").read_text())["max_model_len"]
     run_episodes(cfg, train, {REPO: shared / "readmes" / REPO}, lambda: engine, encode, max_model_len, tmp_path / "run",

@@ -12,6 +12,7 @@ import pytest
 
 from mlbench_kit import __version__
 from mlbench_kit.cli import build_parser, main, stage_parser
+from mlbench_kit.config import OPTION, cli_options, option
 from mlbench_kit.records import TASKS
 from mlbench_kit.stages import STAGES, config_fields
 
@@ -55,13 +56,31 @@ def test_every_field_of_a_stage_config_carries_its_help(st) -> None:
     assert bare == [], f"{st.config}: fields without help"
 
 
+def _declared(cls: type) -> dict[str, tuple[str, str, object]]:
+    """Option name -> (key, spelling, facts), read straight from the fields' ``option(..., flag=...)``."""
+    out = {}
+    for key, f in config_fields(cls).items():
+        facts = f.metadata.get(OPTION)
+        if facts is None or not (facts.flag or facts.negated):
+            continue
+        spelled = facts.negated or (facts.flag if isinstance(facts.flag, str) else
+                                    "--" + key.rsplit(".", 1)[-1].replace("_", "-"))
+        name = key.rsplit(".", 1)[-1] if facts.negated else spelled[2:].replace("-", "_")
+        assert name not in out, f"{cls.__name__}: two options named {name}"
+        out[name] = (key, spelled, facts)
+    return out
+
+
 @pytest.mark.parametrize("st", [s for s in STAGES if s.config], ids=lambda s: s.name)
 def test_a_stage_s_options_are_its_declared_config_keys(st) -> None:
-    # every option of `mlbench STAGE` walked: its name, help, choices and defaults are the config's declaration
+    # every option of `mlbench STAGE` walked: its name, spelling, help, choices and defaults are its field's
+    # declaration (option(..., flag=...)), and the class keeps no option table beside its fields
     cls = st.config_class()
+    assert not {"FLAGS", "OLD_FLAGS", "ALIASES", "FLAG_SPELLING"} & set(dir(cls)), cls
     fields_ = config_fields(cls)
-    spelled, aliases = getattr(cls, "FLAG_SPELLING", {}), getattr(cls, "ALIASES", {})
-    renamed = getattr(cls, "OLD_FLAGS", {})
+    declared = _declared(cls)
+    assert {n: k for n, (k, _, _) in declared.items()} == st.flags()
+    spelled = {name: s for name, (_, s, facts) in declared.items() if facts.negated}
     actions = [a for a in stage_parser(st.name)._actions if a.option_strings]
     shown = {a.dest: a for a in actions if a.help != argparse.SUPPRESS}
     for name, key in st.flags().items():
@@ -72,9 +91,8 @@ def test_a_stage_s_options_are_its_declared_config_keys(st) -> None:
         a = shown.pop(name)
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         both = tp is bool and name not in spelled and default is not False  # on (or unset) by default: --x/--no-x
-        assert a.option_strings == [spelled.get(name, "--" + name.replace("_", "-")),
-                                    *(["--no-" + name.replace("_", "-")] if both else []),
-                                    *("--" + alias for alias, target in aliases.items() if target == name)], name
+        assert a.option_strings == [declared[name][1], *(["--no-" + name.replace("_", "-")] if both else []),
+                                    *declared[name][2].alias], name
         assert a.default is None, name  # an option not given leaves the --config file's value
         says_default = "(default " in a.help or "(default: " in a.help
         if name in spelled:  # --no-hf: its help says what giving it does, forwards
@@ -99,14 +117,55 @@ def test_a_stage_s_options_are_its_declared_config_keys(st) -> None:
         else:
             assert a.nargs is None and a.type is (tp if tp in (int, float) else str), name
     hidden = {a.option_strings[0]: a for a in actions if a.help == argparse.SUPPRESS}
-    for old, new in renamed.items():  # the old spelling: hidden, into the new option
-        assert hidden.pop("--" + old.replace("_", "-")).dest == new, old
+    for name, (_, _, facts) in declared.items():  # each old spelling: hidden, into the new option
+        for old in facts.old:
+            assert hidden.pop(old if old.startswith("-") else "--" + old.replace("_", "-")).dest == name, old
     assert hidden == {}
     extra = {f.name: f for f in st.extra}
     assert set(shown) == {"help", "config", "set", "check", *extra}, \
         f"mlbench {st.name}: options that set no config key"
     for name, f in extra.items():
         assert (shown[name].help, shown[name].default, shown[name].required) == (f.help, f.default, f.required)
+
+
+def test_an_option_declared_twice_or_half_declared_is_refused() -> None:
+    @dataclasses.dataclass
+    class Inner:
+        seed: int = option(1, "inner seed", flag=True)
+
+    @dataclasses.dataclass
+    class Outer:
+        seed: int = option(0, "outer seed", flag=True)
+        inner: Inner = dataclasses.field(default_factory=Inner)
+
+    with pytest.raises(ValueError, match=r"Outer: option --seed of inner.seed is also seed's"):
+        cli_options(Outer)
+    with pytest.raises(ValueError, match="pass flag= too"):
+        option(1, "an alias of no option", alias=("--y",))
+    with pytest.raises(ValueError, match="--lowercase-words"):
+        option(1, "a spelling argparse would not parse as a long option", flag="-X")
+
+
+def test_a_sweep_section_takes_the_options_the_fields_declare(capsys) -> None:
+    # a sweep's stage section (its keys: option names) through the path `sweep plan` takes: aliases, old names
+    # (warned at their line) and negated switches, as on the command line
+    from mlbench_kit import deprecation
+    from mlbench_kit.stages import load_stage_config, stage
+    deprecation._warned.clear()
+    where = "sweep.yaml:{}".format
+    cfg = load_stage_config(stage("train"), {"task": 2, "output_dir": "runs/x", "model": "m", "max_seq_len": 512},
+                            where)
+    assert (cfg.data.task, cfg.output_dir, cfg.data.max_context_tokens) == (2, "runs/x", 512)
+    err = capsys.readouterr().err
+    assert "sweep.yaml:output_dir: --output-dir is deprecated, use --out" in err
+    assert "sweep.yaml:max_seq_len: --max-seq-len is deprecated, use --max-context-tokens" in err
+    assert load_stage_config(stage("prep"), {"no_hf": True, "out": "o"}, where).hf is False
+    # learn's --seed is its training seed: the sampling section it shares with the agent brings no options
+    learn = load_stage_config(stage("learn"), {"seed": 7, "reward_mode": "compat", "rounds": 3}, where)
+    assert (learn.seed, learn.sampling.seed, learn.reward.mode, learn.rft.rounds) == (7, 42, "compat", 3)
+    agent = load_stage_config(stage("agent"), {"seed": 7, "max_turns": 4}, where)
+    assert (agent.sampling.seed, agent.limits.max_turns) == (7, 4)
+    deprecation._warned.clear()
 
 
 def test_one_vocabulary() -> None:

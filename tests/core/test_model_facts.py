@@ -11,7 +11,7 @@ import pytest
 import yaml
 from conftest import REPO_ROOT
 
-from mlbench_kit.cli import stage_parser
+from mlbench_kit.cli import stage_config, stage_parser
 from mlbench_kit.errors import MLBenchError
 
 SAMPLE = REPO_ROOT / "examples" / "sample" / "samples.jsonl"
@@ -74,11 +74,9 @@ def test_prep_train_infer_and_the_sweep_check_agree_on_a_model_s_positions(model
 
     from mlbench_kit.data_prep import prepare
     from mlbench_kit.infer.run import context_length
-    from mlbench_kit.infer_config import load_config
     from mlbench_kit.slurm.render import check_jobs, jobs
     from mlbench_kit.slurm.spec import load_sweep
     from mlbench_kit.train.lora import context_budget
-    from mlbench_kit.train_config import load_train_config
     # prep: the budget (4,096 asked) and the room for new tokens, both from the model's 700 positions
     p = stage_parser("prep")
     out = tmp_path / "prep"
@@ -90,12 +88,13 @@ def test_prep_train_infer_and_the_sweep_check_agree_on_a_model_s_positions(model
     assert (manifest["model_positions"], manifest["max_context_tokens"], manifest["max_prompt_tokens"]) == (700, 700,
                                                                                                              500)
     # train: data.max_context_tokens 8,192 capped at the same 700
-    cfg = load_train_config(REPO_ROOT / "configs/train/codellama-7b-instruct.yaml", {"model": str(model_700)})
+    cfg = stage_config("train", ["--config", str(REPO_ROOT / "configs/train/codellama-7b-instruct.yaml"), "--model",
+                                 str(model_700)])
     tokens, positions, note = context_budget(cfg, AutoConfig.from_pretrained(model_700))
     assert (tokens, positions) == (700, 700) and "capped at the model's 700 positions" in note
     # infer: vLLM's max_model_len never above them
     with pytest.raises(MLBenchError, match="above the model's 700 positions"):
-        context_length(load_config(None, {"max_model_len": 800}), 10, positions)
+        context_length(stage_config("infer", ["--max-model-len", "800"]), 10, positions)
     # the sweep check: prep's room for new tokens must fit in the same 700 positions, or `sweep plan` says so
     spec = yaml.safe_load((REPO_ROOT / "configs/sweeps/tiny-cpu.yaml").read_text())
     for room, ok in ((699, True), (700, False)):

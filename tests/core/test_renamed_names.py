@@ -12,7 +12,7 @@ import yaml
 from conftest import REPO_ROOT
 
 from mlbench_kit import deprecation
-from mlbench_kit.cli import stage_parser
+from mlbench_kit.cli import stage_config, stage_parser
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.flags import resolve
 from mlbench_kit.stages import stage
@@ -66,24 +66,27 @@ def _train_file(tmp_path: Path, key: str, value: int) -> Path:
     return f
 
 
+def _train(config: Path, *argv: str):
+    return stage_config("train", ["--config", str(config), "--model", "m", *argv])
+
+
 def test_train_config_max_seq_len_is_max_context_tokens(tmp_path, capsys):
-    from mlbench_kit.train_config import load_train_config
-    new = load_train_config(_train_file(tmp_path, "max_context_tokens", 768), {"model": "m"})
+    new = _train(_train_file(tmp_path, "max_context_tokens", 768))
     assert _warnings(capsys.readouterr().err) == []
     f = _train_file(tmp_path, "max_seq_len", 768)
     line = next(i for i, ln in enumerate(f.read_text().splitlines(), 1) if "max_seq_len" in ln)
-    old = load_train_config(f, {"model": "m"})
+    old = _train(f)
     _one_warning(capsys, "data.max_seq_len", "data.max_context_tokens", f"{f}:{line}")
     assert old == new and new.data.max_context_tokens == 768
     # --set with the old key, over a file with the new one: the override wins, as any --set does
-    assert load_train_config(_train_file(tmp_path, "max_context_tokens", 768), {"model": "m"},
-                             ["data.max_seq_len=512"]).data.max_context_tokens == 512
+    assert _train(_train_file(tmp_path, "max_context_tokens", 768),
+                  "--set", "data.max_seq_len=512").data.max_context_tokens == 512
     _one_warning(capsys, "data.max_seq_len", "data.max_context_tokens", "--set data.max_seq_len=512")
     # both names in one file is a mistake, not a guess
     both = tmp_path / "both.yaml"
     both.write_text(f.read_text().replace("  max_seq_len: 768\n", "  max_seq_len: 768\n  max_context_tokens: 512\n"))
     with pytest.raises(MLBenchError, match="data.max_seq_len and data.max_context_tokens are both set") as e:
-        load_train_config(both, {"model": "m"})
+        _train(both)
     assert e.value.where == f"{both}:{line}"
 
 
@@ -100,15 +103,14 @@ def test_train_flag_max_seq_len_is_max_context_tokens(capsys):
 
 
 def test_infer_config_max_tokens_is_max_new_tokens(tmp_path, capsys):
-    from mlbench_kit.infer_config import load_config
     text = (REPO_ROOT / "configs/infer/paper.yaml").read_text()
     assert "  max_new_tokens: 1024\n" in text
-    new = load_config(REPO_ROOT / "configs/infer/paper.yaml", {})
+    new = stage_config("infer", ["--config", str(REPO_ROOT / "configs/infer/paper.yaml")])
     assert _warnings(capsys.readouterr().err) == []
     f = tmp_path / "old.yaml"
     f.write_text(text.replace("  max_new_tokens: 1024\n", "  max_tokens: 1024\n"))
     line = next(i for i, ln in enumerate(f.read_text().splitlines(), 1) if "max_tokens" in ln)
-    old = load_config(f, {})
+    old = stage_config("infer", ["--config", str(f)])
     _one_warning(capsys, "sampling.max_tokens", "sampling.max_new_tokens", f"{f}:{line}")
     assert old == new and new.sampling.max_new_tokens == 1024
 
@@ -152,12 +154,12 @@ def test_records_written_under_the_old_names_still_load(tmp_path, capsys):
     from mlbench_kit.infer_config import InferConfig, Sampling
     from mlbench_kit.io import claim_run_folder
     from mlbench_kit.train.lora import LoRAFinetuneRecipe, _check_prep_budget
-    from mlbench_kit.train_config import SPEED_KEYS, TrainConfig, load_train_config
+    from mlbench_kit.train_config import SPEED_KEYS, TrainConfig
     # train reads the budget of a manifest from before the rename
     prep = tmp_path / "prep"
     prep.mkdir()
     (prep / "manifest.json").write_text(json.dumps({"max_tokens": 8192, "model_positions": None}))
-    cfg = load_train_config(REPO_ROOT / "configs/train/tiny-cpu.yaml", {"model": "m", "prep_dir": str(prep)})
+    cfg = _train(REPO_ROOT / "configs/train/tiny-cpu.yaml", "--prep-dir", str(prep))
     with pytest.raises(MLBenchError, match="prep cut the README context for 8192 tokens"):
         _check_prep_budget(cfg, 4096)
     # an infer folder written with sampling.max_tokens is the same run

@@ -20,6 +20,7 @@ import yaml
 from conftest import REPO_ROOT, assert_shared_modes, run_cli
 from safetensors.torch import load_file
 
+from mlbench_kit.cli import stage_config
 from mlbench_kit.train.data import (
     IGNORE,
     collate,
@@ -28,7 +29,6 @@ from mlbench_kit.train.data import (
     pack,
 )
 from mlbench_kit.train.loss import token_losses
-from mlbench_kit.train_config import load_train_config
 
 
 def _launch(model: Path, prep: Path, out: Path, *extra: str, config: str = "configs/accelerate/single.yaml",
@@ -204,7 +204,7 @@ def test_qlora_nf4_with_gradient_checkpointing_takes_real_steps_on_cpu(tmp_path,
     # resolved config (the warning says nothing of an explicit use_reentrant=True, nor of a default the recipe
     # left to transformers, which is non-reentrant in 5.19 whatever the recipe asks)
     from mlbench_kit.train.model import add_lora, load_base
-    run_cfg = load_train_config(out / "config.yaml", {})
+    run_cfg = stage_config("train", ["--config", str(out / "config.yaml")])
     assert run_cfg.quantization == "nf4" and run_cfg.gradient_checkpointing
     peft_model = add_lora(load_base(run_cfg, "fp32", "sdpa", device_map={"": "cpu"}), run_cfg)
     layers = [m for m in peft_model.modules() if getattr(m, "gradient_checkpointing", False)]
@@ -258,7 +258,8 @@ def test_adapter_loads_in_transformers_and_changes_logits(trained_adapter, tiny_
 def test_shipped_train_configs_resolve(path, tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
     needs_model = yaml.safe_load(path.read_text())["model"] is None  # the CPU configs take --model
-    cfg = load_train_config(path, {"model": "dummy" if needs_model else None, "split": "ood"})
+    cfg = stage_config("train", ["--config", str(path), *(["--model", "dummy"] if needs_model else []), "--split",
+                                 "ood"])
     assert cfg.family and cfg.template in ("paper", "llama-inst", "chat")
     assert str(cfg.out).endswith(f"task3-ood-s{cfg.seed}")
     with torch.device("meta"):
@@ -442,10 +443,11 @@ def test_mlbench_train_launches_its_processes_through_accelerate(tmp_path, tiny_
     start = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     assert start["world_size"] == 2
     assert [s["step"] for s in _steps(out)] == [1, 2] and (out / "adapter" / "adapter_model.safetensors").is_file()
-    want = load_train_config("configs/train/tiny-cpu.yaml", {"model": str(tiny_model_dir), "prep_dir": str(real_prep),
-                                                              "out": str(out), "max_context_tokens": 1024,
-                                                              "max_steps": 2}, ["optim.grad_accum=1"])
-    assert load_train_config(out / "config.yaml", {}) == want  # what the processes trained: what was asked
+    want = stage_config("train", ["--config", "configs/train/tiny-cpu.yaml", "--model", str(tiny_model_dir),
+                                  "--prep-dir", str(real_prep), "--out", str(out), "--max-context-tokens", "1024",
+                                  "--max-steps", "2", "--set", "optim.grad_accum=1"])
+    # what the processes trained: what was asked
+    assert stage_config("train", ["--config", str(out / "config.yaml")]) == want
     # a bad launch is refused before any process starts, with the flag to fix
     r = run_cli("mlbench", "train", "--nproc", "2", "--accelerate-config", tmp_path / "none.yaml", "--config",
                 "configs/train/tiny-cpu.yaml", "--model", tiny_model_dir, "--prep-dir", real_prep, "--out",
