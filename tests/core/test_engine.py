@@ -58,3 +58,40 @@ def test_every_stage_offers_exactly_the_registry_s_backends(config: type):
     choices = typing.get_args(typing.get_type_hints(config)["backend"])
     assert set(choices) == set(BACKENDS)
     assert all(b.name == name for name, b in BACKENDS.items())
+
+
+def test_the_hf_engine_serves_several_adapters_one_per_request(tmp_path: Path, tiny_model_dir: Path):
+    """Two real PEFT adapters (random LoRA weights, so they change the samples) and the base model in one hf
+    engine: a call whose requests name base, one and the other adapter samples what each does alone, n samples a
+    request; the adapters differ from the base."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from mlbench_kit.engine import EngineSpec, GenParams, GenRequest, make_engine
+    from mlbench_kit.hf import load_tokenizer
+    adapters = {}
+    for k, name in enumerate(("one", "two")):
+        torch.manual_seed(k)
+        lm = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+                            LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+        with torch.no_grad():
+            for n, p in lm.named_parameters():
+                if "lora_" in n:
+                    p.mul_(20)  # a random adapter strong enough to move a 2-layer model's samples
+        lm.save_pretrained(tmp_path / name)
+        adapters[name] = str(tmp_path / name)
+    tok = load_tokenizer(str(tiny_model_dir), fast=False)
+    engine = make_engine(EngineSpec("hf", str(tiny_model_dir), adapters=adapters), tok)
+    params = GenParams(max_new_tokens=8, n=2)
+    prompts = [tuple(tok("def train(model):")["input_ids"]), tuple(tok("python main.py --lr")["input_ids"])]
+    reqs = [GenRequest(ids, 7 + i, a) for i, ids in enumerate(prompts) for a in (None, "one", "two")]
+    try:
+        together = [[g.text for g in out] for out in engine.generate(reqs, params)]
+        alone = [[g.text for g in engine.generate([r], params)[0]] for r in reqs]
+    finally:
+        engine.close()
+    assert together == alone and all(len(t) == 2 for t in together)
+    by = {(r.seed, r.adapter): t for r, t in zip(reqs, together, strict=True)}
+    assert any(by[(s, "one")] != by[(s, None)] for s in (7, 8))
+    assert any(by[(s, "two")] != by[(s, "one")] for s in (7, 8))
