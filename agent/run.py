@@ -178,8 +178,9 @@ def run(args: argparse.Namespace) -> int:
     local = backend(cfg.backend).local
     if not local:  # a served name: the prompts' tokens and the context come from --tokenizer's folder
         if not cfg.tokenizer:
-            raise MLBenchError("backend openai needs --tokenizer (the served model's tokenizer folder): prompts are "
-                               "sent as token ids", "--tokenizer", "pass the model's folder, e.g. --tokenizer DIR")
+            raise MLBenchError(f"backend {cfg.backend} needs --tokenizer (the served model's tokenizer folder): "
+                               "prompts are sent as token ids", "--tokenizer",
+                               "pass the model's folder, e.g. --tokenizer DIR")
         check_model_available(cfg.tokenizer, "--tokenizer")
     else:
         check_model_available(model, "--model")
