@@ -30,7 +30,17 @@ from mlbench_kit.agent_config import AgentConfig
 from mlbench_kit.chat_template import render_chat
 from mlbench_kit.config import save_resolved
 from mlbench_kit.dataset import Sample, load_samples
-from mlbench_kit.engine import Engine, GenParams, GenRequest, reply_fault
+from mlbench_kit.engine import (
+    Endpoint,
+    Engine,
+    EngineSpec,
+    GenParams,
+    GenRequest,
+    backend,
+    context_length,
+    reply_fault,
+)
+from mlbench_kit.engine import make_engine as build_engine
 from mlbench_kit.envspec import EnvConfig
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.escape import visible
@@ -44,8 +54,6 @@ from mlbench_kit.untar import safe_extract
 from .bash import BashEpisode
 from .episode import BaseEpisode, Encoder, Episode
 from .repo import RepoView
-
-LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
 
 
 def _identity(path: str | None) -> dict[str, Any] | None:
@@ -152,23 +160,13 @@ def make_encoder(tokenizer: Any, template: str) -> tuple[Any, str]:
 
 
 def make_engine(cfg: AgentConfig, tokenizer: Any, max_model_len: int) -> Engine:
-    model = str(cfg.model)  # given (require_inputs)
-    adapters = {"adapter": cfg.adapter} if cfg.adapter else None
-    if cfg.backend == "openai":
-        from mlbench_kit.engine import OpenAIEngine
-        o = cfg.openai
-        return OpenAIEngine(model, o.base_url, o.api_key_env, adapters, o.concurrency, o.timeout_s,
-                            o.max_retries)
-    if cfg.backend == "hf":
-        from mlbench_kit.engine import HfEngine
-        return HfEngine(model, tokenizer, adapters)
-    from mlbench_kit.engine import VllmEngine
-    rank = None
-    if cfg.adapter:
-        r = int(json.loads((Path(cfg.adapter) / "adapter_config.json").read_text())["r"])
-        rank = next((x for x in LORA_RANKS if x >= r), r)
-    return VllmEngine(model, max_model_len, cfg.sampling.seed, adapters, rank, cfg.tokenizer,
-                      gpu_memory_utilization=cfg.gpu_memory_utilization, enforce_eager=cfg.enforce_eager)
+    """The engine of ``cfg.backend``, with the adapter (if any) loaded under the name ``adapter``."""
+    o = cfg.openai
+    return build_engine(EngineSpec(cfg.backend, str(cfg.model), cfg.tokenizer, max_model_len, cfg.sampling.seed,
+                                   {"adapter": cfg.adapter} if cfg.adapter else {},
+                                   gpu_memory_utilization=cfg.gpu_memory_utilization, enforce_eager=cfg.enforce_eager,
+                                   endpoint=Endpoint(o.base_url, "completions", o.api_key_env, o.max_retries, 0,
+                                                     o.concurrency, o.timeout_s)), tokenizer)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -177,20 +175,19 @@ def run(args: argparse.Namespace) -> int:
     cfg = resolve(stage("agent"), args)
     cfg.require_inputs(args.config)
     model = str(cfg.model)
-    if cfg.backend == "openai":  # a served name: the prompts' tokens and the context come from --tokenizer's folder
+    local = backend(cfg.backend).local
+    if not local:  # a served name: the prompts' tokens and the context come from --tokenizer's folder
         if not cfg.tokenizer:
-            raise MLBenchError("backend openai needs --tokenizer (the served model's tokenizer folder): prompts are "
-                               "sent as token ids", "--tokenizer", "pass the model's folder, e.g. --tokenizer DIR")
+            raise MLBenchError(f"backend {cfg.backend} needs --tokenizer (the served model's tokenizer folder): "
+                               "prompts are sent as token ids", "--tokenizer",
+                               "pass the model's folder, e.g. --tokenizer DIR")
         check_model_available(cfg.tokenizer, "--tokenizer")
     else:
         check_model_available(model, "--model")
     tokenizer = load_tokenizer(cfg.tokenizer or model, "--tokenizer" if cfg.tokenizer else "--model",
                                fast=False)
-    positions = model_positions(cfg.tokenizer if cfg.backend == "openai" else model)
-    if cfg.max_model_len and positions and cfg.max_model_len > positions:
-        raise MLBenchError(f"max_model_len {cfg.max_model_len} is above the model's {positions} positions",
-                           "max_model_len")
-    max_model_len = cfg.max_model_len or positions or 4096
+    positions = model_positions(model if local else str(cfg.tokenizer))
+    max_model_len = context_length(cfg.max_model_len, positions, positions or 4096, "max_model_len")
     rows = select_rows(cfg)
     out = Path(str(cfg.out))
     out.mkdir(parents=True, exist_ok=True)
@@ -306,7 +303,7 @@ def run_episodes(cfg: AgentConfig, rows: list[Sample], repos: dict[str, Path], e
     logs: dict[Path, AppendLog] = {}
     gens = AppendLog(gens_path)
     params = GenParams(temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k,
-                       max_new_tokens=cfg.sampling.max_new_tokens)
+                       max_new_tokens=cfg.sampling.max_new_tokens)  # n = 1: one completion per turn
     adapter = "adapter" if ident.get("adapter") else None
     rounds = turns = 0
     written: set[tuple[int, int]] = set()
@@ -327,6 +324,7 @@ def run_episodes(cfg: AgentConfig, rows: list[Sample], repos: dict[str, Path], e
             t0 = time.perf_counter()
             outs = engine().generate([GenRequest(tuple(p.ids), p.seed, adapter, p.max_new_tokens)
                                       for _, _, p in todo], params)
+            outs = [samples[0] for samples in outs]
             wall = time.perf_counter() - t0
             rounds += 1
             for (ep, path, p), g in zip(todo, outs, strict=True):

@@ -23,14 +23,14 @@ from pathlib import Path
 from mlbench_kit.agent.run import checkouts, make_encoder, run_episodes, select_rows
 from mlbench_kit.agent_config import AgentConfig
 from mlbench_kit.config import load
-from mlbench_kit.engine import VllmEngine
+from mlbench_kit.engine import Engine, EngineSpec, context_length, make_engine
 from mlbench_kit.hf import load_tokenizer, model_positions
 
 
 class OneAtATime:
     """The same engine, one request per call."""
 
-    def __init__(self, engine: VllmEngine) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
     def generate(self, requests, params):
@@ -69,8 +69,9 @@ def main() -> None:
     repos = checkouts(cfg, {s.repo for s in rows}, out)
     tok = load_tokenizer(a.model, "--model", fast=False)
     encode, _ = make_encoder(tok, cfg.template)
-    max_len = cfg.max_model_len or model_positions(a.model) or 4096
-    engine = VllmEngine(a.model, max_len, cfg.sampling.seed)
+    positions = model_positions(a.model)
+    max_len = context_length(cfg.max_model_len, positions, positions or 4096, "max_model_len")
+    engine = make_engine(EngineSpec("vllm", a.model, max_model_len=max_len, seed=cfg.sampling.seed))
     ident = {"model": a.model, "adapter": None, "backend": "vllm"}
     result: dict = {"model": a.model, "rows": len(rows), "episodes": len(rows) * cfg.episodes,
                     "config": a.config, "overrides": {k: v for k, (v, _) in over.items()}}

@@ -37,8 +37,8 @@ def main() -> None:
     # generation alone, same prompts and sampling, each backend built once (vLLM's engine start-up is ~35-60 s on
     # CPU and is paid once per `mlbench infer`, so it is reported apart)
     from mlbench_kit.cli import stage_config
+    from mlbench_kit.engine import EngineSpec, GenParams, GenRequest, make_engine
     from mlbench_kit.hf import load_tokenizer
-    from mlbench_kit.infer.backends import HfBackend, VllmBackend
     from mlbench_kit.infer.prompts import encode, load_prompts
     tok = load_tokenizer(str(tmp / "m"))
     items = encode(load_prompts(tmp / "prep" / "full" / "task3.jsonl", 3)[: a.prompts], tok)
@@ -47,11 +47,13 @@ def main() -> None:
     speed = {}
     for name in ("hf", "vllm"):
         t0 = time.perf_counter()
-        backend = (HfBackend(str(tmp / "m"), cfg, tokenizer=tok) if name == "hf"
-                   else VllmBackend(str(tmp / "m"), cfg, longest + a.max_new_tokens))
+        backend = make_engine(EngineSpec(name, str(tmp / "m"), max_model_len=longest + a.max_new_tokens,
+                                         seed=cfg.sampling.seed), tok)
         start = time.perf_counter() - t0
         t1 = time.perf_counter()
-        out = backend.generate(items)
+        s = cfg.sampling
+        out = backend.generate([GenRequest(it.token_ids, s.for_prompt(it.key)) for it in items],
+                               GenParams(s.temperature, s.top_p, s.top_k, s.max_new_tokens, tuple(s.stop), s.n))
         gen = time.perf_counter() - t1
         toks = sum(c.n_tokens for comps in out for c in comps)
         speed[name] = toks / gen

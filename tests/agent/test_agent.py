@@ -152,13 +152,13 @@ class Scripted:
     def __init__(self, policy, tokens_per_reply: int | None = None) -> None:
         self.policy, self.calls, self.sizes, self.tokens = policy, 0, [], tokens_per_reply
 
-    def generate(self, requests: list[GenRequest], params: GenParams) -> list[Generated]:
+    def generate(self, requests: list[GenRequest], params: GenParams) -> list[list[Generated]]:
         self.calls += 1
         self.sizes.append(len(requests))
         out = []
         for r in requests:
             text = self.policy("".join(map(chr, r.token_ids)), r.seed)
-            out.append(Generated(text, self.tokens or max(1, len(text) // 4)))
+            out.append([Generated(text, self.tokens or max(1, len(text) // 4))])
         return out
 
     def close(self) -> None:
@@ -728,7 +728,7 @@ def test_the_openai_backend_needs_a_tokenizer_and_a_key_off_this_machine(tmp_pat
     not this machine's needs the key from the environment variable the config names (no request is sent)."""
     from conftest import SAMPLE, run_cli
 
-    from mlbench_kit.engine import OpenAIEngine, is_loopback
+    from mlbench_kit.engine import Endpoint, EngineSpec, is_loopback, make_engine
     r = run_cli("mlbench", "agent", "--backend", "openai", "--model", "served", "--data", SAMPLE / "samples.jsonl",
                 "--repos-dir", SAMPLE / "repos", "--out", tmp_path / "out")
     assert r.returncode == 2 and "--tokenizer" in r.stderr and "token ids" in r.stderr, r.stderr
@@ -737,8 +737,10 @@ def test_the_openai_backend_needs_a_tokenizer_and_a_key_off_this_machine(tmp_pat
     assert not is_loopback("https://127.example.com/v1") and not is_loopback("https://api.example.com/v1")
     monkeypatch.delenv("MLBENCH_TEST_KEY", raising=False)
     with pytest.raises(MLBenchError, match="MLBENCH_TEST_KEY"):
-        OpenAIEngine("m", "https://api.example.com/v1", "MLBENCH_TEST_KEY")
-    OpenAIEngine("m", "http://127.0.0.1:9/v1", "MLBENCH_TEST_KEY").close()  # loopback: no key needed
+        make_engine(EngineSpec("openai", "m", endpoint=Endpoint("https://api.example.com/v1",
+                                                                api_key_env="MLBENCH_TEST_KEY")))
+    loopback = Endpoint("http://127.0.0.1:9/v1", api_key_env="MLBENCH_TEST_KEY")
+    make_engine(EngineSpec("openai", "m", endpoint=loopback)).close()  # loopback: no key needed
 
 
 # ------------------------------------------------------------------------------------------------ README window

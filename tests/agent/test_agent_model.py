@@ -86,7 +86,7 @@ class KillAfter:
 def test_resume_with_the_tiny_model_equals_an_uninterrupted_run(tmp_path: Path, shared: Path, tiny_model_dir: Path,
                                                                  rows_file: Path):
     """Kill after turn 2, resume: the transcripts and generations are those of a run never killed."""
-    from mlbench_kit.engine import HfEngine
+    from mlbench_kit.engine import EngineSpec, make_engine
     from mlbench_kit.hf import load_tokenizer
     cfg = stage_config("agent", ["--config", str(TINY)])
     cfg.limits.max_format_errors = 4  # the untrained model rarely writes JSON: let episodes run 4 turns
@@ -97,7 +97,7 @@ def test_resume_with_the_tiny_model_equals_an_uninterrupted_run(tmp_path: Path, 
     import tarfile
     with tarfile.open(shared / "repos" / f"{REPO}.tar.gz") as tf:
         tf.extractall(repos_dir, filter="data")
-    engine = HfEngine(str(tiny_model_dir), tok)
+    engine = make_engine(EngineSpec("hf", str(tiny_model_dir)), tok)
     ident = {"model": str(tiny_model_dir), "adapter": None, "backend": "hf"}
 
     def run(out: Path, eng) -> dict:
@@ -135,7 +135,7 @@ def test_lockstep_equals_sequential_on_vllm_and_a_vllm_server_samples_the_same(
     OpenAI engine (`--backend openai`) against `vllm serve` of the same model (the session's server, which infer's
     OpenAI test starts too): its requests (token ids, one completion, the turn's seed, top-k, the turn's cap) are
     served, every episode ends with a recorded exit, and the first turns are the offline engine's."""
-    from mlbench_kit.engine import OpenAIEngine, VllmEngine
+    from mlbench_kit.engine import Endpoint, EngineSpec, make_engine
     from mlbench_kit.hf import load_tokenizer
     cfg = stage_config("agent", ["--config", str(TINY)])
     cfg.limits.max_format_errors = 4
@@ -145,7 +145,7 @@ def test_lockstep_equals_sequential_on_vllm_and_a_vllm_server_samples_the_same(
     import tarfile
     with tarfile.open(shared / "repos" / f"{REPO}.tar.gz") as tf:
         tf.extractall(tmp_path / "repos", filter="data")
-    engine = VllmEngine(str(tiny_model_dir), 4096, cfg.sampling.seed)
+    engine = make_engine(EngineSpec("vllm", str(tiny_model_dir), max_model_len=4096, seed=cfg.sampling.seed))
     ident = {"model": str(tiny_model_dir), "adapter": None, "backend": "vllm"}
     try:
         for name, eng in (("lockstep", engine), ("sequential", OneAtATime(engine))):
@@ -156,7 +156,7 @@ def test_lockstep_equals_sequential_on_vllm_and_a_vllm_server_samples_the_same(
     lock, seq = _transcripts(tmp_path / "lockstep"), _transcripts(tmp_path / "sequential")
     assert sum("turn" in r for t in lock.values() for r in t) >= 8
     assert lock == seq
-    served = OpenAIEngine("tiny", tiny_vllm_server, concurrency=4)
+    served = make_engine(EngineSpec("openai", "tiny", endpoint=Endpoint(tiny_vllm_server, concurrency=4)))
     try:
         stats = run_episodes(cfg, rows, {REPO: tmp_path / "repos" / REPO}, lambda: served, encode, 4096,
                              tmp_path / "served", {**ident, "backend": "openai"})
@@ -203,7 +203,7 @@ def test_gold_answers_through_the_agent_get_the_gold_verdicts(tmp_path: Path, sh
                 else:
                     task = next(t for t in gold if f"task: {t}" in prompt)
                     reply = json.dumps({"flag": "CODE", "file_path": "", "code": gold[task]})
-                out.append(Generated(reply, 10))
+                out.append([Generated(reply, 10)])
             return out
 
     with tarfile.open(shared / "repos" / f"{REPO}.tar.gz") as tf:

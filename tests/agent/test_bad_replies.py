@@ -75,17 +75,16 @@ def test_each_bad_reply_is_a_fault_exit_of_its_episode_and_the_agent_run_goes_on
 
 
 def test_each_bad_reply_is_a_per_sample_error_and_infer_goes_on(tmp_path: Path, bad_server: BadServer):
-    from mlbench_kit.infer.openai_backend import OpenAIBackend
     from mlbench_kit.infer.prompts import PromptItem
-    from mlbench_kit.infer.run import generate_plan
+    from mlbench_kit.infer.run import generate_plan, make_backend
     from mlbench_kit.infer_config import InferConfig
-    cfg = InferConfig(backend="openai")
+    cfg = InferConfig(backend="openai", model="served")
     cfg.sampling.n = 1
     cfg.openai = {**cfg.openai, "base_url": bad_server.url, "max_retries": 0}
     items = [PromptItem(3, i, i, f"prompt {i}", [{"role": "user", "content": f"prompt {i}"}], "plain", f"p:{i}")
              for i in range(len(BAD))]
     ident = {"model": {"name": "served"}, "adapter": None, "backend": "openai", "sampling": {}}
-    backend = OpenAIBackend("served", cfg, send_token_ids=False)
+    backend = make_backend(cfg, None, 4096, {})
     out = tmp_path / "task3.jsonl"
     try:
         generate_plan(backend, [(None, ident, items, out)], cfg, stream=io.StringIO())

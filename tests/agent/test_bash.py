@@ -52,7 +52,7 @@ class Replies:
         for r in requests:
             messages = json.loads("".join(map(chr, r.token_ids)))
             text = self.script(messages, next(s for s in self.rows if s.instruction in messages[0]["content"]))
-            out.append(Generated(text, min(10, r.max_new_tokens or params.max_new_tokens)))  # an engine's count
+            out.append([Generated(text, min(10, r.max_new_tokens or params.max_new_tokens))])  # an engine's count
         return out
 
     def close(self) -> None:

@@ -27,13 +27,13 @@ class Answering:
     def __init__(self, replies: dict[tuple[int, ...], str], tok) -> None:
         self.replies, self.tok, self.requests = replies, tok, 0
 
-    def generate(self, requests: list[GenRequest], params: GenParams) -> list[Generated]:
+    def generate(self, requests: list[GenRequest], params: GenParams) -> list[list[Generated]]:
         self.requests += len(requests)
         out = []
         for r in requests:
             assert tuple(r.token_ids) in self.replies, "the harness sent a prompt no gold record holds"
             text = self.replies[tuple(r.token_ids)]
-            out.append(Generated(text, len(self.tok(text, add_special_tokens=False)["input_ids"])))
+            out.append([Generated(text, len(self.tok(text, add_special_tokens=False)["input_ids"]))])
         return out
 
     def close(self) -> None:

