@@ -89,6 +89,27 @@ def stage_options(cfg: RunConfig, out: Path) -> dict[str, Any]:
     return options
 
 
+CONFIG_KEYS = ("prep_config", "infer_config", "eval_config", "reference")
+PATHS = ("model", "data", "readmes", "repos_dir", "checkout", "envs", "prep_config", "infer_config", "eval_config",
+         "reference")
+
+
+def identity(cfg: RunConfig) -> dict[str, Any]:
+    """What a run folder is for: the options, with paths that exist made absolute (the same run resumes from
+    another working folder, or named another way) and without the folder itself (a moved folder resumes)."""
+    d = to_dict(cfg)
+    d.pop("out", None)
+    for key in PATHS:
+        if isinstance(d.get(key), str):
+            p = Path(d[key])
+            if not p.exists() and key in CONFIG_KEYS and (CHECKOUT / p).is_file():
+                p = CHECKOUT / p  # a shipped config, found beside the code (_config_file)
+            d[key] = str(p.resolve()) if p.exists() else d[key]
+    d["adapters"] = [f"{n}={Path(p).resolve() if Path(p).exists() else p}"
+                     for n, _, p in (a.partition("=") for a in d.get("adapters") or [])]
+    return d
+
+
 WHERE = {"tokenizer": "--model", "splits": "--split", "prompts": "--out", "generations": "--out"}
 
 
@@ -106,7 +127,7 @@ def run_all(cfg: RunConfig) -> int:
     configs = {key: load_stage_config(stage(key.split(":")[0]), {k: v for k, v in opts.items() if v is not None},
                                       _where) for key, opts in options.items()}
     out.mkdir(parents=True, exist_ok=True)
-    claim_run_folder(out / "run.json", to_dict(cfg))
+    claim_run_folder(out / "run.json", identity(cfg))
     save_resolved(cfg, out / "config.yaml")  # `mlbench run --config OUT/config.yaml` resumes the run
     done_file = out / "stages.json"
     done: dict[str, float] = json.loads(done_file.read_text()) if done_file.is_file() else {}

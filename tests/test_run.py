@@ -117,3 +117,19 @@ def test_one_command_scores_like_the_four_by_hand_and_resumes_after_ctrl_c(tmp_p
     again = run_cli("mlbench", "run", *_run_args(tiny_model_dir, out))
     assert again.returncode == 0 and again.stdout == r.stdout, again.stderr[-3000:]
     assert again.stderr.count(": kept (finished in an earlier run)") == 4, again.stderr
+
+
+def test_the_same_run_named_from_another_folder_is_the_same_run(tmp_path: Path, monkeypatch) -> None:
+    """A run folder records its options with existing paths made absolute: the same command from another working
+    folder (or the folder moved) resumes instead of being refused as another run's."""
+    from mlbench_kit.pipeline import identity
+    from mlbench_kit.run_config import RunConfig
+    monkeypatch.chdir(REPO_ROOT)
+    here = RunConfig(model=str(tmp_path), data="examples/sample/samples.jsonl", envs="configs/eval/sample.yaml",
+                     adapters=[f"id={tmp_path}"], out="runs/x")
+    recorded = identity(here)
+    monkeypatch.chdir(tmp_path)
+    there = RunConfig(model=".", data=str(DATA), envs=str(ENVS), adapters=["id=."], out="/elsewhere/x")
+    assert recorded == identity(there)
+    assert recorded != identity(RunConfig(model=".", data=str(DATA), envs=str(ENVS), adapters=["id=."],
+                                                 mode="strict", out="x"))
