@@ -26,7 +26,7 @@ class RunConfig:
     model: str | None = option(None, "base model: local folder or hub id (its tokenizer cuts the prompts); required")
     adapters: list[str] = option(help="LoRA adapters of the model to score beside it, in one engine",
                                  factory=list, metavar="NAME=DIR")
-    with_base: bool = option(True, "with --adapters: score the model as released too")
+    with_base: bool = option(True, "score the model as released beside the adapters")
     data: str = option(HUB_ID, "ML-Bench rows: hub id, .jsonl/.parquet file or save_to_disk folder")
     split: str = option("full", "the split to score, by prep's names (full, quarter, test, ...)")
     tasks: list[int] = option(help="tasks to score", factory=lambda: [3], choices=TASKS)
