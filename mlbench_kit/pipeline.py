@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -132,6 +133,15 @@ def run_all(cfg: RunConfig) -> int:
     done_file = out / "stages.json"
     done: dict[str, float] = json.loads(done_file.read_text()) if done_file.is_file() else {}
     current = ""
+    # Ctrl-C is noted before it is raised: a library may wrap the KeyboardInterrupt it caught (transformers' lazy
+    # imports raise a RuntimeError naming it), and the run must still say what was kept
+    signals: list[int] = []
+
+    def note(signum: int, frame: Any) -> None:
+        signals.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, note)
     try:
         for key, stage_cfg in configs.items():
             current = key
@@ -157,11 +167,15 @@ def run_all(cfg: RunConfig) -> int:
             _report(cfg, out)
             done["report"] = 0.0
             write_json_atomic(done_file, done)
-    except KeyboardInterrupt:
+    except BaseException as exc:
+        if not (isinstance(exc, KeyboardInterrupt) or signals):
+            raise
         kept = ", ".join(k for k in done) or "nothing"
         print(f"\nrun: interrupted during {current}; kept: {kept}. Re-run the same command to resume (the "
               "interrupted stage is redone from what it wrote)", file=sys.stderr)
         return 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
     summary = summarize(cfg, out)
     write_json_atomic(out / "summary.json", summary)
     print_summary(summary)
