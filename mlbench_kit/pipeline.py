@@ -153,6 +153,8 @@ def run_all(cfg: RunConfig) -> int:
             print(f"run: {shown} ...", file=sys.stderr)
             t0 = time.monotonic()
             rc = int(stage(name).entry_function()(stage_cfg))
+            if signals:  # a Ctrl-C the stage's libraries swallowed: the run stops, the stage is not taken as done
+                raise KeyboardInterrupt
             if rc != 0:
                 print(f"run: {shown} exited {rc}; fix what it said and re-run the same command (finished stages "
                       "are kept)", file=sys.stderr)
