@@ -137,8 +137,13 @@ def targets(cfg: InferConfig) -> list[tuple[str | None, str | None, Path]]:
 def run(args: argparse.Namespace) -> int:
     """Run the infer stage; returns the exit status. The terminal gets one line per step and a progress line; the
     engine's and libraries' own output goes to ``OUT/logs/engine.log`` (``--verbose``: to the terminal)."""
-    cfg = resolve(stage("infer"), args)
-    cfg.require_inputs(args.config)
+    return infer(resolve(stage("infer"), args), args.config)
+
+
+def infer(cfg: InferConfig, source: str | None = None) -> int:
+    """The infer stage's entry on a resolved config (``mlbench infer``, ``mlbench run``); ``source`` names the
+    config file in the error a config without inputs gets. Returns the exit status."""
+    cfg.require_inputs(source)
     todo_targets = targets(cfg)
     log = None if cfg.verbose else Path(str(cfg.out)) / ENGINE_LOG
     with logs_to_file(log, "infer") as con:

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -167,3 +168,40 @@ def logs_to_file(path: Path | None, stage: str) -> Iterator[Console]:
         os.close(saved[0])
         os.close(saved[1])
         term.close()
+
+
+# libraries that log on import, before a stage knows its log file (bitsandbytes: "pip install kernels" on CPU)
+HELD_LOGGERS = ("bitsandbytes",)
+
+
+class _Held(logging.Handler):
+    """Keeps the records a library logs until :func:`replay_held_logs`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def hold_library_logs(names: tuple[str, ...] = HELD_LOGGERS) -> None:
+    """Hold what the ``names`` loggers log (their import-time warnings) instead of printing it on the terminal,
+    until :func:`replay_held_logs` writes it into the stage's log."""
+    for name in names:
+        lg = logging.getLogger(name)
+        if not any(isinstance(h, _Held) for h in lg.handlers):
+            lg.addHandler(_Held())
+            lg.propagate = False
+
+
+def replay_held_logs(names: tuple[str, ...] = HELD_LOGGERS) -> None:
+    """Write the held records to stderr (inside :func:`logs_to_file`: the log) and let the loggers log as usual."""
+    fmt = logging.Formatter("%(name)s: %(levelname)s: %(message)s")
+    for name in names:
+        lg = logging.getLogger(name)
+        for h in [h for h in lg.handlers if isinstance(h, _Held)]:
+            lg.removeHandler(h)
+            for record in h.records:
+                print(fmt.format(record), file=sys.stderr, flush=True)
+        lg.propagate = True

@@ -72,6 +72,7 @@ class Stage:
     default_config: str | None = None  # the config file read without --config (relative to the checkout)
     cpu_config: str | None = None  # the one to name instead when default_config needs a GPU and there is none
     commands: tuple[Command, ...] = ()  # `mlbench STAGE COMMAND ...`: tools over the stage's outputs
+    call: str | None = None  # "module:function" taking the stage's typed config (what `mlbench run` chains)
 
     def module(self) -> ModuleType:
         """The stage's entry module (imported now: the first time the stage is needed)."""
@@ -84,6 +85,13 @@ class Stage:
         module, _, name = self.config.partition(":")
         return typing.cast(type, getattr(importlib.import_module(module), name))
 
+    def entry_function(self) -> typing.Callable[..., int]:
+        """The stage's entry on a resolved config (``call``: prep's ``prepare(cfg)``, eval's ``score(cfg)``)."""
+        if self.call is None:
+            raise MLBenchError(f"{self.name} has no entry on a config", None)
+        module, _, name = self.call.partition(":")
+        return typing.cast(typing.Callable[..., int], getattr(importlib.import_module(module), name))
+
     def flags(self) -> dict[str, str]:
         """Option name (``max_new_tokens``) -> the config key it sets (``sampling.max_new_tokens``)."""
         return {name: o.key for name, o in self.options().items()}
@@ -95,8 +103,10 @@ class Stage:
 
 
 STAGES: tuple[Stage, ...] = (
+    Stage("run", "one command from a model to a score: prep -> infer -> eval -> report in one folder, resumable",
+          "mlbench_kit.pipeline", "mlbench_kit.run_config:RunConfig"),
     Stage("prep", "render tasks 1-3 into prompts", "mlbench_kit.data_prep.prepare",
-          "mlbench_kit.prep_config:PrepConfig"),
+          "mlbench_kit.prep_config:PrepConfig", call="mlbench_kit.data_prep.prepare:prepare"),
     Stage("train", "LoRA/QLoRA fine-tuning: one process, or several through accelerate's launcher (--nproc, "
           "--accelerate-config; or accelerate launch train/lora.py)",
           "mlbench_kit.train.cli", "mlbench_kit.train_config:TrainConfig",
@@ -108,7 +118,7 @@ STAGES: tuple[Stage, ...] = (
           default_config="configs/train/codellama-7b-instruct.yaml",  # the paper's main open model (the card's)
           cpu_config="configs/train/tiny-cpu.yaml"),
     Stage("infer", "sample n responses per prompt (vLLM, HF or an OpenAI-compatible endpoint)",
-          "mlbench_kit.infer.run", "mlbench_kit.infer_config:InferConfig"),
+          "mlbench_kit.infer.run", "mlbench_kit.infer_config:InferConfig", call="mlbench_kit.infer.run:infer"),
     Stage("agent", "agent episodes per row (ML-Agent, or bash actions in the sandbox) -> generations to score",
           "mlbench_kit.agent.run", "mlbench_kit.agent_config:AgentConfig",
           one_of=((("repos_dir", "tarballs"), False),),  # one of them is required: AgentConfig.require_inputs
@@ -121,7 +131,8 @@ STAGES: tuple[Stage, ...] = (
                                      Flag("full", "every message whole (default: each cut to 4,000 characters, "
                                           "head and tail)", type=bool, default=False))),)),
     Stage("eval", "execute generations in a sandbox and score them", "mlbench_kit.eval.run",
-          "mlbench_kit.eval_config:EvalConfig", one_of=((("generations", "gold"), False),)),
+          "mlbench_kit.eval_config:EvalConfig", one_of=((("generations", "gold"), False),),
+          call="mlbench_kit.eval.run:score"),
     Stage("learn", "learn from execution verdicts: SFT records and pairs from verdicts (data), rejection-sampling "
           "fine-tuning (rft), DPO, GRPO with sandboxed execution rewards",
           "mlbench_kit.learn.run", "mlbench_kit.learn_config:LearnConfig"),

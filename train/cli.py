@@ -22,8 +22,11 @@ from mlbench_kit.config import save_resolved
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.flags import check_config, config_path, resolve
 from mlbench_kit.hf import check_model_available
+from mlbench_kit.progress import logs_to_file, replay_held_logs
 from mlbench_kit.stages import stage
 from mlbench_kit.train_config import TrainConfig
+
+TRAIN_LOG = Path("logs") / "train.log"  # under the run's folder
 
 
 def preflight(cfg: TrainConfig) -> None:
@@ -93,18 +96,27 @@ def run(args: argparse.Namespace, recipe: Any = None) -> int:
     preflight(cfg)
     if launching:
         return launch(cfg, args)
-    if recipe is None:
-        from .lora import LoRAFinetuneRecipe as recipe  # the heavy imports, only now that training starts
-    run_ = recipe(cfg, args.resume)
-    if run_.finished():
-        if os.environ.get("RANK", "0") == "0":
-            print(f"train: already finished: {run_.final_adapter}", file=sys.stderr)
-        return 0
-    run_.setup()
-    try:
-        code = run_.train()
-        if code == 0:
-            run_.publish()
-        return code
-    finally:
-        run_.cleanup()
+    # the libraries' own output (bitsandbytes' kernels notice, DeepSpeed's accelerator warning, C++ messages) goes
+    # to the run's log, as infer's does; the recipe's own lines go to the terminal (run_.term)
+    log = Path(str(cfg.out)) / TRAIN_LOG
+    main = os.environ.get("RANK", "0") == "0"
+    with logs_to_file(log, "train") as con:
+        if main:
+            con.say(f"train: library logs in {log}")
+        if recipe is None:
+            from .lora import LoRAFinetuneRecipe as recipe  # the heavy imports, only now that training starts
+        replay_held_logs()  # what the libraries said while `accelerate launch train/lora.py` imported them
+        run_ = recipe(cfg, args.resume)
+        run_.term = con.stream
+        if run_.finished():
+            if main:
+                con.say(f"train: already finished: {run_.final_adapter}")
+            return 0
+        run_.setup()
+        try:
+            code = run_.train()
+            if code == 0:
+                run_.publish()
+            return code
+        finally:
+            run_.cleanup()

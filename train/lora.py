@@ -26,17 +26,18 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 if __package__ in (None, "") and sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
     # Run as a file (accelerate launch train/lora.py): drop train/ from the import path so its modules
     # (config.py, data.py, ...) cannot shadow other packages; they are imported from the installed namespace.
     sys.path.pop(0)
 
-from mlbench_kit.progress import Progress, bars_only_on_tty
+from mlbench_kit.progress import Progress, bars_only_on_tty, hold_library_logs
 
 if __name__ == "__main__":
     bars_only_on_tty()  # before transformers, peft and accelerate import tqdm: no library bars in a log
+    hold_library_logs()  # what they log while imported waits for the run's log (train/cli.py replays it there)
 
 import importlib.util
 
@@ -90,6 +91,8 @@ class LoRAFinetuneRecipe:
     def __init__(self, cfg: TrainConfig, resume: str = "auto") -> None:
         self.cfg, self.resume = cfg, resume
         self.out = cfg.out
+        # the recipe's own lines (progress, resumed, done): the terminal, while libraries write to the run's log
+        self.term: TextIO = sys.stderr
         # where the run lives is not part of it: a checkpoint copied to another folder resumes there
         same = cfg.identity()
         self.config_sha = _sha(same)
@@ -265,9 +268,9 @@ class LoRAFinetuneRecipe:
         s.micro = rank_position(s.micro, s.world_size, self.world, len(self._all_batches(s.epoch)))
         s.world_size, s.grad_accum, s.config_sha = self.world, self.grad_accum, self.config_sha
         if self.main:
-            print(f"train: resumed from {resume_from} (step {s.step})", file=sys.stderr)
+            print(f"train: resumed from {resume_from} (step {s.step})", file=self.term, flush=True)
             if self.resume_note:
-                print(f"train: {self.resume_note}", file=sys.stderr)
+                print(f"train: {self.resume_note}", file=self.term, flush=True)
                 self.notes.append(self.resume_note)
         return s
 
@@ -308,7 +311,7 @@ class LoRAFinetuneRecipe:
         """Run optimizer steps until the configured number; 0 when done, PREEMPTED_EXIT after a signal."""
         s = self.state
         # a bar on a terminal, else a line every 30 s (no \r in a log); the main process only
-        bar = Progress(self.total_steps if self.main else 0, "train", "step", initial=s.step)
+        bar = Progress(self.total_steps if self.main else 0, "train", "step", stream=self.term, initial=s.step)
         self._t0, self._tokens0, self._flops = time.perf_counter(), s.tokens, [0.0, 0.0]
         try:
             return self._loop(bar)
@@ -438,7 +441,7 @@ class LoRAFinetuneRecipe:
         path = self.save_checkpoint(rng, on_saved=mark)
         if self.main:
             print(f"train: signal {self.preempt.signum}: saved {path}; exit {PREEMPTED_EXIT}, resume with the "
-                  "same command", file=sys.stderr)
+                  "same command", file=self.term, flush=True)
 
     def publish(self) -> None:
         """Save the last checkpoint, publish its adapter as ``OUT/adapter`` and write the run's summary."""
@@ -458,7 +461,7 @@ class LoRAFinetuneRecipe:
             how = merge_weights(self.base_model, self.final_adapter, self.out / "merged", self.precision,
                                 self.cfg.quantization)
             self._event({"event": "merged", "path": str(self.out / "merged"), "how": how})
-        print(f"train: done, {s.step} steps; adapter: {self.final_adapter}", file=sys.stderr)
+        print(f"train: done, {s.step} steps; adapter: {self.final_adapter}", file=self.term, flush=True)
 
     def cleanup(self) -> None:
         log = getattr(self, "log", None)  # None too when setup stopped before it

@@ -1,0 +1,71 @@
+"""`mlbench run`'s options as one typed config: a model (and adapters) and the rows to score, then each stage's own
+config file (prep, infer, eval: the paper's by default) for everything else. The run builds each stage's config
+from these, exactly as that stage's command line would (:func:`mlbench_kit.stages.load_stage_config`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import ClassVar, Literal
+
+from .config import Check, option
+from .errors import MLBenchError
+from .records import TASKS
+
+HUB_ID = "super-dainiu/ml-bench"
+
+
+@dataclass
+class RunConfig:
+    """Everything `mlbench run` runs: prep -> infer -> eval -> report in one folder (``OUT/prep``, ``OUT/infer``,
+    ``OUT/eval/<model>/task<t>``, ``OUT/report``), one summary at the end."""
+
+    FLAGS: ClassVar[dict[str, str]] = {}  # option -> key (mlbench_kit.stages), set below
+    ALIASES: ClassVar[dict[str, str]] = {}
+    FLAG_SPELLING: ClassVar[dict[str, str]] = {}
+
+    model: str | None = option(None, "base model: local folder or hub id (its tokenizer cuts the prompts); required")
+    adapters: list[str] = option(help="LoRA adapters of the model to score beside it, in one engine",
+                                 factory=list, metavar="NAME=DIR")
+    with_base: bool = option(True, "score the model as released beside the adapters")
+    data: str = option(HUB_ID, "ML-Bench rows: hub id, .jsonl/.parquet file or save_to_disk folder")
+    split: str = option("full", "the split to score, by prep's names (full, quarter, test, ...)")
+    tasks: list[int] = option(help="tasks to score", factory=lambda: [3], choices=TASKS)
+    readmes: str | None = option(None, "prep: folder of READMEs laid out as DIR/<repo>/<path>/README.md")
+    repos_dir: str | None = option(None, "prep: folder of repository checkouts (DIR/<repo>); eval runs in them too")
+    checkout: str | None = option(None, "prep: clone the repositories of this repos.json at their pinned commits "
+                                  "into --repos-dir")
+    template: Literal["paper", "llama-inst", "chat"] | None = option(
+        None, "prompt template (default: the prep config's: the paper's)")
+    envs: str | None = option(None, "eval: YAML of per-repository environments (default: $MLBENCH_CACHE/envs.yaml, "
+                              "what `mlbench env build` writes)")
+    mode: Literal["compat", "strict"] = option("compat", "eval: compat is the benchmark's checker, strict ours")
+    limit: int | None = option(None, "only the first N prompts per task (smoke runs)")
+    prep_config: str | None = option("configs/prep/paper.yaml", "prep's config file (the options above win)")
+    infer_config: str | None = option("configs/infer/paper.yaml", "infer's config file: engine and sampling")
+    eval_config: str | None = option(None, "eval's config file: sandbox, limits, k (default: eval's defaults)")
+    reference: str | None = option("configs/report/paper-rows.yaml", "report: published rows quoted beside yours")
+    out: str | None = option(None, "the run's folder: every stage writes a sub-folder of it; required")
+
+    def check(self, at: Check) -> None:
+        if not self.tasks or any(t not in TASKS for t in self.tasks):
+            raise MLBenchError(f"`tasks` are among {list(TASKS)}, got {self.tasks}", at("tasks"))
+        if self.limit is not None and self.limit < 1:
+            raise MLBenchError(f"`limit` must be at least 1, got {self.limit}", at("limit"))
+        for spec in self.adapters:
+            name, eq, path = spec.partition("=")
+            if not eq or not name or not path:
+                raise MLBenchError(f"`adapters` take NAME=DIR, got {spec!r}", at("adapters"))
+
+    def require_inputs(self, source: str | None) -> None:
+        """A run needs a model and a folder (a config without them is fine to load)."""
+        missing = [f"--{k}" for k in ("model", "out") if getattr(self, k) is None]
+        if missing:
+            raise MLBenchError(f"missing {', '.join(missing)}: mlbench run needs --model and --out", source,
+                               "e.g. mlbench run --model codellama/CodeLlama-7b-Instruct-hf --repos-dir runs/repos "
+                               "--checkout ../shared/mlbench/repos.json --out runs/cl (mlbench run --help lists "
+                               "every option)")
+
+
+RunConfig.ALIASES = {"task": "tasks"}
+RunConfig.FLAG_SPELLING = {"with_base": "--no-base"}
+RunConfig.FLAGS = {f.name: f.name for f in fields(RunConfig)}
