@@ -4,8 +4,8 @@ from these, exactly as that stage's command line would (:func:`mlbench_kit.stage
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import ClassVar, Literal
+from dataclasses import dataclass
+from typing import Literal
 
 from .config import Check, option
 from .errors import MLBenchError
@@ -19,32 +19,33 @@ class RunConfig:
     """Everything `mlbench run` runs: prep -> infer -> eval -> report in one folder (``OUT/prep``, ``OUT/infer``,
     ``OUT/eval/<model>/task<t>``, ``OUT/report``), one summary at the end."""
 
-    FLAGS: ClassVar[dict[str, str]] = {}  # option -> key (mlbench_kit.stages), set below
-    ALIASES: ClassVar[dict[str, str]] = {}
-    FLAG_SPELLING: ClassVar[dict[str, str]] = {}
-
-    model: str | None = option(None, "base model: local folder or hub id (its tokenizer cuts the prompts); required")
+    model: str | None = option(None, "base model: local folder or hub id (its tokenizer cuts the prompts); required",
+                               flag=True)
     adapters: list[str] = option(help="LoRA adapters of the model to score beside it, in one engine",
-                                 factory=list, metavar="NAME=DIR")
-    with_base: bool = option(True, "score the model as released beside the adapters")
-    data: str = option(HUB_ID, "ML-Bench rows: hub id, .jsonl/.parquet file or save_to_disk folder")
-    split: str = option("full", "the split to score, by prep's names (full, quarter, test, ...)")
-    tasks: list[int] = option(help="tasks to score", factory=lambda: [3], choices=TASKS)
-    readmes: str | None = option(None, "prep: folder of READMEs laid out as DIR/<repo>/<path>/README.md")
-    repos_dir: str | None = option(None, "prep: folder of repository checkouts (DIR/<repo>); eval runs in them too")
+                                 factory=list, metavar="NAME=DIR", flag=True)
+    with_base: bool = option(True, "score the model as released beside the adapters", negated="--no-base")
+    data: str = option(HUB_ID, "ML-Bench rows: hub id, .jsonl/.parquet file or save_to_disk folder", flag=True)
+    split: str = option("full", "the split to score, by prep's names (full, quarter, test, ...)", flag=True)
+    tasks: list[int] = option(help="tasks to score", factory=lambda: [3], choices=TASKS, flag=True, alias=("--task",))
+    readmes: str | None = option(None, "prep: folder of READMEs laid out as DIR/<repo>/<path>/README.md", flag=True)
+    repos_dir: str | None = option(None, "prep: folder of repository checkouts (DIR/<repo>); eval runs in them too",
+                                   flag=True)
     checkout: str | None = option(None, "prep: clone the repositories of this repos.json at their pinned commits "
-                                  "into --repos-dir")
+                                  "into --repos-dir", flag=True)
     template: Literal["paper", "llama-inst", "chat"] | None = option(
-        None, "prompt template (default: the prep config's: the paper's)")
+        None, "prompt template (default: the prep config's: the paper's)", flag=True)
     envs: str | None = option(None, "eval: YAML of per-repository environments (default: $MLBENCH_CACHE/envs.yaml, "
-                              "what `mlbench env build` writes)")
-    mode: Literal["compat", "strict"] = option("compat", "eval: compat is the benchmark's checker, strict ours")
-    limit: int | None = option(None, "only the first N prompts per task (smoke runs)")
-    prep_config: str | None = option("configs/prep/paper.yaml", "prep's config file (the options above win)")
-    infer_config: str | None = option("configs/infer/paper.yaml", "infer's config file: engine and sampling")
-    eval_config: str | None = option(None, "eval's config file: sandbox, limits, k (default: eval's defaults)")
-    reference: str | None = option("configs/report/paper-rows.yaml", "report: published rows quoted beside yours")
-    out: str | None = option(None, "the run's folder: every stage writes a sub-folder of it; required")
+                              "what `mlbench env build` writes)", flag=True)
+    mode: Literal["compat", "strict"] = option("compat", "eval: compat is the benchmark's checker, strict ours",
+                                               flag=True)
+    limit: int | None = option(None, "only the first N prompts per task (smoke runs)", flag=True)
+    prep_config: str | None = option("configs/prep/paper.yaml", "prep's config file (the options above win)", flag=True)
+    infer_config: str | None = option("configs/infer/paper.yaml", "infer's config file: engine and sampling", flag=True)
+    eval_config: str | None = option(None, "eval's config file: sandbox, limits, k (default: eval's defaults)",
+                                     flag=True)
+    reference: str | None = option("configs/report/paper-rows.yaml", "report: published rows quoted beside yours",
+                                   flag=True)
+    out: str | None = option(None, "the run's folder: every stage writes a sub-folder of it; required", flag=True)
 
     def check(self, at: Check) -> None:
         if not self.tasks or any(t not in TASKS for t in self.tasks):
@@ -65,7 +66,3 @@ class RunConfig:
                                "--checkout ../shared/mlbench/repos.json --out runs/cl (mlbench run --help lists "
                                "every option)")
 
-
-RunConfig.ALIASES = {"task": "tasks"}
-RunConfig.FLAG_SPELLING = {"with_base": "--no-base"}
-RunConfig.FLAGS = {f.name: f.name for f in fields(RunConfig)}
