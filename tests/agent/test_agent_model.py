@@ -31,6 +31,16 @@ def rows_file(tmp_path_factory: pytest.TempPathFactory, full_rows: list[dict]) -
 
 
 
+@pytest.fixture(scope="module")
+def tiny_vllm(tiny_model_dir: Path):
+    """One vLLM engine of the tiny model for this module's tests (its start is the slow part), seeded as
+    tiny-cpu.yaml's sampling."""
+    from mlbench_kit.engine import VllmEngine
+    engine = VllmEngine(str(tiny_model_dir), 4096, load_agent_config(TINY).sampling.seed)
+    yield engine
+    engine.close()
+
+
 def _envs(tmp: Path, checkout: Path) -> Path:
     envs = tmp / "envs.yaml"
     envs.write_text(f"repos:\n  {REPO}:\n    checkout: {checkout}\n    warm: []\n")
@@ -130,12 +140,12 @@ class OneAtATime:
 
 
 def test_lockstep_equals_sequential_on_vllm_and_a_vllm_server_samples_the_same(
-        tmp_path: Path, shared: Path, tiny_model_dir: Path, rows_file: Path, tiny_vllm_server: str):
+        tmp_path: Path, shared: Path, tiny_model_dir: Path, rows_file: Path, tiny_vllm_server: str, tiny_vllm):
     """All live episodes' turns in one vLLM call give the same tokens as one call per turn (per-turn seeds). The
     OpenAI engine (`--backend openai`) against `vllm serve` of the same model (the session's server, which infer's
     OpenAI test starts too): its requests (token ids, one completion, the turn's seed, top-k, the turn's cap) are
     served, every episode ends with a recorded exit, and the first turns are the offline engine's."""
-    from mlbench_kit.engine import OpenAIEngine, VllmEngine
+    from mlbench_kit.engine import OpenAIEngine
     from mlbench_kit.hf import load_tokenizer
     cfg = load_agent_config(TINY)
     cfg.limits.max_format_errors = 4
@@ -145,14 +155,11 @@ def test_lockstep_equals_sequential_on_vllm_and_a_vllm_server_samples_the_same(
     import tarfile
     with tarfile.open(shared / "repos" / f"{REPO}.tar.gz") as tf:
         tf.extractall(tmp_path / "repos", filter="data")
-    engine = VllmEngine(str(tiny_model_dir), 4096, cfg.sampling.seed)
+    engine = tiny_vllm
     ident = {"model": str(tiny_model_dir), "adapter": None, "backend": "vllm"}
-    try:
-        for name, eng in (("lockstep", engine), ("sequential", OneAtATime(engine))):
-            run_episodes(cfg, rows, {REPO: tmp_path / "repos" / REPO}, lambda e=eng: e, encode, 4096,
-                         tmp_path / name, ident)
-    finally:
-        engine.close()
+    for name, eng in (("lockstep", engine), ("sequential", OneAtATime(engine))):
+        run_episodes(cfg, rows, {REPO: tmp_path / "repos" / REPO}, lambda e=eng: e, encode, 4096,
+                     tmp_path / name, ident)
     lock, seq = _transcripts(tmp_path / "lockstep"), _transcripts(tmp_path / "sequential")
     assert sum("turn" in r for t in lock.values() for r in t) >= 8
     assert lock == seq
@@ -220,3 +227,42 @@ def test_gold_answers_through_the_agent_get_the_gold_verdicts(tmp_path: Path, sh
     agent, want = _verdicts(tmp_path / "eval"), _verdicts(tmp_path / "gold")
     assert len(agent) == 2 * len(want) == 4
     assert {k: v for k, v in agent.items()} == {(g, i, e): want[(g, i, 0)] for (g, i, _) in want for e in (0, 1)}
+
+
+def test_constrained_replies_parse_and_name_only_offered_files(tmp_path: Path, shared: Path, tiny_model_dir: Path,
+                                                               rows_file: Path, tiny_vllm):
+    """``decoding: json`` on vLLM (the module's engine): every reply that ends before its token cap parses, every
+    README ranked and file asked for is one the step offered (no fallback, no refusal), on real PyTorch-GAN rows.
+    The same rows, seeds and engine with ``decoding: free``: the random model's replies never parse."""
+    from mlbench_kit.agent.parse import parse_reply
+    from mlbench_kit.hf import load_tokenizer
+    tok = load_tokenizer(str(tiny_model_dir), fast=False)
+    encode, _ = make_encoder(tok, "auto")
+    import tarfile
+    with tarfile.open(shared / "repos" / f"{REPO}.tar.gz") as tf:
+        tf.extractall(tmp_path / "repos", filter="data")
+    rows = load_samples(rows_file)
+    ident = {"model": str(tiny_model_dir), "adapter": None, "backend": "vllm"}
+    turns: dict[str, list[dict]] = {}
+    for decoding in ("json", "free"):
+        cfg = load_agent_config(TINY, {"backend": ("vllm", "test"), "decoding": (decoding, "test"),
+                                       "sampling.max_new_tokens": (96, "test"),
+                                       "limits.max_episode_tokens": (600, "test"), "limits.max_turns": (6, "test")})
+        run_episodes(cfg, rows, {REPO: tmp_path / "repos" / REPO}, lambda: tiny_vllm, encode, 4096,
+                     tmp_path / decoding, ident)
+        turns[decoding] = [r for t in _transcripts(tmp_path / decoding).values() for r in t if "turn" in r]
+    ended = [r for r in turns["json"] if not r["truncated"]]
+    assert len(ended) >= 6, turns["json"]
+    names = 0
+    for r in ended:
+        assert "error" not in r, r
+        action = parse_reply(r["raw"], r["step"])
+        offered = {n for v in json.loads(r["json_schema"])["anyOf"] for p in v["properties"].values()
+                   for n in p.get("enum", p.get("items", {}).get("enum", []))} if r["step"] in ("plan",
+                                                                                          "code_or_file") else set()
+        chosen = action.get("readmes", []) + ([action["path"]] if action["kind"] == "file" else [])
+        assert set(chosen) <= offered, (chosen, offered)
+        names += len(chosen)
+        assert "fallback" not in r["action"] and not (r.get("observation") or "").startswith("refused:")
+    assert names >= 2  # the test chose names, not only flags
+    assert all("error" in r for r in turns["free"]) and "json_schema" not in turns["free"][0]
