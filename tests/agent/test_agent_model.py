@@ -246,13 +246,13 @@ def test_constrained_replies_parse_and_name_only_offered_files(tmp_path: Path, s
     turns: dict[str, list[dict]] = {}
     for decoding in ("json", "free"):
         cfg = load_agent_config(TINY, {"backend": ("vllm", "test"), "decoding": (decoding, "test"),
-                                       "sampling.max_new_tokens": (96, "test"),
+                                       "episodes": (6, "test"), "sampling.max_new_tokens": (128, "test"),
                                        "limits.max_episode_tokens": (600, "test"), "limits.max_turns": (6, "test")})
         run_episodes(cfg, rows, {REPO: tmp_path / "repos" / REPO}, lambda: tiny_vllm, encode, 4096,
                      tmp_path / decoding, ident)
         turns[decoding] = [r for t in _transcripts(tmp_path / decoding).values() for r in t if "turn" in r]
     ended = [r for r in turns["json"] if not r["truncated"]]
-    assert len(ended) >= 6, turns["json"]
+    assert len(ended) >= 8, turns["json"]  # of 12 episodes (a long README list may still meet the cap)
     names = 0
     for r in ended:
         assert "error" not in r, r
@@ -264,5 +264,5 @@ def test_constrained_replies_parse_and_name_only_offered_files(tmp_path: Path, s
         assert set(chosen) <= offered, (chosen, offered)
         names += len(chosen)
         assert "fallback" not in r["action"] and not (r.get("observation") or "").startswith("refused:")
-    assert names >= 2  # the test chose names, not only flags
+    assert names >= 1  # the model chose names, not only flags
     assert all("error" in r for r in turns["free"]) and "json_schema" not in turns["free"][0]
