@@ -32,6 +32,7 @@ from mlbench_kit.errors import MLBenchError
 from mlbench_kit.io import read_jsonl_tolerant
 
 from . import prompts as P
+from .constrain import schema_text
 from .parse import FormatError, parse_reply
 from .repo import Refused, RepoView, cut, readme_window
 
@@ -63,6 +64,7 @@ class Prepared:
     seed: int
     max_new_tokens: int
     inputs: dict[str, Any]
+    json_schema: str | None = None  # decoding: json: the JSON schema the reply is constrained to (agent/constrain.py)
 
 
 class BaseEpisode(ABC):
@@ -303,8 +305,21 @@ class Episode(BaseEpisode):
         if new < 1:
             return None
         seed = turn_seed(self.cfg.sampling.seed, self.sample.key, self.episode, len(self.turns))
-        self._prepared = Prepared(text, ids, seed, new, inputs)
+        schema = schema_text(self.step, self._offered(caps)) if self.cfg.decoding == "json" else None
+        self._prepared = Prepared(text, ids, seed, new, inputs, schema)
         return self._prepared
+
+    def _offered(self, caps: dict[str, int]) -> list[str]:
+        """The names the step's prompt (built with ``caps``) offers to choose from: step 3's README files as
+        listed, step 4's index files as shown, step 2's candidate URLs; none for the other steps."""
+        if self.step == "plan":
+            return [self.repo.display(x) for x in self.repo.readmes()]
+        if self.step == "code_or_file":
+            return self.repo.listed(self.sample.path, caps["index"])
+        if self.step == "rank":
+            assert self.pool is not None
+            return [url for _, url, _ in self.pool.values()]
+        return []
 
     # -- replies -----------------------------------------------------------------------------------------------
     def feed(self, raw: str, n_tokens: int, wall_s: float, truncated: bool = False) -> dict[str, Any]:
@@ -316,6 +331,8 @@ class Episode(BaseEpisode):
                                "prompt_sha": sha(p.text), "prompt": p.text, "inputs": p.inputs,
                                "tokens_in": len(p.ids), "raw": raw, "tokens_out": n_tokens, "truncated": truncated,
                                "wall_s": round(wall_s, 4)}
+        if p.json_schema is not None:
+            rec["json_schema"] = p.json_schema
         self.tokens_in += len(p.ids)
         self.tokens_out += n_tokens
         self.seconds += wall_s

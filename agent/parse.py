@@ -13,6 +13,11 @@ from typing import Any
 _FENCE = re.compile(r"```(?:json|JSON)?[ \t]*\n(.*?)```", re.DOTALL)
 
 
+# each step's reply: the field that identifies its JSON object
+KEYS = {"plan": "task_flag", "code_or_file": "flag", "read_args": "args_code", "write_code": "flag",
+        "keywords": "keywords", "rank": "ranked_repos"}
+
+
 class FormatError(ValueError):
     """A reply the harness cannot act on."""
 
@@ -76,8 +81,7 @@ def parse_reply(text: str, step: str) -> dict[str, Any]:
     - read_args: ``{"kind": "args", "args": ...}``
     - write_code: ``{"kind": "code", "code": ...}`` | ``{"kind": "reject"}``
     """
-    keys = {"plan": "task_flag", "code_or_file": "flag", "read_args": "args_code", "write_code": "flag",
-            "keywords": "keywords", "rank": "ranked_repos"}
+    keys = KEYS
     if step not in keys:
         raise ValueError(f"unknown step {step!r}")
     objs = [o for o in _objects(text) if keys[step] in o]

@@ -132,6 +132,16 @@ class RepoView:
         """The directory index (one path per line), at most ``limit`` characters: the row's task folder's files
         first, then the others in walk order; returns (text, files left out). The released agent sent the whole
         index (dgl's has 2,097 files): cut, the task folder is what must survive."""
+        lines = self.listed(task_folder, limit)
+        left = len(self.files()) - len(lines)
+        text = "\n".join(lines)
+        if left:
+            text += f"\n[... {left} more files not listed]"
+        return text, left
+
+    def listed(self, task_folder: str, limit: int) -> list[str]:
+        """The files :meth:`index` lists within ``limit`` characters, in its order: the names a step that asks
+        for a file of the index offers (``decoding: json`` constrains the reply to them)."""
         folder = PurePosixPath(task_folder.strip() or ".").as_posix().lstrip("./")
         files = self.files()
         first = [f for f in files if folder and (f == folder or f.startswith(folder + "/"))]
@@ -143,11 +153,7 @@ class RepoView:
                 break
             lines.append(f)
             used += len(f) + 1
-        left = len(files) - len(lines)
-        text = "\n".join(lines)
-        if left:
-            text += f"\n[... {left} more files not listed]"
-        return text, left
+        return lines
 
     def readmes(self) -> list[str]:
         """README.md files (any case), shortest path first, as the released agent ranked its candidates."""

