@@ -23,7 +23,7 @@ from typing import Any
 from mlbench_kit.agent.run import checkouts, make_encoder, run_episodes, select_rows
 from mlbench_kit.agent_config import AgentConfig
 from mlbench_kit.config import load
-from mlbench_kit.engine import VllmEngine
+from mlbench_kit.engine import EngineSpec, make_engine
 from mlbench_kit.hf import load_tokenizer, model_positions
 
 
@@ -81,7 +81,8 @@ def main() -> None:
     tok = load_tokenizer(a.model, "--model", fast=False)
     encode, _ = make_encoder(tok, base.template)
     max_len = base.max_model_len or model_positions(a.model) or 4096
-    engine = VllmEngine(a.model, max_len, base.sampling.seed, enforce_eager=base.enforce_eager)
+    engine = make_engine(EngineSpec("vllm", a.model, max_model_len=max_len, seed=base.sampling.seed,
+                                    enforce_eager=base.enforce_eager))
     ident = {"model": a.model, "adapter": None, "backend": "vllm"}
     result: dict[str, Any] = {"model": a.model, "rows": [list(s.key) for s in rows], "config": a.config,
                               "overrides": {k: v for k, (v, _) in over.items()}}

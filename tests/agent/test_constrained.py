@@ -19,7 +19,7 @@ from mlbench_kit.agent.parse import FormatError, parse_reply
 from mlbench_kit.agent.repo import RepoView
 from mlbench_kit.agent_config import AgentConfig
 from mlbench_kit.config import load
-from mlbench_kit.engine import GenParams, GenRequest, OpenAIEngine
+from mlbench_kit.engine import Endpoint, EngineSpec, GenParams, GenRequest, make_engine
 from mlbench_kit.errors import MLBenchError
 
 
@@ -149,7 +149,8 @@ def test_decoding_json_is_refused_where_it_cannot_run(tmp_path: Path):
         load(AgentConfig, f)
     assert load(AgentConfig, None, {"decoding": ("json", "--set")}).decoding == "json"
     # nothing listens on port 9 (discard): a request that were sent would fail otherwise
-    engine = OpenAIEngine("m", "http://127.0.0.1:9/v1", max_retries=0, timeout_s=2)
+    engine = make_engine(EngineSpec("openai", "m", endpoint=Endpoint("http://127.0.0.1:9/v1", max_retries=0,
+                                                                     timeout_s=2)))
     try:
         with pytest.raises(MLBenchError, match="openai engine cannot constrain a reply.*\n  fix: use backend: vllm"):
             engine.generate([GenRequest((1, 2), 0, json_schema='{"type":"object"}')], GenParams())
@@ -165,12 +166,11 @@ def test_a_run_folder_from_before_the_option_resumes():
 
 
 def test_the_hf_engine_refuses_a_schema_before_generating(tiny_model_dir: Path):
-    from mlbench_kit.engine import HfEngine
     from mlbench_kit.hf import load_tokenizer
-    engine = HfEngine(str(tiny_model_dir), load_tokenizer(str(tiny_model_dir), fast=False))
+    engine = make_engine(EngineSpec("hf", str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir), fast=False))
     try:
         with pytest.raises(MLBenchError, match="hf engine cannot constrain a reply"):
             engine.generate([GenRequest((1, 2), 0, json_schema='{"type":"object"}')], GenParams(max_new_tokens=4))
-        assert engine.generate([GenRequest((1, 2), 0)], GenParams(max_new_tokens=4))[0].n_tokens > 0  # free: runs
+        assert engine.generate([GenRequest((1, 2), 0)], GenParams(max_new_tokens=4))[0][0].n_tokens > 0  # free: runs
     finally:
         engine.close()
