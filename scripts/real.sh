@@ -192,19 +192,21 @@ with open(sys.argv[3], "w") as f:
     f.writelines(json.dumps({"github_id": r["github_id"], "id": r["id"]}) + "\n" for r in rows if r["repo"] == sys.argv[2])
 EOF
   }
-  gold() {
+  gold() {  # gold OUT [OPTION...]: the gold episodes of the ID-train rows (+ what the options add)
+    local out=$1; shift
     rows_of "$RUN/prep/id_train/task3.jsonl" "$RUN/sft-train-rows.jsonl" || return 1
     "$BIN/mlbench" agent --gold-episodes --model "$MODEL" --data "$DATA" --split full \
       --rows-of "$RUN/sft-train-rows.jsonl" --eval-rows "$RUN/prep/test/task3.jsonl" --repos-dir "$RUN/checkouts" \
-      --config configs/agent/real-cpu.yaml "${SFT_READ[@]}" --out "$RUN/agent-gold"
+      --config configs/agent/real-cpu.yaml "${SFT_READ[@]}" "$@" --out "$out"
   }
-  stage gold-episodes "gold episodes of $SFT_REPO's ID-train rows" gold
-  train_sft() {
+  stage gold-episodes "gold episodes of $SFT_REPO's ID-train rows" gold "$RUN/agent-gold"
+  train_on() {  # train_on SFT_FILE OUT: a LoRA from the base model on those records
     "$BIN/accelerate" launch --num_processes 1 --mixed_precision no --main_process_port 0 train/lora.py \
       --config configs/train/smollm2-135m-cpu.yaml --model "$MODEL" --prep-dir "$RUN/prep" --task 3 --split id \
-      --set data.path="$RUN/agent-gold/sft.jsonl" --max-context-tokens 2048 --out "$RUN/train-agent-sft"
+      --set data.path="$1" --max-context-tokens 2048 --out "$2"
   }
-  stage train-agent-sft "LoRA on the gold episodes (train/lora.py)" train_sft
+  stage train-agent-sft "LoRA on the gold episodes (train/lora.py)" train_on "$RUN/agent-gold/sft.jsonl" \
+    "$RUN/train-agent-sft"
   # ml-agent, k = 5, on the repository's test rows: with the agent-SFT LoRA, then as released
   agent_run() {  # agent_run NAME [--adapter DIR]: the test rows (NAME train-*: the ID-train rows)
     local name=$1 rows=$RUN/sft-test-rows.jsonl; shift
@@ -232,19 +234,9 @@ EOF
   # passing ones added to the gold episodes, a LoRA trained on both from the base model, run on the test rows
   ei_run() { agent_run train-sft --adapter "$RUN/train-agent-sft/adapter" && agent_eval train-sft strict; }
   stage agent-sft-train-rows "its episodes on the ID-train rows, executed (strict)" ei_run
-  ei_data() {
-    "$BIN/mlbench" agent --gold-episodes --model "$MODEL" --data "$DATA" --split full \
-      --rows-of "$RUN/sft-train-rows.jsonl" --eval-rows "$RUN/prep/test/task3.jsonl" --repos-dir "$RUN/checkouts" \
-      --config configs/agent/real-cpu.yaml "${SFT_READ[@]}" --own-episodes "$RUN/agent-ml-agent/train-sft" \
-      --own-episodes-eval "$RUN/eval-strict/agent-ml-agent/train-sft" --out "$RUN/agent-ei-data"
-  }
-  stage ei-episodes "gold + its passing episodes -> SFT records" ei_data
-  train_ei() {
-    "$BIN/accelerate" launch --num_processes 1 --mixed_precision no --main_process_port 0 train/lora.py \
-      --config configs/train/smollm2-135m-cpu.yaml --model "$MODEL" --prep-dir "$RUN/prep" --task 3 --split id \
-      --set data.path="$RUN/agent-ei-data/sft.jsonl" --max-context-tokens 2048 --out "$RUN/train-agent-ei"
-  }
-  stage train-agent-ei "LoRA on them (train/lora.py)" train_ei
+  stage ei-episodes "gold + its passing episodes -> SFT records" gold "$RUN/agent-ei-data" \
+    --own-episodes "$RUN/agent-ml-agent/train-sft" --own-episodes-eval "$RUN/eval-strict/agent-ml-agent/train-sft"
+  stage train-agent-ei "LoRA on them (train/lora.py)" train_on "$RUN/agent-ei-data/sft.jsonl" "$RUN/train-agent-ei"
   stage agent-ei "mlbench agent: ml-agent, k=$K, expert-iteration LoRA" agent_run agent-ei --adapter "$RUN/train-agent-ei/adapter"
   stage agent-ei-eval "execution of its answers (${MODES[*]})" agent_eval agent-ei
   stage agent-sft-report "report" "$BIN/python" scripts/real_agent_sft_report.py --run "$RUN" --data "$DATA" \
