@@ -10,6 +10,7 @@ import pytest
 import yaml
 from conftest import REPO_ROOT, run_cli
 
+from mlbench_kit.cli import stage_config
 from mlbench_kit.parse import parse_response
 
 CFG = "configs/infer/tiny-cpu.yaml"
@@ -47,8 +48,7 @@ def engine(tiny_model_dir, real_prep, trained_adapter):
     from mlbench_kit.hf import load_tokenizer, model_positions
     from mlbench_kit.infer.prompts import encode, load_prompts, task_file
     from mlbench_kit.infer.run import context_length, engine_dtype, make_backend
-    from mlbench_kit.infer_config import load_config
-    cfg = load_config(CFG, {"model": str(tiny_model_dir), "max_new_tokens": 12})
+    cfg = stage_config("infer", ["--config", str(CFG), "--model", str(tiny_model_dir), "--max-new-tokens", "12"])
     tok = load_tokenizer(str(tiny_model_dir), fast=False)
     items = encode(load_prompts(task_file(real_prep, "test", 3), 3)[:8], tok)
     max_len = context_length(cfg, max(len(it.token_ids) for it in items), model_positions(str(tiny_model_dir)))
