@@ -172,17 +172,30 @@ def _count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
+def _run_folder(eval_dir: Path) -> Path | None:
+    """The `mlbench run` folder an eval folder sits in (``OUT/eval/<model>/task<t>``, beside ``OUT/infer/`` and its
+    ``OUT/run.json``), or None."""
+    up = eval_dir.resolve().parents
+    if len(up) > 2 and up[1].name == "eval":
+        marker = up[2] / "run.json"
+        if marker.is_file() and not marker.is_symlink():
+            return up[2]
+    return None
+
+
 def generations_file(summary: dict[str, Any], eval_dir: Path) -> Path | None:
     """The generations file an eval scored (its summary's ``generations``; relative: to the working folder, else
-    to the eval folder), or None when it is missing, a link, too large, not ``.jsonl``, or outside both the
-    working folder and the folder holding the eval folder (a run's infer/ and eval/ sit side by side there): a
+    to the eval folder), or None when it is missing, a link, too large, not ``.jsonl``, or outside the working
+    folder, the folder holding the eval folder (a run's infer/ and eval/ sit side by side there) and the
+    `mlbench run` folder holding it (``OUT/eval/<model>/task<t>``): a
     summary is data, and a path it names elsewhere (``/home/me/notes.jsonl``, ``../../..``) is not read."""
     gens = summary.get("generations")
     if not isinstance(gens, str) or not gens.endswith(".jsonl") or "\x00" in gens:
         return None
     p = Path(gens)
     try:
-        roots = [r for r in (Path.cwd().resolve(), eval_dir.resolve().parent) if r != Path(r.anchor)]
+        roots = [r for r in (Path.cwd().resolve(), eval_dir.resolve().parent, _run_folder(eval_dir))
+                 if r is not None and r != Path(r.anchor)]
         for f in [p] if p.is_absolute() else [Path.cwd() / p, eval_dir / p]:
             real = f.resolve()
             if not any(real.is_relative_to(r) for r in roots):
