@@ -13,17 +13,17 @@ for that were refused, answers written, seconds.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
+import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from mlbench_kit.agent.run import checkouts, make_encoder, run_episodes, select_rows
-from mlbench_kit.agent_config import AgentConfig
-from mlbench_kit.config import load
-from mlbench_kit.engine import EngineSpec, make_engine
+from mlbench_kit.agent.run import checkouts, make_encoder, make_engine, run_episodes, select_rows
+from mlbench_kit.cli import stage_config
+from mlbench_kit.engine import context_length
 from mlbench_kit.hf import load_tokenizer, model_positions
 
 
@@ -52,43 +52,27 @@ def arm_summary(out: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", required=True)
-    p.add_argument("--data", required=True)
-    p.add_argument("--split", default="full")
-    p.add_argument("--tarballs", required=True)
-    p.add_argument("--repos", nargs="+")
-    p.add_argument("--limit", type=int, default=3)
-    p.add_argument("--config", default="configs/agent/real-cpu.yaml")
-    p.add_argument("--episodes", type=int)
-    p.add_argument("--max-turns", type=int)
-    p.add_argument("--max-new-tokens", type=int, help="per turn")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="more config keys (YAML values)")
-    p.add_argument("--out", required=True)
-    a = p.parse_args()
-    import yaml
-    over = {key: (getattr(a, flag), f"--{flag.replace('_', '-')}") for flag, key in
-            (("episodes", "episodes"), ("max_turns", "limits.max_turns"), ("max_new_tokens", "sampling.max_new_tokens"))
-            if getattr(a, flag) is not None}
-    for kv in a.set:
-        key, _, value = kv.partition("=")
-        over[key] = (yaml.safe_load(value), "--set")
-    inputs = {k: (getattr(a, k), f"--{k}") for k in ("model", "data", "split", "tarballs", "repos", "limit", "out")}
-    base = load(AgentConfig, a.config, {**over, **inputs})
+    """The options are `mlbench agent`'s, parsed and resolved by its own path (`--config`, flags, `--set`); this
+    bench's defaults first."""
+    argv = sys.argv[1:]
+    if not argv or argv[0] in ("-h", "--help"):
+        sys.exit(__doc__)
+    base = stage_config("agent", ["--config", "configs/agent/real-cpu.yaml", "--limit", "3", *argv])
+    base.require_inputs(None)
+    model = str(base.model)
     rows = select_rows(base)
-    out = Path(a.out)
+    out = Path(str(base.out))
     repos = checkouts(base, {s.repo for s in rows}, out)
-    tok = load_tokenizer(a.model, "--model", fast=False)
+    tok = load_tokenizer(model, "--model", fast=False)
     encode, _ = make_encoder(tok, base.template)
-    max_len = base.max_model_len or model_positions(a.model) or 4096
-    engine = make_engine(EngineSpec("vllm", a.model, max_model_len=max_len, seed=base.sampling.seed,
-                                    enforce_eager=base.enforce_eager))
-    ident = {"model": a.model, "adapter": None, "backend": "vllm"}
-    result: dict[str, Any] = {"model": a.model, "rows": [list(s.key) for s in rows], "config": a.config,
-                              "overrides": {k: v for k, (v, _) in over.items()}}
+    positions = model_positions(model)
+    max_len = context_length(base.max_model_len, positions, positions or 4096, "max_model_len")
+    engine = make_engine(base, tok, max_len)
+    ident = {"model": model, "adapter": None, "backend": "vllm"}
+    result: dict[str, Any] = {"model": model, "rows": [list(s.key) for s in rows], "argv": argv}
     try:
         for decoding in ("free", "json"):
-            cfg = load(AgentConfig, a.config, {**over, **inputs, "decoding": (decoding, "bench")})
+            cfg = replace(base, decoding=decoding)
             shutil.rmtree(out / decoding, ignore_errors=True)
             t0 = time.perf_counter()
             run_episodes(cfg, rows, repos, lambda: engine, encode, max_len, out / decoding, ident)

@@ -14,16 +14,15 @@ configs/agent/real-cpu.yaml --episodes 2 --max-turns 4 --max-new-tokens 128``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 
-from mlbench_kit.agent.run import checkouts, make_encoder, run_episodes, select_rows
-from mlbench_kit.agent_config import AgentConfig
-from mlbench_kit.config import load
-from mlbench_kit.engine import Engine, EngineSpec, context_length, make_engine
+from mlbench_kit.agent.run import checkouts, make_encoder, make_engine, run_episodes, select_rows
+from mlbench_kit.cli import stage_config
+from mlbench_kit.engine import Engine, context_length
 from mlbench_kit.hf import load_tokenizer, model_positions
 
 
@@ -46,35 +45,23 @@ def _turns(out: Path) -> list[list[dict]]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", required=True)
-    p.add_argument("--data", required=True)
-    p.add_argument("--split", default="full")
-    p.add_argument("--tarballs", required=True)
-    p.add_argument("--repos", nargs="+")
-    p.add_argument("--limit", type=int, default=4)
-    p.add_argument("--config", default="configs/agent/tiny-cpu.yaml")
-    p.add_argument("--episodes", type=int)
-    p.add_argument("--max-turns", type=int)
-    p.add_argument("--max-new-tokens", type=int, help="per turn")
-    p.add_argument("--out", required=True)
-    a = p.parse_args()
-    over = {key: (getattr(a, flag), f"--{flag.replace('_', '-')}") for flag, key in
-            (("episodes", "episodes"), ("max_turns", "limits.max_turns"), ("max_new_tokens", "sampling.max_new_tokens"))
-            if getattr(a, flag) is not None}
-    inputs = {k: (getattr(a, k), f"--{k}") for k in ("model", "data", "split", "tarballs", "repos", "limit", "out")}
-    cfg = load(AgentConfig, a.config, {**over, **inputs})
+    """The options are `mlbench agent`'s, parsed and resolved by its own path; this bench's defaults first."""
+    argv = sys.argv[1:]
+    if not argv or argv[0] in ("-h", "--help"):
+        sys.exit(__doc__)
+    cfg = stage_config("agent", ["--config", "configs/agent/tiny-cpu.yaml", "--limit", "4", *argv])
+    cfg.require_inputs(None)
+    model = str(cfg.model)
     rows = select_rows(cfg)
-    out = Path(a.out)
+    out = Path(str(cfg.out))
     repos = checkouts(cfg, {s.repo for s in rows}, out)
-    tok = load_tokenizer(a.model, "--model", fast=False)
+    tok = load_tokenizer(model, "--model", fast=False)
     encode, _ = make_encoder(tok, cfg.template)
-    positions = model_positions(a.model)
+    positions = model_positions(model)
     max_len = context_length(cfg.max_model_len, positions, positions or 4096, "max_model_len")
-    engine = make_engine(EngineSpec("vllm", a.model, max_model_len=max_len, seed=cfg.sampling.seed))
-    ident = {"model": a.model, "adapter": None, "backend": "vllm"}
-    result: dict = {"model": a.model, "rows": len(rows), "episodes": len(rows) * cfg.episodes,
-                    "config": a.config, "overrides": {k: v for k, (v, _) in over.items()}}
+    engine = make_engine(cfg, tok, max_len)
+    ident = {"model": model, "adapter": None, "backend": "vllm"}
+    result: dict = {"model": model, "rows": len(rows), "episodes": len(rows) * cfg.episodes, "argv": argv}
     try:
         for name, eng in (("warm-up", engine), ("lockstep", engine), ("sequential", OneAtATime(engine))):
             shutil.rmtree(out / name, ignore_errors=True)
