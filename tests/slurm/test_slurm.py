@@ -217,6 +217,35 @@ def _tiny_models(root: Path) -> dict[str, Path]:
     return out
 
 
+def submit(sweep: Path) -> tuple[str, list[tuple[str, str, int]]]:
+    """``mlbench sweep submit SWEEP``, which must succeed: its output and each submitted array's (name, job id,
+    tasks)."""
+    r = run_cli("mlbench", "sweep", "submit", sweep)
+    assert r.returncode == 0, r.stderr
+    return r.stdout, [(n, j, int(c)) for n, j, c in re.findall(r"^(\S+)\s+job (\d+): (\d+) task", r.stdout, re.M)]
+
+
+def checked_jobs(path: Path) -> dict:
+    """A sweep file's jobs by name, after the checks `mlbench sweep plan` makes."""
+    sweep = load_sweep(path, REPO_ROOT)
+    all_jobs = jobs(sweep)
+    check_jobs(sweep, all_jobs)
+    return {j.name: j for j in all_jobs}
+
+
+def assert_plan_refuses(changed: str, line_text: str, message: str, tmp_path: Path) -> None:
+    """A sweep file's text (``changed``) fails to load or check with ``message`` at the line starting with
+    ``line_text``, and `mlbench sweep plan` says it with exit 2 before printing any plan."""
+    f = tmp_path / "s.yaml"
+    f.write_text(changed)
+    line = next(i for i, ln in enumerate(changed.splitlines(), 1) if ln.startswith(line_text))
+    with pytest.raises(MLBenchError) as e:
+        checked_jobs(f)
+    assert message in e.value.what and e.value.where == f"{f}:{line}", (message, e.value.what, e.value.where)
+    r = run_cli("mlbench", "sweep", "plan", f, "--root", REPO_ROOT)
+    assert r.returncode == 2 and message in r.stderr and r.stdout == "", r.stderr
+
+
 def _status(sweep: Path) -> list[dict]:
     r = run_cli("mlbench", "sweep", "status", sweep, "--json")
     assert r.returncode == 0, r.stderr
@@ -295,13 +324,11 @@ def test_two_model_sweep_end_to_end_with_preemption_and_resume(tmp_path: Path, s
     sweep.write_text(yaml.safe_dump(spec, sort_keys=False))
     run_dir = tmp_path / "sweep"
 
-    r = run_cli("mlbench", "sweep", "submit", sweep)
-    assert r.returncode == 0, r.stderr
-    submitted = re.findall(r"^(\S+)\s+job (\d+): (\d+) task", r.stdout, re.M)
-    assert [(n, int(c)) for n, _, c in submitted] == [("prep", 2), ("train", 2), ("infer", 2), ("eval", 2),
-                                                       ("infer-base", 2), ("eval-base", 2), ("report", 1)]
+    out, submitted = submit(sweep)
+    assert [(n, c) for n, _, c in submitted] == [("prep", 2), ("train", 2), ("infer", 2), ("eval", 2),
+                                                  ("infer-base", 2), ("eval-base", 2), ("report", 1)]
     ids = {n: j for n, j, _ in submitted}
-    assert f"after afterok:{ids['prep']},aftercorr:{ids['train']}" in r.stdout  # the chain Slurm enforces
+    assert f"after afterok:{ids['prep']},aftercorr:{ids['train']}" in out  # the chain Slurm enforces
 
     # a second submit while jobs wait is refused, not doubled
     again = run_cli("mlbench", "sweep", "submit", sweep)
@@ -369,10 +396,7 @@ def test_two_model_sweep_end_to_end_with_preemption_and_resume(tmp_path: Path, s
     assert r.returncode == 0 and "everything is done" in r.stdout
     (run_dir / "state" / "eval" / "tiny-b.id.task3.s0.done").unlink()
     shutil.rmtree(run_dir / "tiny-b" / "id" / "task3" / "s0" / "eval")
-    r = run_cli("mlbench", "sweep", "submit", sweep)
-    assert r.returncode == 0, r.stderr
-    assert [(n, int(c)) for n, _, c in re.findall(r"^(\S+)\s+job (\d+): (\d+) task", r.stdout, re.M)] == \
-        [("eval", 1), ("report", 1)]
+    assert [(n, c) for n, _, c in submit(sweep)[1]] == [("eval", 1), ("report", 1)]
     _wait(sweep, lambda rows: all(r["state"] == "done" for r in rows), timeout=300)
     assert (run_dir / "tiny-b" / "id" / "task3" / "s0" / "eval" / "summary.json").exists()
 

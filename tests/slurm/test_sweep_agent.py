@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO_ROOT, run_cli, run_session
+from test_slurm import assert_plan_refuses, checked_jobs
 
 from mlbench_kit.agent_config import AgentConfig
 from mlbench_kit.errors import MLBenchError
@@ -23,15 +24,8 @@ from mlbench_kit.slurm.spec import load_sweep
 AGENT_SWEEP = REPO_ROOT / "configs/sweeps/tiny-cpu-agent.yaml"
 
 
-def _checked(path: Path) -> dict:
-    sweep = load_sweep(path, REPO_ROOT)
-    all_jobs = jobs(sweep)
-    check_jobs(sweep, all_jobs)
-    return {j.name: j for j in all_jobs}
-
-
 def test_an_agent_unit_runs_each_cell_s_model_after_its_training_and_its_eval_reads_it() -> None:
-    by_name = _checked(AGENT_SWEEP)
+    by_name = checked_jobs(AGENT_SWEEP)
     assert list(by_name) == ["prep", "train", "infer", "eval", "infer-base", "eval-base", "agent", "eval-agent",
                              "agent-base", "eval-agent-base", "report"]
     assert by_name["agent"].deps == [("afterok", "prep"), ("aftercorr", "train")]
@@ -74,7 +68,7 @@ def test_the_agent_job_runs_mlbench_agent_from_each_unit_s_written_config(tmp_pa
     monkeypatch.chdir(REPO_ROOT)
     r = run_cli("mlbench", "sweep", "plan", AGENT_SWEEP, "--root", REPO_ROOT, "--scripts", tmp_path)
     assert r.returncode == 0, r.stderr
-    by_name = _checked(AGENT_SWEEP)
+    by_name = checked_jobs(AGENT_SWEEP)
     for name in ("agent", "agent-base"):
         text = (tmp_path / f"{name}.sbatch").read_text()
         for unit in by_name[name].units:
@@ -136,15 +130,7 @@ def test_an_agent_section_mistake_fails_at_plan_with_the_sweep_file_s_line(old: 
     if "eval's checks in podman" in message:
         changed = changed.replace("  envs: configs/eval/sample.yaml", "  envs: configs/eval/sample.yaml\n"
                                   "  backend: podman")
-    f = tmp_path / "s.yaml"
-    f.write_text(changed)
-    line = next(i for i, ln in enumerate(changed.splitlines(), 1) if ln.startswith(line_text))
-    with pytest.raises(MLBenchError) as e:
-        sweep = load_sweep(f, REPO_ROOT)
-        check_jobs(sweep, jobs(sweep))
-    assert message in e.value.what and e.value.where == f"{f}:{line}", (message, e.value.what, e.value.where)
-    r = run_cli("mlbench", "sweep", "plan", f, "--root", REPO_ROOT)  # the command says it, before any plan
-    assert r.returncode == 2 and message in r.stderr and r.stdout == "", r.stderr
+    assert_plan_refuses(changed, line_text, message, tmp_path)
 
 
 def test_model_agent_options_need_the_sweep_s_agent_section(tmp_path: Path) -> None:

@@ -14,25 +14,25 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO_ROOT, run_cli
-from test_slurm import slurm  # noqa: F401  (the one-node cluster, a fixture)
+from test_slurm import (  # the sweep tests' own helpers
+    _status,
+    _wait,
+    assert_plan_refuses,
+    checked_jobs,
+    slurm,  # noqa: F401  (the one-node cluster, a fixture)
+    submit,
+)
 
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.learn_config import LearnConfig
-from mlbench_kit.slurm.render import check_jobs, jobs, render
+from mlbench_kit.slurm.render import jobs, render
 from mlbench_kit.slurm.spec import load_sweep
 
 LEARN_SWEEP = REPO_ROOT / "configs/sweeps/tiny-cpu-learn.yaml"
 
 
-def _checked(path: Path) -> dict:
-    sweep = load_sweep(path, REPO_ROOT)
-    all_jobs = jobs(sweep)
-    check_jobs(sweep, all_jobs)
-    return {j.name: j for j in all_jobs}
-
-
 def test_a_learn_unit_runs_after_train_from_its_adapter_and_the_learned_one_is_scored_as_train_s() -> None:
-    by_name = _checked(LEARN_SWEEP)
+    by_name = checked_jobs(LEARN_SWEEP)
     assert list(by_name) == ["prep", "train", "infer", "eval", "infer-base", "eval-base", "learn", "infer-learn",
                              "eval-learn", "report"]
     assert by_name["learn"].deps == [("afterok", "prep"), ("aftercorr", "train")]
@@ -79,7 +79,7 @@ def test_the_learn_jobs_run_from_their_written_configs_with_their_own_resources(
     assert r.returncode == 0, r.stderr
     assert re.search(r"^learn: 1 task\(s\), \d+ done; after afterok:prep, aftercorr:train;", r.stdout, re.M)
     assert re.search(r"^infer-learn: 1 task\(s\), \d+ done; after aftercorr:learn;", r.stdout, re.M)
-    by_name = _checked(LEARN_SWEEP)
+    by_name = checked_jobs(LEARN_SWEEP)
     text = (tmp_path / "learn.sbatch").read_text()
     assert "#SBATCH --mem=6G" in text and "#SBATCH --time=00:40:00" in text and "srun" not in text
     for unit in by_name["learn"].units:
@@ -108,7 +108,7 @@ def test_the_learn_jobs_run_from_their_written_configs_with_their_own_resources(
 
 def test_a_sweep_without_a_learn_section_plans_no_learn_job() -> None:
     for path in ("tiny-cpu.yaml", "paper.yaml"):
-        names = list(_checked(REPO_ROOT / "configs/sweeps" / path))
+        names = list(checked_jobs(REPO_ROOT / "configs/sweeps" / path))
         assert not any("learn" in n for n in names), names
 
 
@@ -148,16 +148,7 @@ def test_a_learn_option_mistake_fails_at_plan_with_the_sweep_file_s_line(old: st
                                                                         message: str, tmp_path: Path) -> None:
     text = LEARN_SWEEP.read_text()
     assert old in text, old
-    changed = text.replace(old, new, 1)
-    f = tmp_path / "s.yaml"
-    f.write_text(changed)
-    line = next(i for i, ln in enumerate(changed.splitlines(), 1) if ln.startswith(line_text))
-    with pytest.raises(MLBenchError) as e:
-        sweep = load_sweep(f, REPO_ROOT)
-        check_jobs(sweep, jobs(sweep))
-    assert message in e.value.what and e.value.where == f"{f}:{line}", (message, e.value.what, e.value.where)
-    r = run_cli("mlbench", "sweep", "plan", f, "--root", REPO_ROOT)  # the command says it, before any plan
-    assert r.returncode == 2 and message in r.stderr and r.stdout == "", r.stderr
+    assert_plan_refuses(text.replace(old, new, 1), line_text, message, tmp_path)
 
 
 def test_model_learn_options_need_the_sweep_s_learn_section(tmp_path: Path) -> None:
@@ -180,7 +171,6 @@ def test_model_learn_options_need_the_sweep_s_learn_section(tmp_path: Path) -> N
 def test_a_learn_chain_runs_on_the_cluster_and_the_report_names_the_learned_checkpoint(tmp_path: Path) -> None:
     # configs/sweeps/tiny-cpu-learn.yaml's ID cell on a tiny model, made cheap: 12 training steps, infer through
     # transformers (no vLLM engine to start), one rft round of k = 2; every unit submitted to the one-node cluster
-    from test_slurm import _status, _wait  # the sweep tests' own helpers
     model = tmp_path / "tiny"
     r = run_cli(sys.executable, str(REPO_ROOT / "examples" / "tiny.py"), "--repos", REPO_ROOT / "examples/sample/repos",
                 "--out", model, "--pretrain-steps", "40")
@@ -195,15 +185,13 @@ def test_a_learn_chain_runs_on_the_cluster_and_the_report_names_the_learned_chec
     sweep.write_text(yaml.safe_dump(spec, sort_keys=False))
     run_dir = tmp_path / "sweep"
 
-    r = run_cli("mlbench", "sweep", "submit", sweep)
-    assert r.returncode == 0, r.stderr
-    submitted = re.findall(r"^(\S+)\s+job (\d+): (\d+) task", r.stdout, re.M)
+    out, submitted = submit(sweep)
     assert [n for n, _, _ in submitted] == ["prep", "train", "infer", "eval", "learn", "infer-learn", "eval-learn",
                                             "report"]
     ids = {n: j for n, j, _ in submitted}
     assert f"learn       job {ids['learn']}: 1 task(s), after afterok:{ids['prep']},aftercorr:{ids['train']}" \
-        in r.stdout
-    assert f"after aftercorr:{ids['learn']}" in r.stdout and f"after aftercorr:{ids['infer-learn']}" in r.stdout
+        in out
+    assert f"after aftercorr:{ids['learn']}" in out and f"after aftercorr:{ids['infer-learn']}" in out
     rows = _wait(sweep, lambda rows: all(r["state"] in ("done", "failed", "cancelled") for r in rows), timeout=1800)
     assert all(r["state"] == "done" for r in rows), [(r["job"], r["key"], r["state"], r["log"]) for r in rows]
     assert {r["job"] for r in _status(sweep)} >= {"learn", "infer-learn", "eval-learn"}
