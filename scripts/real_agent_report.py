@@ -8,22 +8,16 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import platform
 import subprocess
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import yaml
-from real_report import PAPER_ROWS, ROOT, _ci, _jsonl, _pct, stage_times, train_facts, tsv
+from real_report import PAPER_ROWS, ROOT, _ci, _json, _jsonl, _pct, stage_times, train_facts, tsv
 
 VARIANTS = ("base", "id-tuned")
-
-
-def _json(path: Path) -> dict[str, Any] | None:
-    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def main() -> None:

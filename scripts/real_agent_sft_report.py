@@ -8,34 +8,24 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import platform
 import subprocess
 from pathlib import Path
-from typing import Any
 
-from real_report import ROOT, _ci, _jsonl, _pct, stage_times, tsv
+from real_report import ROOT, _ci, _json, _jsonl, _pct, stage_times, train_facts, tsv
 
 ARMS = (("base", "as released"), ("agent-sft", "agent-SFT LoRA (gold episodes)"),
         ("agent-ei", "agent-SFT + one expert-iteration round"))
 
 
-def _json(path: Path) -> dict[str, Any] | None:
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
 def _train(folder: Path) -> str:
     """One adapter's training in a line: records, steps, first and last step loss, tokens/s."""
-    rows = _jsonl(folder / "metrics.jsonl")
-    start = next((r for r in rows if r.get("event") == "start"), {})
-    steps = [r for r in rows if "loss" in r and "step" in r]
-    done = next((r for r in rows if r.get("event") == "done"), {})
-    if not steps:
+    f = train_facts(folder.parent, "", 3, folder)
+    if not f:
         return "not trained"
-    tok_s = (done.get("tokens") or 0) / max(done.get("seconds_this_process") or 1e-9, 1e-9)
-    return (f"{start.get('train_samples')} records, {len(steps)} steps, loss {steps[0]['loss']:.3f} (step 1) -> "
-            f"{steps[-1]['loss']:.3f} (step {len(steps)}), {tok_s:.0f} tokens/s")
+    return (f"{f['rows']} records, {f['steps']} steps, loss {f['step_loss_first']:.3f} (step 1) -> "
+            f"{f['step_loss_last']:.3f} (step {f['steps']}), {f['tok_s']:.0f} tokens/s")
 
 
 def main() -> None:

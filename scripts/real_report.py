@@ -29,6 +29,10 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
     return read_jsonl_tolerant(path)
 
 
+def _json(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
 def _pct(v: float | None) -> str:
     return "–" if v is None else f"{100 * v:.1f}"
 
@@ -38,10 +42,11 @@ def _ci(m: dict[str, Any], k: int) -> str:
     return f"{_pct(m[f'pass@{k}'])} [{_pct(lo)}, {_pct(hi)}]" if lo is not None else _pct(m[f"pass@{k}"])
 
 
-def train_facts(run: Path, arm: str, task: int) -> dict[str, Any]:
+def train_facts(run: Path, arm: str, task: int, folder: Path | None = None) -> dict[str, Any]:
     """Rows, steps, the mean step loss of the first and of the last epoch (the same records, in another order:
-    single steps differ by which records they pack) and tokens/s of one adapter's training."""
-    rows = _jsonl(run / f"train-{arm}-task{task}" / "metrics.jsonl")
+    single steps differ by which records they pack), the first and the last step's loss, and tokens/s of one
+    adapter's training (``RUN/train-ARM-taskT``, or ``folder``)."""
+    rows = _jsonl((folder or run / f"train-{arm}-task{task}") / "metrics.jsonl")
     start = next((r for r in rows if r.get("event") == "start"), {})
     steps = [r for r in rows if "loss" in r and "step" in r]
     done = next((r for r in rows if r.get("event") == "done"), {})
@@ -55,6 +60,7 @@ def train_facts(run: Path, arm: str, task: int) -> dict[str, Any]:
 
     return {"rows": start.get("train_samples"), "steps": len(steps), "epochs": last - first + 1,
             "loss_first": mean(first), "loss_last": mean(last), "tokens": done.get("tokens"),
+            "step_loss_first": steps[0]["loss"], "step_loss_last": steps[-1]["loss"],
             "seconds": done.get("seconds_this_process"),
             "tok_s": (done.get("tokens") or 0) / max(done.get("seconds_this_process") or 1e-9, 1e-9)}
 
