@@ -322,16 +322,14 @@ def run_episodes(cfg: AgentConfig, rows: list[Sample], repos: dict[str, Path], e
             if not todo:
                 break
             t0 = time.perf_counter()
-            outs = engine().generate([GenRequest(tuple(p.ids), p.seed, adapter, p.max_new_tokens,
-                                                 json_schema=p.json_schema)
-                                      for _, _, p in todo], params)
-            outs = [samples[0] for samples in outs]
+            requests = [GenRequest(tuple(p.ids), p.seed, adapter, p.max_new_tokens, json_schema=p.json_schema)
+                        for _, _, p in todo]
+            outs = [samples[0] for samples in engine().generate(requests, params)]
             wall = time.perf_counter() - t0
             rounds += 1
-            for (ep, path, p), g in zip(todo, outs, strict=True):
+            for (ep, path, _), req, g in zip(todo, requests, outs, strict=True):
                 # any engine's reply is checked before it is a turn: a bad one ends its episode as a fault
-                why = g.fault or reply_fault(g.text, g.n_tokens, min(params.max_new_tokens,
-                                                                      p.max_new_tokens or params.max_new_tokens))
+                why = g.fault or reply_fault(g.text, g.n_tokens, req.cap(params))
                 if why is not None:
                     ep.fault(f"the engine's reply was refused: {visible(why)}")
                     continue
