@@ -87,6 +87,12 @@ def test_gold_episode_records_are_what_the_harness_sends_on_real_rows(shared: Pa
         bad = verdicts(tmp_path / f"eval-{name}", mode, [True, True], answers)
         assert main([*common, "--rows-of", str(train_f), *own, str(bad), "--out", str(tmp_path / name)]) == 2
         assert not (tmp_path / name / "sft.jsonl").exists()
+    # a run folder is handed-over data: a transcript that is a link (here to the very same file) is not followed
+    ep0 = tmp_path / "run" / "transcripts" / f"{train[0].github_id}-{train[0].id}" / "ep0.jsonl"
+    ep0.rename(tmp_path / "elsewhere.jsonl")
+    ep0.symlink_to(tmp_path / "elsewhere.jsonl")
+    assert main([*common, "--rows-of", str(train_f), *own, str(ok), "--out", str(tmp_path / "link")]) == 2
+    assert not (tmp_path / "link" / "sft.jsonl").exists()
     # never the evaluation rows: refused, nothing written
     assert main([*common, "--rows-of", str(eval_f), "--out", str(tmp_path / "leak")]) == 2
     assert not (tmp_path / "leak" / "sft.jsonl").exists()
