@@ -219,16 +219,19 @@ class BashEpisode(BaseEpisode):
         if new < 1:
             return None
         seed = turn_seed(self.cfg.sampling.seed, self.sample.key, self.episode, len(self.turns))
-        self._prepared = Prepared(json.dumps(self.messages), ids, seed, new, {"step": "bash",
-                                                                              "messages": len(self.messages)})
+        self._prepared = Prepared(json.dumps(self.messages), ids, seed, new,
+                                  {"step": "bash", "messages": len(self.messages)},
+                                  messages=[dict(m) for m in self.messages])
         return self._prepared
 
     # -- replies -----------------------------------------------------------------------------------------------
     def feed(self, raw: str, n_tokens: int, wall_s: float, truncated: bool = False,
+             tool_calls: tuple[tuple[str, str], ...] = (), prompt_tokens: int | None = None,
              replayed: dict[str, Any] | None = None) -> dict[str, Any]:
         """Take the model's reply: run its action, record the turn. ``replayed``: the turn's transcript record
         on resume; the action runs again (to rebuild the layer) and the recorded observation is what the model
-        is shown, so the conversation is the one the model saw."""
+        is shown, so the conversation is the one the model saw. ``tool_calls``, ``prompt_tokens``: not given
+        (this policy offers no tools: its config refuses ``actions: tools``)."""
         p = self._prepared
         assert p is not None and self.exit is None, "feed() without a prepared prompt"
         self._prepared = None
@@ -335,7 +338,7 @@ class BashEpisode(BaseEpisode):
         """The episode's end line, with run.sh and its kind once submitted and the OpenHands check when on."""
         out: dict[str, Any] = {"episode": self.episode, "exit": self.exit, "detail": self.detail, "answer": self.answer,
                "turns": len(self.turns), "tokens_in": self.tokens_in, "tokens_out": self.tokens_out,
-               "seconds": round(self.seconds, 4)}
+               "seconds": round(self.seconds, 4), **self.cost_fields()}
         if self.answer_kind is not None:
             out["answer_kind"], out["run_sh"] = self.answer_kind, self.run_sh
         if self.cfg.bash.openhands_check:

@@ -35,12 +35,13 @@ from . import prompts as P
 from .constrain import schema_text
 from .parse import FormatError, parse_reply
 from .repo import Refused, RepoView, cut, readme_window
+from .tools import function_name, parse_call, tools_text
 
 # prompt text (a user turn), or a conversation of user and assistant messages -> the token ids the engine gets
 Encoder = Callable[[str | list[dict[str, str]]], list[int]]
 
-EXITS = ("submitted", "rejected", "no_answer", "turn_limit", "token_limit", "time_limit", "context_exceeded",
-         "format_errors", "fault")
+EXITS = ("submitted", "rejected", "no_answer", "turn_limit", "token_limit", "time_limit", "cost_limit",
+         "context_exceeded", "format_errors", "fault")
 
 
 
@@ -65,6 +66,11 @@ class Prepared:
     max_new_tokens: int
     inputs: dict[str, Any]
     json_schema: str | None = None  # decoding: json: the JSON schema the reply is constrained to (agent/constrain.py)
+    # actions: tools: the tools offered (JSON text of the list) and the function the reply must call (agent/tools.py)
+    tools: str | None = None
+    tool_choice: str | None = None
+    # a chat endpoint's messages (openai.api: chat); None: the text as one user message
+    messages: list[dict[str, str]] | None = None
 
 
 class BaseEpisode(ABC):
@@ -93,8 +99,11 @@ class BaseEpisode(ABC):
         raise NotImplementedError
 
     @abstractmethod
-    def feed(self, raw: str, n_tokens: int, wall_s: float, truncated: bool = False) -> dict[str, Any]:
-        """Take the model's reply to the prepared prompt; returns the turn's transcript record."""
+    def feed(self, raw: str, n_tokens: int, wall_s: float, truncated: bool = False,
+             tool_calls: tuple[tuple[str, str], ...] = (), prompt_tokens: int | None = None) -> dict[str, Any]:
+        """Take the model's reply to the prepared prompt (``tool_calls``: its function calls; ``prompt_tokens``:
+        the prompt's tokens as the server counted them; both given only for a turn whose prompt offered tools,
+        ``actions: tools``); returns the turn's transcript record."""
         raise NotImplementedError
 
     @abstractmethod
@@ -150,6 +159,8 @@ class BaseEpisode(ABC):
                 self._end("format_errors", f"{self.format_errors} unparseable replies in a row")
             elif self.tokens_out >= lim.max_episode_tokens:
                 self._end("token_limit", f"{self.tokens_out} new tokens (limit {lim.max_episode_tokens})")
+            elif lim.max_episode_cost is not None and self.cost() >= lim.max_episode_cost:
+                self._end("cost_limit", f"cost {self.cost():.6g} (limit {lim.max_episode_cost:g})")
             elif self.seconds >= lim.max_episode_seconds:
                 self._end("time_limit", f"{self.seconds:.1f} s of {timed} (limit {lim.max_episode_seconds})")
             elif lim.max_turns is not None and len(self.turns) >= lim.max_turns:
@@ -158,18 +169,40 @@ class BaseEpisode(ABC):
             rec["exit"] = self.exit
         return rec
 
+    def cost(self) -> float:
+        """What the episode's turns cost so far at ``limits.prompt_price`` and ``completion_price`` (per million
+        prompt and new tokens; the prompt's count is the server's where it sent one)."""
+        lim = self.cfg.limits
+        return (self.tokens_in * lim.prompt_price + self.tokens_out * lim.completion_price) / 1e6
+
     def _total_room(self, prompt_tokens: int, new: int) -> int:
         """The new tokens the next turn may have under ``limits.max_episode_total_tokens`` (prompt and new tokens
-        summed over the episode's turns, this prompt included); below 1, the episode has ended (``token_limit``)
-        unsent."""
-        total = self.cfg.limits.max_episode_total_tokens
-        if total is None:
-            return new
-        room = total - self.tokens_in - self.tokens_out - prompt_tokens
-        if room < 1:
-            self._end("token_limit", f"{self.tokens_in + self.tokens_out} prompt and new tokens; the next prompt's "
-                                     f"{prompt_tokens} leave no room (limit {total})")
-        return min(new, room)
+        summed over the episode's turns, this prompt included) and ``limits.max_episode_cost`` (the cost so far,
+        this prompt's, and its new tokens'); below 1, the episode has ended (``token_limit``, ``cost_limit``)
+        unsent. This prompt is counted with the tokenizer (a server's own count may differ by a few tokens)."""
+        lim = self.cfg.limits
+        if lim.max_episode_total_tokens is not None:
+            room = lim.max_episode_total_tokens - self.tokens_in - self.tokens_out - prompt_tokens
+            if room < 1:
+                self._end("token_limit", f"{self.tokens_in + self.tokens_out} prompt and new tokens; the next "
+                                         f"prompt's {prompt_tokens} leave no room (limit "
+                                         f"{lim.max_episode_total_tokens})")
+                return room
+            new = min(new, room)
+        if lim.max_episode_cost is not None:
+            left = lim.max_episode_cost - self.cost() - prompt_tokens * lim.prompt_price / 1e6
+            afford = new if lim.completion_price == 0 else int(left * 1e6 / lim.completion_price)
+            if left <= 0 or afford < 1:
+                self._end("cost_limit", f"cost {self.cost():.6g}; the next prompt's {prompt_tokens} tokens and one "
+                                        f"new token would pass the limit {lim.max_episode_cost:g}")
+                return 0
+            new = min(new, afford)
+        return new
+
+    def cost_fields(self) -> dict[str, float]:
+        """``{"cost": ...}`` for the episode's summary when prices are set, else nothing."""
+        lim = self.cfg.limits
+        return {"cost": round(self.cost(), 8)} if lim.prompt_price or lim.completion_price else {}
 
 
 @dataclass
@@ -257,6 +290,8 @@ class Episode(BaseEpisode):
         else:
             text, inputs, sizes["readme"] = self._readme(self.ranked[self.readme_at], caps["readme"])
             prompt = P.WRITE_CODE.format(readme=text, args=self.args_code, instruction=s.instruction)
+        if self.cfg.actions == "tools":  # the answer format is the tool the turn offers
+            return prompt, {"step": self.step, **inputs}, sizes
         return P.with_format(prompt, self.step, self.cfg.answer_format), {"step": self.step, **inputs}, sizes
 
     def prepare(self) -> Prepared | None:
@@ -283,9 +318,12 @@ class Episode(BaseEpisode):
         caps = {"readme": r.max_readme_chars, "index": r.max_index_chars, "file": r.max_file_chars}
         new = min(self.cfg.sampling.max_new_tokens, self.cfg.limits.max_episode_tokens - self.tokens_out)
         fitted = False
+        tools = tools_text(self.step) if self.cfg.actions == "tools" else None
         for _ in range(8):
             text, inputs, sizes = self._build(caps)
-            ids = self.encode(text)
+            # with a tool, the prompt's tokens are counted with the tool's JSON after it (the server's template
+            # renders it somewhere in the prompt: an estimate of the same size)
+            ids = self.encode(text if tools is None else f"{text}\n\n{tools}")
             over = len(ids) + new - self.max_model_len
             shown = {k: min(v, caps[k]) for k, v in sizes.items() if min(v, caps[k]) > 0}
             if over <= 0 or not self.cfg.fit_context or not shown:
@@ -306,7 +344,8 @@ class Episode(BaseEpisode):
             return None
         seed = turn_seed(self.cfg.sampling.seed, self.sample.key, self.episode, len(self.turns))
         schema = schema_text(self.step, self._offered(caps)) if self.cfg.decoding == "json" else None
-        self._prepared = Prepared(text, ids, seed, new, inputs, schema)
+        self._prepared = Prepared(text, ids, seed, new, inputs, schema, tools,
+                                  function_name(self.step) if tools is not None else None)
         return self._prepared
 
     def _offered(self, caps: dict[str, int]) -> list[str]:
@@ -322,8 +361,13 @@ class Episode(BaseEpisode):
         return []
 
     # -- replies -----------------------------------------------------------------------------------------------
-    def feed(self, raw: str, n_tokens: int, wall_s: float, truncated: bool = False) -> dict[str, Any]:
-        """Take the model's reply to the prepared prompt; returns the turn's transcript record."""
+    def feed(self, raw: str, n_tokens: int, wall_s: float, truncated: bool = False,
+             tool_calls: tuple[tuple[str, str], ...] = (), prompt_tokens: int | None = None) -> dict[str, Any]:
+        """Take the model's reply to the prepared prompt; returns the turn's transcript record. With
+        ``actions: tools`` the reply is its ``tool_calls`` (``raw``: its text besides them, usually none); the
+        record's ``raw`` is then the call's arguments, ``tool_calls`` every call, ``content`` that text; and the
+        prompt's tokens are the server's count when it sent one (``prompt_tokens``: the template it rendered the
+        tool with is its own), the estimate made here kept as ``tokens_in_estimate``."""
         p = self._prepared
         assert p is not None and self.exit is None, "feed() without a prepared prompt"
         self._prepared = None
@@ -333,12 +377,23 @@ class Episode(BaseEpisode):
                                "wall_s": round(wall_s, 4)}
         if p.json_schema is not None:
             rec["json_schema"] = p.json_schema
-        self.tokens_in += len(p.ids)
+        if p.tool_choice is not None:
+            rec["tool_calls"] = [{"name": n, "arguments": a} for n, a in tool_calls]
+            if tool_calls:
+                rec["raw"] = tool_calls[0][1]
+                if raw:
+                    rec["content"] = raw
+            if prompt_tokens is not None:
+                rec["tokens_in"], rec["tokens_in_estimate"] = prompt_tokens, len(p.ids)
+        self.tokens_in += rec["tokens_in"]
         self.tokens_out += n_tokens
         self.seconds += wall_s
         action: dict[str, Any] | None = None
         try:
-            action = parse_reply(raw, self.step)
+            if p.tool_choice is not None:
+                action = parse_call(list(tool_calls), self.step, p.max_new_tokens)
+            else:
+                action = parse_reply(raw, self.step)
         except FormatError as exc:
             self.format_errors += 1
             rec["error"] = str(exc)
@@ -350,7 +405,10 @@ class Episode(BaseEpisode):
 
     def replay(self, rec: dict[str, Any]) -> None:
         """Feed a transcript's turn record again (resume)."""
-        self.feed(rec["raw"], rec["tokens_out"], rec["wall_s"], rec.get("truncated", False))
+        calls = tuple((str(c["name"]), str(c["arguments"])) for c in rec.get("tool_calls") or ())
+        raw = rec.get("content", "") if calls else rec["raw"]
+        counted = rec["tokens_in"] if "tokens_in_estimate" in rec else None  # the server's count, as recorded
+        self.feed(raw, rec["tokens_out"], rec["wall_s"], rec.get("truncated", False), calls, counted)
 
     def _next_readme(self) -> None:
         self.readme_at += 1
@@ -449,7 +507,7 @@ class Episode(BaseEpisode):
         """The episode's end line (with steps 1-4, the repository its answer was written for)."""
         out: dict[str, Any] = {"episode": self.episode, "exit": self.exit, "detail": self.detail, "answer": self.answer,
                "turns": len(self.turns), "tokens_in": self.tokens_in, "tokens_out": self.tokens_out,
-               "seconds": round(self.seconds, 4)}
+               "seconds": round(self.seconds, 4), **self.cost_fields()}
         if self.pool is not None:  # steps 1-4: the repository the answer was written for (its row's or another)
             out["repository"] = self.repo.name if self.repo_at >= 0 else None
         return out

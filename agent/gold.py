@@ -1,11 +1,21 @@
-"""Gold episodes: the turns of a correct ML-Agent episode for a training row, built from its gold answer by the
+"""Gold episodes: the turns of a correct agent episode for a training row, built from its gold answer by the
 harness's own episode code, as SFT records in prep's format (``mlbench agent --gold-episodes``).
 
-Each row's episode is the real :class:`~.episode.Episode` state machine, fed the correct reply at every turn:
+Each row's episode is the policy's real state machine, fed the correct reply at every turn. ``ml-agent``
+(:class:`~.episode.Episode`):
 
 - ``plan``: ``{"task_flag": "Yes", "ranked_readmefiles": [the row's own README]}`` (the README nearest the row's
   task folder, walking up to the root, as prep picks a task's README);
 - ``code_or_file``: ``{"flag": "CODE", "file_path": "", "code": the row's gold answer}``.
+
+``bash`` (:class:`~.bash.BashEpisode`, CodeAct's explore, write, run, submit), each action run in the sandbox of
+the row's environment as any model's action is, so every observation is the real one:
+
+- ``look``: ``ls`` in the task folder;
+- ``write``: ``cat > run.sh`` of the gold answer (a Bash Script row's command as is; a Python Code row's program as
+  ``python - <<'TAG'`` inside run.sh, which the scorer reads back as that program: :mod:`.runsh`);
+- ``run``: ``bash run.sh`` (its exit, a timeout included, is what the model sees, and is counted in ``gold.json``);
+- ``submit``.
 
 So each record's ``prompt`` is exactly the text the harness sends at that turn (the step's prompt with the README
 window, index, caps and context fitting of this config), rendered as the engine receives it (the model's chat
@@ -24,13 +34,16 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from mlbench_kit.agent_config import AgentConfig
-from mlbench_kit.chat_template import render_chat
-from mlbench_kit.dataset import Sample, check_no_leak, load_samples, normalized_text
+from mlbench_kit.dataset import Sample, check_no_leak, load_samples, normalized_text, runs_as_shell
+from mlbench_kit.envspec import EnvConfig
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.io import read_jsonl, write_json_atomic, write_jsonl_atomic
-from mlbench_kit.records import PrepRecord, output_sha, read_eval_results, valid_text
+from mlbench_kit.records import PrepRecord, output_sha, read_scored_folder, transcript_file, valid_text
+from mlbench_kit.sandbox import Sandbox
 
-from .episode import Episode
+from .bash import SUBMIT, BashEpisode
+from .episode import Episode, sha
+from .prompts import render_prompt
 from .repo import RepoView
 
 
@@ -57,13 +70,13 @@ def gold_reply(ep: Episode) -> str:
     raise AssertionError(f"a gold episode never reaches step {ep.step!r}")
 
 
-def turn_record(sample: Sample, text: str, reply: str, tokenizer: Any, template: str,
+def turn_record(sample: Sample, conversation: str | list[dict[str, str]], reply: str, tokenizer: Any, template: str,
                 context_tokens: int) -> tuple[PrepRecord, int]:
-    """One model turn as an SFT record in prep's format: ``text`` (the step's prompt, one user turn) rendered as
-    the engine receives it (the chat template, or as is for ``plain``), ``reply`` the answer trained on; and the
-    reply's token count."""
-    messages = [{"role": "user", "content": text}]
-    prompt = render_chat(tokenizer, messages) if template == "chat" else text
+    """One model turn as an SFT record in prep's format: ``conversation`` (the step's prompt, one user turn, or the
+    bash policy's messages so far) rendered as the engine receives it (:func:`.prompts.render_prompt`), ``reply``
+    the answer trained on; and the reply's token count."""
+    messages = [{"role": "user", "content": conversation}] if isinstance(conversation, str) else list(conversation)
+    prompt = render_prompt(tokenizer, conversation, template == "chat")
     n = len(tokenizer(reply, add_special_tokens=False)["input_ids"])
     return PrepRecord(task=3, github_id=sample.github_id, id=sample.id, template=template, prompt=prompt,
                       answer=reply, messages=[*messages, {"role": "assistant", "content": reply}],
@@ -73,24 +86,79 @@ def turn_record(sample: Sample, text: str, reply: str, tokenizer: Any, template:
                       total_tokens=context_tokens + n + 1), n
 
 
+def _not_gold(sample: Sample, exit: str | None, detail: str) -> MLBenchError:
+    return MLBenchError(f"the gold episode of github_id={sample.github_id} id={sample.id} ({sample.repo}) ended "
+                        f"{exit}: {detail or 'not with its gold answer'}", sample.where,
+                        "leave the row out (--rows-of), or raise the limits / max_model_len that ended it")
+
+
 def gold_records(sample: Sample, repo: RepoView, cfg: AgentConfig, tokenizer: Any, encode: Any, template: str,
-                 max_model_len: int) -> list[PrepRecord]:
-    """The records of one row's gold episode: one per model turn, ``prompt`` as the engine receives it (rendered
-    with the chat template when ``template`` is ``chat``), ``answer`` the correct reply. A row whose episode does
-    not end ``submitted`` with its gold answer (no README, a prompt over the context, an answer over the token
-    limits) is an error naming it."""
+                 max_model_len: int) -> list[tuple[str, PrepRecord]]:
+    """The records of one row's ml-agent gold episode, each with its step: one per model turn, ``prompt`` as the
+    engine receives it (rendered with the chat template when ``template`` is ``chat``), ``answer`` the correct
+    reply. A row whose episode does not end ``submitted`` with its gold answer (no README, a prompt over the
+    context, an answer over the token limits) is an error naming it."""
     ep = Episode(sample, repo, cfg, 0, encode, max_model_len)
-    out: list[PrepRecord] = []
+    out: list[tuple[str, PrepRecord]] = []
     while (p := ep.prepare()) is not None:
         reply = gold_reply(ep)
         rec, n = turn_record(sample, p.text, reply, tokenizer, template, len(p.ids))
-        out.append(replace(rec, over_budget=n > p.max_new_tokens))
+        out.append((ep.step, replace(rec, over_budget=n > p.max_new_tokens)))
         ep.feed(reply, n, 0.0)
     if ep.exit != "submitted" or ep.answer != sample.output:
-        raise MLBenchError(f"the gold episode of github_id={sample.github_id} id={sample.id} ({sample.repo}) ended "
-                           f"{ep.exit}: {ep.detail or 'not with its gold answer'}", sample.where,
-                           "leave the row out (--rows-of), or raise the limits / max_model_len that ended it")
+        raise _not_gold(sample, ep.exit, ep.detail)
     return out
+
+
+BASH_STEPS = ("look", "write", "run", "submit")
+
+
+def _heredoc_tag(text: str, base: str) -> str:
+    """A heredoc delimiter that is no line of ``text``."""
+    lines = {ln.strip() for ln in text.splitlines()}
+    tag, i = base, 0
+    while tag in lines:
+        i += 1
+        tag = f"{base}_{i}"
+    return tag
+
+
+def bash_gold_replies(sample: Sample) -> list[str]:
+    """The four replies of a correct bash episode (:data:`BASH_STEPS`), each a short thought and one ``bash`` block:
+    look at the task folder, write run.sh holding the gold answer (a Python Code row's program as ``python -``
+    heredoc), run it, submit."""
+    code = sample.output.strip("\n")
+    body = code if runs_as_shell(sample.output) else f"python - <<'{(t := _heredoc_tag(code, 'PY'))}'\n{code}\n{t}"
+    outer = _heredoc_tag(body, "EOF")
+    return ["First I look at the task folder.\n```bash\nls\n```",
+            f"I write run.sh to run the task.\n```bash\ncat > run.sh <<'{outer}'\n{body}\n{outer}\n```",
+            "Now I run it to check it.\n```bash\nbash run.sh\n```",
+            f"run.sh is ready, so I submit it.\n```bash\n{SUBMIT}\n```"]
+
+
+def bash_gold_records(sample: Sample, box: tuple[Sandbox, EnvConfig], cfg: AgentConfig, tokenizer: Any, encode: Any,
+                      template: str, max_model_len: int) -> tuple[list[tuple[str, PrepRecord]], dict[str, Any]]:
+    """The records of one row's bash gold episode (one per turn: the conversation so far as the engine receives
+    it, the gold reply), and how its ``run`` action ended (``exit_code``, ``timed_out``). The episode must end
+    ``submitted`` with run.sh's answer equal to the gold answer (whitespace aside), or the row is an error."""
+    ep = BashEpisode(sample, box[1].for_repo(sample.repo), box[0], cfg, 0, encode, max_model_len)
+    out: list[tuple[str, PrepRecord]] = []
+    ran: dict[str, Any] = {}
+    try:
+        for step, reply in zip(BASH_STEPS, bash_gold_replies(sample), strict=True):
+            p = ep.prepare()
+            if p is None or p.messages is None:
+                break
+            rec, n = turn_record(sample, p.messages, reply, tokenizer, template, len(p.ids))
+            out.append((step, replace(rec, over_budget=n > p.max_new_tokens)))
+            turn = ep.feed(reply, n, 0.0)
+            if step == "run":
+                ran = {k: turn.get("exec", {}).get(k) for k in ("exit_code", "timed_out")}
+    finally:
+        ep.discard()
+    if ep.exit != "submitted" or normalized_text(ep.answer or "") != normalized_text(sample.output):
+        raise _not_gold(sample, ep.exit, ep.detail)
+    return out, ran
 
 
 MAX_TRANSCRIPT_BYTES = 64 << 20  # one episode's transcript (a run folder is untrusted data)
@@ -98,7 +166,7 @@ MAX_TRANSCRIPT_BYTES = 64 << 20  # one episode's transcript (a run folder is unt
 
 def own_episode_records(rows: list[Sample], run: Path, results: Path, tokenizer: Any, template: str,
                         max_per_row: int) -> tuple[list[PrepRecord], dict[str, int]]:
-    """Expert iteration's data: the turns of an ``mlbench agent`` run's episodes (ml-agent) that passed in
+    """Expert iteration's data: the turns of an ``mlbench agent`` run's episodes (either policy) that passed in
     ``results`` (its ``mlbench eval`` folder, strict verdicts only: compat passes a process still running at the
     limit), up to ``max_per_row`` per row, distinct by their whitespace-normalised answer. Each kept turn is an SFT
     record of the prompt the model saw and the reply it gave; turns whose reply did not parse are left out. Every
@@ -107,8 +175,9 @@ def own_episode_records(rows: list[Sample], run: Path, results: Path, tokenizer:
     kept: dict[tuple[int, int], list[str]] = {}
     out: list[PrepRecord] = []
     n = {"verdicts": 0, "passed": 0, "episodes": 0, "records": 0, "rows": 0}
-    for r in sorted(read_eval_results(results / "results.jsonl"), key=lambda r: (r.key, r.idx)):
-        where = f"{results / 'results.jsonl'} (github_id={r.github_id} id={r.id} sample {r.idx})"
+    results_file, verdicts = read_scored_folder(results, "--own-episodes-eval")
+    for r in sorted(verdicts, key=lambda r: (r.key, r.idx)):
+        where = f"{results_file} (github_id={r.github_id} id={r.id} sample {r.idx})"
         if r.mode != "strict" or (r.passed and r.timed_out):
             raise MLBenchError(f"a {r.mode} verdict{' passing at the time limit' if r.timed_out else ''}: own "
                                "episodes are kept on strict verdicts only", where,
@@ -120,9 +189,10 @@ def own_episode_records(rows: list[Sample], run: Path, results: Path, tokenizer:
         if not r.passed:
             continue
         n["passed"] += 1
-        path = run / "transcripts" / f"{r.github_id}-{r.id}" / f"ep{r.idx}.jsonl"
-        if path.is_symlink() or not path.is_file() or path.stat().st_size > MAX_TRANSCRIPT_BYTES:
-            raise MLBenchError("the passing episode's transcript is missing, a link or too large", str(path),
+        path = transcript_file(run, r.key, r.idx)
+        if path is None or not path.is_file() or path.stat().st_size > MAX_TRANSCRIPT_BYTES:
+            raise MLBenchError("the passing episode's transcript is missing, a link (or under one) or too large",
+                               str(path or run / "transcripts"),
                                "pass the agent run folder these verdicts were scored from (--own-episodes)")
         lines = [obj for _, obj in read_jsonl(path)]
         end = lines[-1].get("end") if lines else None
@@ -138,19 +208,46 @@ def own_episode_records(rows: list[Sample], run: Path, results: Path, tokenizer:
             continue
         seen.append(norm)
         n["episodes"] += 1
-        for turn in lines[:-1]:
-            text, raw, tokens = turn.get("prompt"), turn.get("raw"), turn.get("tokens_in")
-            if "messages" in turn:
-                raise MLBenchError("a bash episode: own episodes become SFT records for the ml-agent policy only",
-                                   str(path), "run the agent with --policy ml-agent")
-            if "error" in turn:
-                continue
-            if not (isinstance(text, str) and isinstance(raw, str) and type(tokens) is int):
-                raise MLBenchError("a turn without its prompt, reply or token count", str(path),
-                                   "pass a transcript `mlbench agent` wrote, unchanged")
-            out.append(turn_record(by_key[r.key], text, raw, tokenizer, template, tokens)[0])
+        out += _episode_turns(by_key[r.key], lines[:-1], path, tokenizer, template)
     n["records"], n["rows"] = len(out), len(kept)
     return out, n
+
+
+def _episode_turns(sample: Sample, turns: list[Any], path: Path, tokenizer: Any, template: str) -> list[PrepRecord]:
+    """A passing episode's turns as SFT records: each turn's prompt and the reply the model gave, turns whose reply
+    did not parse left out. An ml-agent turn holds its prompt; a bash episode's conversation is rebuilt from its
+    first message and each turn's reply and observation, and must hash to each turn's recorded ``prompt_sha``."""
+    bad = MLBenchError("a turn without its prompt, reply or token count, or a conversation that does not rebuild "
+                       "the prompt the model saw", str(path), "pass a transcript `mlbench agent` wrote, unchanged")
+    out: list[PrepRecord] = []
+    conversation: list[dict[str, str]] | None = None
+    for turn in turns:
+        if not isinstance(turn, dict):
+            raise bad
+        raw, tokens = turn.get("raw"), turn.get("tokens_in")
+        if turn.get("step") == "bash":
+            if conversation is None:
+                conversation = turn.get("messages")
+                if not (isinstance(conversation, list) and conversation
+                        and all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in conversation)):
+                    raise bad
+                conversation = [{"role": str(m.get("role")), "content": m["content"]} for m in conversation]
+            if not isinstance(raw, str) or type(tokens) is not int or sha(json.dumps(conversation)) != turn.get(
+                    "prompt_sha"):
+                raise bad
+            if "error" not in turn:
+                out.append(turn_record(sample, list(conversation), raw, tokenizer, template, tokens)[0])
+            conversation.append({"role": "assistant", "content": raw})
+            if isinstance(turn.get("observation"), str):
+                conversation.append({"role": "user", "content": turn["observation"]})
+            continue
+        text = turn.get("prompt")
+        if "error" in turn:
+            continue
+        if not (isinstance(text, str) and isinstance(raw, str) and type(tokens) is int):
+            raise bad
+        out.append(turn_record(sample, text, raw, tokenizer, template, tokens)[0])
+    return out
 
 
 def check_training_rows(cfg: AgentConfig, rows: list[Sample]) -> None:
@@ -174,19 +271,37 @@ def check_training_rows(cfg: AgentConfig, rows: list[Sample]) -> None:
 
 
 def write_gold_episodes(cfg: AgentConfig, rows: list[Sample], repos: dict[str, Path], tokenizer: Any, encode: Any,
-                        template: str, max_model_len: int, out: Path) -> dict[str, Any]:
+                        template: str, max_model_len: int, out: Path,
+                        box: tuple[Sandbox, EnvConfig] | None = None) -> dict[str, Any]:
     """Every row's gold episode into ``out/sft.jsonl`` (prep's records: ``mlbench train --set data.path=...``) and
-    the counts into ``out/gold.json``; all rows or nothing is written. Returns the counts."""
-    if cfg.policy != "ml-agent" or cfg.steps != "3-4":
-        raise MLBenchError(f"gold episodes are built for the ml-agent policy, steps 3-4 (here {cfg.policy}, steps "
-                           f"{cfg.steps})", "--gold-episodes", "use --policy ml-agent with steps: \"3-4\"")
+    the counts into ``out/gold.json``; all rows or nothing is written. ``box``: the bash policy's sandbox and
+    environments (:func:`.run.sandbox_for`), where its actions run. Returns the counts."""
+    if cfg.policy == "ml-agent" and cfg.steps != "3-4":
+        raise MLBenchError(f"ml-agent gold episodes are built for steps 3-4 (here steps {cfg.steps})",
+                           "--gold-episodes", "use steps: \"3-4\"")
+    if cfg.actions != "text":  # a record is a prompt and a text reply; a tool call's record is not built
+        raise MLBenchError("gold episodes are text turns (prompt, JSON reply); actions: tools has no such records",
+                           "actions", "use actions: text with --gold-episodes")
     check_training_rows(cfg, rows)
-    views = {name: RepoView(path, name, cfg.read.max_file_bytes) for name, path in repos.items()}
-    records = [r for s in rows for r in gold_records(s, views[s.repo], cfg, tokenizer, encode, template,
-                                                     max_model_len)]
+    stepped: list[tuple[str, PrepRecord]] = []
+    runs: dict[str, int] | None = None
+    if cfg.policy == "bash":
+        if box is None:
+            raise MLBenchError("bash gold episodes run their actions in the sandbox", "policy",
+                               "pass box= (agent.run.sandbox_for)")
+        quiet = replace(cfg, bash=replace(cfg.bash, openhands_check=False))  # the run step already ran run.sh
+        runs = {"exit 0": 0, "timed out": 0, "failed": 0}
+        for s in rows:
+            recs, ran = bash_gold_records(s, box, quiet, tokenizer, encode, template, max_model_len)
+            stepped += recs
+            runs["timed out" if ran.get("timed_out") else "exit 0" if ran.get("exit_code") == 0 else "failed"] += 1
+    else:
+        views = {name: RepoView(path, name, cfg.read.max_file_bytes) for name, path in repos.items()}
+        stepped = [r for s in rows for r in gold_records(s, views[s.repo], cfg, tokenizer, encode, template,
+                                                         max_model_len)]
+    records = [r for _, r in stepped]
     steps: dict[str, int] = {}
-    for r in records:
-        step = "plan" if r.answer.startswith('{"task_flag"') else "code_or_file"
+    for step, _ in stepped:
         steps[step] = steps.get(step, 0) + 1
     own: dict[str, int] | None = None
     if cfg.own_episodes and cfg.own_episodes_eval:  # expert iteration: the model's own passing episodes too
@@ -196,7 +311,8 @@ def write_gold_episodes(cfg: AgentConfig, rows: list[Sample], repos: dict[str, P
     stats = {"rows": len(rows), "records": len(records), "turns": steps, "template": template,
              "config_sha": cfg.sha(), "max_model_len": max_model_len,
              "max_total_tokens": max((r.total_tokens or 0 for r in records), default=0),
-             "over_max_new_tokens": sum(r.over_budget for r in records), "own_episodes": own}
+             "over_max_new_tokens": sum(r.over_budget for r in records), "own_episodes": own,
+             "policy": cfg.policy, "run_step": runs}
     write_jsonl_atomic(out / "sft.jsonl", [r.to_json() for r in records])
     write_json_atomic(out / "gold.json", stats)
     mine_txt = f", {own['records']} of them from {own['episodes']} own passing episodes" if own else ""

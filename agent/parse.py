@@ -16,6 +16,8 @@ _FENCE = re.compile(r"```(?:json|JSON)?[ \t]*\n(.*?)```", re.DOTALL)
 # each step's reply: the field that identifies its JSON object
 KEYS = {"plan": "task_flag", "code_or_file": "flag", "read_args": "args_code", "write_code": "flag",
         "keywords": "keywords", "rank": "ranked_repos"}
+# the values each step's flag takes (its field is KEYS[step]); the tool-call mode offers them as enums (agent/tools.py)
+FLAGS = {"plan": ("Yes", "No"), "code_or_file": ("CODE", "FILE", "No"), "write_code": ("CODE", "No")}
 
 
 class FormatError(ValueError):
@@ -81,26 +83,34 @@ def parse_reply(text: str, step: str) -> dict[str, Any]:
     - read_args: ``{"kind": "args", "args": ...}``
     - write_code: ``{"kind": "code", "code": ...}`` | ``{"kind": "reject"}``
     """
-    keys = KEYS
-    if step not in keys:
+    if step not in KEYS:
         raise ValueError(f"unknown step {step!r}")
-    objs = [o for o in _objects(text) if keys[step] in o]
+    objs = [o for o in _objects(text) if KEYS[step] in o]
     if not objs:
-        raise FormatError(f"no JSON object with `{keys[step]}` in the reply")
-    obj = objs[0]
+        raise FormatError(f"no JSON object with `{KEYS[step]}` in the reply")
+    return parse_object(objs[0], step)
+
+
+def parse_object(obj: dict[str, Any], step: str) -> dict[str, Any]:
+    """The action of the reply's JSON object (:func:`parse_reply`'s, or a tool call's arguments); a
+    :class:`FormatError` when it lacks the step's field or a field's value is not one the step takes."""
+    if step not in KEYS:
+        raise ValueError(f"unknown step {step!r}")
+    if KEYS[step] not in obj:
+        raise FormatError(f"no `{KEYS[step]}` in the reply's JSON object")
     if step == "keywords":
         return {"kind": "keywords", "keywords": _list(obj["keywords"], "keywords")}
     if step == "rank":
         return {"kind": "rank", "repos": _list(obj["ranked_repos"], "ranked_repos")}
     if step == "plan":
-        flag = _flag(obj["task_flag"], ("Yes", "No"), "task_flag")
+        flag = _flag(obj["task_flag"], FLAGS[step], "task_flag")
         readmes = _list(obj.get("ranked_readmefiles", []), "ranked_readmefiles") if flag == "Yes" else []
         return {"kind": "plan", "flag": flag, "readmes": readmes}
     if step == "read_args":
         v = obj["args_code"]
         return {"kind": "args", "args": v if isinstance(v, str) else json.dumps(v)}
     if step == "code_or_file":
-        flag = _flag(obj["flag"], ("CODE", "FILE", "No"), "flag")
+        flag = _flag(obj["flag"], FLAGS[step], "flag")
         if flag == "FILE":
             path = _text(obj, "file_path").strip()
             if not path:
@@ -108,7 +118,7 @@ def parse_reply(text: str, step: str) -> dict[str, Any]:
             return {"kind": "file", "path": path}
         code_key = "code"
     else:
-        flag = _flag(obj["flag"], ("CODE", "No"), "flag")
+        flag = _flag(obj["flag"], FLAGS[step], "flag")
         code_key = "finally_code"
     if flag == "No":
         return {"kind": "reject"}

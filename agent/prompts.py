@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from mlbench_kit.chat_template import render_chat
+
 # Table 20 (step 1)
 KEYWORDS = ("Please help me extract the keywords in this sentence about the model used and the task I want to do.\n"
             "Sentence :{sentence}")
@@ -124,3 +126,15 @@ def with_format(prompt: str, step: str, answer_format: str = "function") -> str:
     if answer_format == "fields":
         return prompt + FORMAT_LINE.format(schema=FORMAT[step])
     return prompt + FUNCTION_LINE.format(function=json.dumps(FUNCTIONS[step], ensure_ascii=False))
+
+
+def render_prompt(tokenizer: Any, conversation: str | list[dict[str, str]], chat: bool) -> str:
+    """The text the engine receives for a turn: one prompt text (a user turn) or a conversation (the bash policy's
+    user/assistant messages), through the model's chat template (``chat``), else the text as is, a conversation as
+    ``ROLE:`` blocks ending with ``ASSISTANT:``. The encoder and the SFT records of episodes both render with it."""
+    messages = [{"role": "user", "content": conversation}] if isinstance(conversation, str) else conversation
+    if chat:
+        return render_chat(tokenizer, messages)
+    if isinstance(conversation, str):
+        return conversation
+    return "".join(f"{m['role'].upper()}:\n{m['content']}\n\n" for m in messages) + "ASSISTANT:\n"

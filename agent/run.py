@@ -22,12 +22,12 @@ import hashlib
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from mlbench_kit import tree
 from mlbench_kit.agent_config import AgentConfig
-from mlbench_kit.chat_template import render_chat
 from mlbench_kit.config import save_resolved
 from mlbench_kit.dataset import Sample, load_samples
 from mlbench_kit.engine import (
@@ -36,6 +36,8 @@ from mlbench_kit.engine import (
     EngineSpec,
     GenParams,
     GenRequest,
+    adapter_config,
+    adapter_targets,
     backend,
     context_length,
     reply_fault,
@@ -45,7 +47,7 @@ from mlbench_kit.envspec import EnvConfig
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.escape import visible
 from mlbench_kit.flags import resolve
-from mlbench_kit.io import AppendLog, claim_run_folder, read_jsonl_tolerant, write_json_atomic
+from mlbench_kit.io import AppendLog, claim_run_folder, read_jsonl, read_jsonl_tolerant, write_json_atomic
 from mlbench_kit.progress import Progress
 from mlbench_kit.sandbox import LayerCaps, Sandbox, check_backend
 from mlbench_kit.stages import stage
@@ -53,6 +55,7 @@ from mlbench_kit.untar import safe_extract
 
 from .bash import BashEpisode
 from .episode import BaseEpisode, Encoder, Episode
+from .prompts import render_prompt
 from .repo import RepoView
 
 
@@ -120,20 +123,18 @@ def select_rows(cfg: AgentConfig) -> list[Sample]:
 
 def rows_named(path: str | Path) -> set[tuple[int, int]]:
     """The (github_id, id) keys of a JSONL file's lines (bounded: at most 64 MiB); a line without both, or a
-    line that is not JSON, is an error at file:line."""
+    line that is not JSON, is an error at file:line. Lines end at "\n" only: a prep record holds U+2028 and the
+    like raw (``str.splitlines()`` split it there, and refused the file at a line that was no line)."""
     p = Path(path)
     if not p.is_file():
         raise MLBenchError("no such file", str(p), "pass a JSONL file of rows (github_id, id) to --rows-of")
     if p.stat().st_size > 64 * 2**20:
         raise MLBenchError("over 64 MiB", str(p), "pass a JSONL file of rows (github_id, id) to --rows-of")
     keys = set()
-    for i, line in enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
-        if not line.strip():
-            continue
+    for i, rec in read_jsonl(p, errors="replace"):
         try:
-            rec = json.loads(line)
             keys.add((int(rec["github_id"]), int(rec["id"])))
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, OverflowError):
             raise MLBenchError("not a JSON object with github_id and id", f"{p}:{i}",
                                "pass a JSONL file of rows (github_id, id) to --rows-of") from None
     return keys
@@ -149,23 +150,21 @@ def make_encoder(tokenizer: Any, template: str) -> tuple[Any, str]:
 
     def encode(text: str | list[dict[str, str]]) -> list[int]:
         """One prompt text (a user turn), or a conversation (the bash policy's user/assistant messages)."""
-        messages = [{"role": "user", "content": text}] if isinstance(text, str) else text
-        if chat:
-            return prompt_ids(tokenizer, render_chat(tokenizer, messages), "chat")
-        if isinstance(text, str):
-            return prompt_ids(tokenizer, text, "plain")
-        rendered = "".join(f"{m['role'].upper()}:\n{m['content']}\n\n" for m in messages) + "ASSISTANT:\n"
-        return prompt_ids(tokenizer, rendered, "plain")
+        return prompt_ids(tokenizer, render_prompt(tokenizer, text, chat), "chat" if chat else "plain")
     return encode, "chat" if chat else "plain"
 
 
-def make_engine(cfg: AgentConfig, tokenizer: Any, max_model_len: int) -> Engine:
-    """The engine of ``cfg.backend``, with the adapter (if any) loaded under the name ``adapter``."""
+def make_engine(cfg: AgentConfig, tokenizer: Any, max_model_len: int,
+                adapters: dict[str, str] | None = None) -> Engine:
+    """The engine of ``cfg.backend`` with ``adapters`` (engine name -> folder; default: ``cfg.adapter``, if any,
+    under the name ``adapter``) loaded once."""
     o = cfg.openai
+    if adapters is None:
+        adapters = {"adapter": cfg.adapter} if cfg.adapter else {}
     return build_engine(EngineSpec(cfg.backend, str(cfg.model), cfg.tokenizer, max_model_len, cfg.sampling.seed,
-                                   {"adapter": cfg.adapter} if cfg.adapter else {},
-                                   gpu_memory_utilization=cfg.gpu_memory_utilization, enforce_eager=cfg.enforce_eager,
-                                   endpoint=Endpoint(o.base_url, "completions", o.api_key_env, o.max_retries, 0,
+                                   adapters, gpu_memory_utilization=cfg.gpu_memory_utilization,
+                                   enforce_eager=cfg.enforce_eager,
+                                   endpoint=Endpoint(o.base_url, o.api, o.api_key_env, o.max_retries, 0,
                                                      o.concurrency, o.timeout_s)), tokenizer)
 
 
@@ -179,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
     if not local:  # a served name: the prompts' tokens and the context come from --tokenizer's folder
         if not cfg.tokenizer:
             raise MLBenchError(f"backend {cfg.backend} needs --tokenizer (the served model's tokenizer folder): "
-                               "prompts are sent as token ids", "--tokenizer",
+                               "prompts are sent as token ids (openai.api: chat: counted with it)", "--tokenizer",
                                "pass the model's folder, e.g. --tokenizer DIR")
         check_model_available(cfg.tokenizer, "--tokenizer")
     else:
@@ -190,51 +189,71 @@ def run(args: argparse.Namespace) -> int:
     max_model_len = context_length(cfg.max_model_len, positions, positions or 4096, "max_model_len")
     rows = select_rows(cfg)
     out = Path(str(cfg.out))
+    # one engine for every adapter (--adapters NAME=DIR ...), each adapter's episodes in a run folder of its own
+    # that is the same as a single --adapter run's (its config.yaml replays that run alone)
+    variants = [(name, replace(cfg, adapter=path, adapters=[], with_base=False, out=str(v_out)))
+                for name, path, v_out in adapter_targets(cfg.adapter, cfg.adapters, cfg.with_base, out)]
+    if local:
+        for _, vcfg in variants:
+            if vcfg.adapter:
+                adapter_config(vcfg.adapter)  # a folder train/ wrote, before any run folder is made
     out.mkdir(parents=True, exist_ok=True)
     encode, template = make_encoder(tokenizer, cfg.template)
-    if cfg.gold_episodes:  # training data: each row's correct episode through the same Episode; no engine
+    if cfg.gold_episodes:  # training data: each row's correct episode through the same episode code; no engine
         from .gold import write_gold_episodes
         save_resolved(cfg, out / "config.yaml")
-        write_gold_episodes(cfg, rows, checkouts(cfg, {s.repo for s in rows}, out), tokenizer, encode, template,
-                            max_model_len, out)
+        repos = checkouts(cfg, {s.repo for s in rows}, out)
+        box = sandbox_for(cfg, rows, repos) if cfg.policy == "bash" else None
+        try:
+            write_gold_episodes(cfg, rows, repos, tokenizer, encode, template, max_model_len, out, box)
+        finally:
+            if box is not None:
+                box[0].close()
         return 0
-    settings = {"config": cfg.settings(), "config_sha": cfg.sha(), "model": _identity(model),
-                "adapter": _identity(cfg.adapter), "template": template, "max_model_len": max_model_len,
-                "data": str(cfg.data), "split": cfg.split, "rows": [list(s.key) for s in rows]}
-    if cfg.policy == "bash":
-        settings["envs"] = str(Path(cfg.envs).resolve()) if cfg.envs else None
     pool_urls: dict[str, str] | None = None
     if cfg.steps == "1-4":  # step 2's candidates: every repository of the data (the 14 of the test set)
         pool_urls = {}
         for s in load_samples(str(cfg.data), cfg.split):
             pool_urls.setdefault(s.repo, s.github or s.repo)
-        settings["candidates"] = sorted(pool_urls)
-    claim_run_folder(out / "agent.json", settings)
-    save_resolved(cfg, out / "config.yaml")  # `mlbench agent --config OUT/config.yaml` replays (resumes) the run
+    for _, vcfg in variants:
+        settings = {"config": vcfg.settings(), "config_sha": vcfg.sha(), "model": _identity(model),
+                    "adapter": _identity(vcfg.adapter), "template": template, "max_model_len": max_model_len,
+                    "data": str(cfg.data), "split": cfg.split, "rows": [list(s.key) for s in rows]}
+        if cfg.policy == "bash":
+            settings["envs"] = str(Path(cfg.envs).resolve()) if cfg.envs else None
+        if pool_urls is not None:
+            settings["candidates"] = sorted(pool_urls)
+        v_out = Path(str(vcfg.out))
+        v_out.mkdir(parents=True, exist_ok=True)
+        claim_run_folder(v_out / "agent.json", settings)
+        save_resolved(vcfg, v_out / "config.yaml")  # `mlbench agent --config OUT/config.yaml` replays (resumes) it
     repos = checkouts(cfg, {s.repo for s in rows} | set(pool_urls or ()), out)
     engines: list[Engine] = []
 
     def engine() -> Engine:
         if not engines:
-            engines.append(make_engine(cfg, tokenizer, max_model_len))
+            engines.append(make_engine(cfg, tokenizer, max_model_len,
+                                       {name: str(v.adapter) for name, v in variants if name and v.adapter}))
         return engines[0]
     box = None
     try:
         if cfg.policy == "bash":
             box = sandbox_for(cfg, rows, repos)
-        stats = run_episodes(cfg, rows, repos, engine, encode, max_model_len, out,
-                             ident={"model": model, "adapter": cfg.adapter, "backend": cfg.backend}, box=box,
-                             pool_urls=pool_urls)
+        for name, vcfg in variants:
+            v_out = Path(str(vcfg.out))
+            stats = run_episodes(vcfg, rows, repos, engine, encode, max_model_len, v_out,
+                                 ident={"model": model, "adapter": vcfg.adapter, "backend": cfg.backend}, box=box,
+                                 pool_urls=pool_urls, lora=name)
+            summary = json.loads((v_out / "summary.json").read_text())
+            print(f"agent: {summary['rows']} rows x {cfg.episodes} episodes ({stats['rows']} this time, "
+                  f"{stats['rounds']} lockstep rounds); exits {summary['exits']}; mean turns {summary['mean_turns']}, "
+                  f"new tokens {summary['mean_tokens_out']}; generations in {v_out / 'generations.jsonl'} (score with "
+                  "`mlbench eval --generations`)", file=sys.stderr)
     finally:
         for e in engines:
             e.close()
         if box is not None:
             box[0].close()
-    summary = json.loads((out / "summary.json").read_text())
-    print(f"agent: {summary['rows']} rows x {cfg.episodes} episodes ({stats['rows']} this time, {stats['rounds']} "
-          f"lockstep rounds); exits {summary['exits']}; mean turns {summary['mean_turns']}, new tokens "
-          f"{summary['mean_tokens_out']}; generations in {out / 'generations.jsonl'} (score with `mlbench eval "
-          "--generations`)", file=sys.stderr)
     return 0
 
 
@@ -274,11 +293,12 @@ def new_episode(cfg: AgentConfig, sample: Sample, k: int, encode: Encoder, max_m
 def run_episodes(cfg: AgentConfig, rows: list[Sample], repos: dict[str, Path], engine: Any, encode: Encoder,
                  max_model_len: int, out: Path, ident: dict[str, Any],
                  box: tuple[Sandbox, EnvConfig] | None = None,
-                 pool_urls: dict[str, str] | None = None) -> dict[str, Any]:
+                 pool_urls: dict[str, str] | None = None, lora: str | None = None) -> dict[str, Any]:
     """Every row's k episodes in lockstep rounds (``engine`` is a callable giving the engine, made on first use,
     so a finished run starts none). ``box``: the bash policy's sandbox and environments; ``pool_urls``: steps
-    1-4's candidate repositories (name -> URL; default: every repository of ``repos`` by name). Returns counts for
-    the summary line."""
+    1-4's candidate repositories (name -> URL; default: every repository of ``repos`` by name); ``lora``: the
+    engine's name of the adapter (default ``adapter`` when ``ident`` names one). Returns counts for the summary
+    line."""
     gens_path = out / "generations.jsonl"
     done = {(int(r["github_id"]), int(r["id"])) for r in read_jsonl_tolerant(gens_path)}
     views = {name: RepoView(path, name, cfg.read.max_file_bytes) for name, path in repos.items()}
@@ -304,7 +324,7 @@ def run_episodes(cfg: AgentConfig, rows: list[Sample], repos: dict[str, Path], e
     gens = AppendLog(gens_path)
     params = GenParams(temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k,
                        max_new_tokens=cfg.sampling.max_new_tokens)  # n = 1: one completion per turn
-    adapter = "adapter" if ident.get("adapter") else None
+    adapter = lora or ("adapter" if ident.get("adapter") else None)
     rounds = turns = 0
     written: set[tuple[int, int]] = set()
     # infer's and eval's progress: a bar on a terminal, else a line every 30 s (episodes ended of those to run)
@@ -322,7 +342,9 @@ def run_episodes(cfg: AgentConfig, rows: list[Sample], repos: dict[str, Path], e
             if not todo:
                 break
             t0 = time.perf_counter()
-            requests = [GenRequest(tuple(p.ids), p.seed, adapter, p.max_new_tokens, json_schema=p.json_schema)
+            requests = [GenRequest(tuple(p.ids), p.seed, adapter, p.max_new_tokens, text=p.text,
+                                   messages=tuple(p.messages or [{"role": "user", "content": p.text}]),
+                                   json_schema=p.json_schema, tools=p.tools, tool_choice=p.tool_choice)
                         for _, _, p in todo]
             outs = [samples[0] for samples in engine().generate(requests, params)]
             wall = time.perf_counter() - t0
@@ -335,7 +357,10 @@ def run_episodes(cfg: AgentConfig, rows: list[Sample], repos: dict[str, Path], e
                     continue
                 # the turn's share of the call: a batch of 100 turns in 100 s gives each 1 s (the time limit
                 # counts shares, so lockstep batches do not make each episode "take" the whole call)
-                rec = ep.feed(g.text, g.n_tokens, wall / len(todo), g.truncated)
+                # the calls go only to a turn that offered tools: a policy without any keeps feed's four arguments
+                calls = {"tool_calls": g.tool_calls, "prompt_tokens": g.prompt_tokens} \
+                    if req.tool_choice is not None else {}
+                rec = ep.feed(g.text, g.n_tokens, wall / len(todo), g.truncated, **calls)
                 rec["call_s"], rec["call_size"] = round(wall, 4), len(todo)
                 _log(logs, path).append(rec)
                 turns += 1

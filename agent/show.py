@@ -30,6 +30,9 @@ def _clip(text: str, chars: int) -> str:
 def _folder(run: Path, row: str | None) -> Path:
     """The transcript folder of ``row`` (``ID`` or ``GITHUB_ID-ID``; default: the run's first row)."""
     base = run / "transcripts"
+    if base.is_symlink():
+        raise MLBenchError("the transcripts folder is a link: a run folder's links are not followed", str(base),
+                           "give the --out folder of `mlbench agent` itself")
     rows = sorted((p for p in base.iterdir() if p.is_dir() and not p.is_symlink()),
                   key=lambda p: [int(x) if x.isdigit() else 0 for x in p.name.split("-")]) if base.is_dir() else []
     if not rows:
@@ -89,7 +92,17 @@ def render(run: Path, row: str | None = None, episode: int = 0, chars: int = 400
             _say(safe, "user", str(t["prompt"]), chars)
         elif t.get("step") != "bash":
             print(f"[user] (prompt not recorded in this transcript; sha {t.get('prompt_sha')})", file=safe)
-        _say(safe, "assistant", str(t.get("raw", "")), chars)
+        calls = t.get("tool_calls")
+        if isinstance(calls, list):  # actions: tools: the reply is its function calls (and any text besides)
+            if t.get("content"):
+                _say(safe, "assistant", str(t["content"]), chars)
+            for c in calls:
+                c = c if isinstance(c, dict) else {}
+                _say(safe, f"assistant: call {c.get('name')}", str(c.get("arguments", "")), chars)
+            if not calls:
+                _say(safe, "assistant (no function call)", str(t.get("raw", "")), chars)
+        else:
+            _say(safe, "assistant", str(t.get("raw", "")), chars)
         if t.get("error"):
             print(f"[harness] format error: {visible(str(t['error']))}", file=safe)
         if t.get("action") is not None:

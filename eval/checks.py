@@ -11,6 +11,7 @@ import symtable
 from dataclasses import dataclass
 
 from mlbench_kit.dataset import runs_as_shell  # the benchmark's rule: in the core, the agent's run.sh needs it
+from mlbench_kit.pyast import compile_python
 
 
 def type_ok(output: str, sample_type: str) -> bool:
@@ -254,8 +255,7 @@ def syntax_error(output: str, as_shell: bool) -> str | None:
             return None
         return r.stderr.decode(errors="replace").strip()[:300] or "bash -n failed" if r.returncode else None
     try:
-        tree = ast.parse(output, "temp.py")
-        compile(tree, "temp.py", "exec", dont_inherit=True)
+        tree = compile_python(output, "temp.py")
         undefined = _undefined_names(tree, output)
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         return f"{type(exc).__name__}: {exc}"[:300]

@@ -3,35 +3,12 @@ per repository and per type, with bootstrap 95% confidence intervals."""
 
 from __future__ import annotations
 
-import random
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from math import comb
 from typing import Any
 
+from mlbench_kit.passk import bootstrap_ci, paper_pass_at_k, unbiased_pass_at_k
 from mlbench_kit.records import EvalResult
-
-
-def paper_pass_at_k(passed: list[bool], k: int) -> float:
-    """The paper's Pass@k: 1 if any of the first k outputs passes."""
-    return float(any(passed[:k]))
-
-
-def unbiased_pass_at_k(passed: list[bool], k: int) -> float | None:
-    """Chen et al.'s estimator 1 - C(n-c, k) / C(n, k); ``None`` when fewer than k outputs exist."""
-    n, c = len(passed), sum(passed)
-    if n < k:
-        return None
-    return 1.0 - comb(n - c, k) / comb(n, k)
-
-
-def _bootstrap(values: list[float], iters: int = 1000, seed: int = 0) -> tuple[float, float]:
-    if not values:
-        return (0.0, 0.0)
-    rng = random.Random(seed)
-    n = len(values)
-    means = sorted(sum(values[rng.randrange(n)] for _ in range(n)) / n for _ in range(iters))
-    return (round(means[int(0.025 * iters)], 4), round(means[int(0.975 * iters) - 1], 4))
 
 
 def _group_metrics(samples: list[dict[str, Any]], ks: list[int], ci: bool) -> dict[str, Any]:
@@ -40,7 +17,7 @@ def _group_metrics(samples: list[dict[str, Any]], ks: list[int], ci: bool) -> di
         vals = [paper_pass_at_k(s["passed"], k) for s in samples]
         out[f"pass@{k}"] = round(sum(vals) / len(vals), 4) if vals else None
         if ci:
-            out[f"pass@{k}_ci95"] = _bootstrap(vals)
+            out[f"pass@{k}_ci95"] = bootstrap_ci(vals)
         ub = [v for v in (unbiased_pass_at_k(s["passed"], k) for s in samples) if v is not None]
         out[f"unbiased_pass@{k}"] = round(sum(ub) / len(ub), 4) if ub else None
     gens: list[EvalResult] = [g for s in samples for g in s["gens"]]

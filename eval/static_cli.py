@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from mlbench_kit.pyast import parse_python
+
 
 @dataclass
 class ScriptOptions:
@@ -23,7 +25,7 @@ class ScriptOptions:
 def script_options(path: str) -> ScriptOptions | None:
     """Options of ``path`` by AST; ``None`` if the file cannot be parsed or declares no argparse options."""
     try:
-        tree = ast.parse(Path(path).read_text(encoding="utf-8", errors="replace"))
+        tree = parse_python(Path(path).read_text(encoding="utf-8", errors="replace"), path)
     except (OSError, SyntaxError, ValueError):
         return None
     so = ScriptOptions()

@@ -60,11 +60,14 @@ def build_llama(tokenizer_dir: str | Path, out_dir: str | Path, hidden: int = 12
 
 
 def pretrain(model_dir: str | Path, texts: list[str], steps: int = 300, seq_len: int = 128, batch: int = 8,
-             lr: float = 3e-3, seed: int = 0, every: float = 30.0) -> list[float]:
+             lr: float = 3e-3, seed: int = 0, every: float = 30.0, threads: int = 1) -> list[float]:
     """Full-weight causal-LM training of a tiny model on ``texts``, in place: the stand-in for the pretraining a
     real code model has had (it has read READMEs), so that the LoRA stage starts from a model that knows the
     vocabulary rather than from noise. Returns the loss curve. Progress on stderr: a bar on a terminal, else
-    ``pretrain: i/N steps (p%), loss L, elapsed m:ss, ETA m:ss`` every ``every`` seconds (the demo shows them)."""
+    ``pretrain: i/N steps (p%), loss L, elapsed m:ss, ETA m:ss`` every ``every`` seconds (the demo shows them).
+    ``threads``: torch's intra-op threads while it trains (restored after). One is the default because this model's
+    matrices are too small to split: on a busy 2-core box two threads wait on each other and run several times
+    slower than one (bench/demo_stage1.sh); the losses are the same."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -80,16 +83,21 @@ def pretrain(model_dir: str | Path, texts: list[str], steps: int = 300, seq_len:
     losses: list[float] = []
     model.train()
     bar = Progress(steps, "pretrain", "step", every=every)
-    for _ in range(steps):
-        starts = torch.randint(0, max(1, len(ids) - seq_len - 1), (batch,), generator=g)
-        x = torch.stack([ids[s: s + seq_len] for s in starts])
-        loss = model(input_ids=x, labels=x).loss
-        loss.backward()
-        opt.step()
-        sched.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-        bar.update(1, f"loss {sum(losses[-20:]) / len(losses[-20:]):.2f}")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for _ in range(steps):
+            starts = torch.randint(0, max(1, len(ids) - seq_len - 1), (batch,), generator=g)
+            x = torch.stack([ids[s: s + seq_len] for s in starts])
+            loss = model(input_ids=x, labels=x).loss
+            loss.backward()
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+            bar.update(1, f"loss {sum(losses[-20:]) / len(losses[-20:]):.2f}")
+    finally:
+        torch.set_num_threads(before)
     bar.close()
     model.save_pretrained(model_dir)
     honour_umask(model_dir)  # safetensors writes 0600: a labmate could not load the model
@@ -118,6 +126,18 @@ def corpus(repos: str | Path, synthetic: str | Path | None, paired: list[str]) -
     return tokenizer_texts, texts
 
 
+def _positive(text: str) -> int:
+    """argparse's type for a count of at least 1."""
+    import argparse
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return n
+
+
 def main() -> None:
     """`python examples/tiny.py --repos DIR [--synthetic DIR] --out DIR`: the demo's base model (see corpus());
     without --synthetic it reads the repositories alone (the sweep tests' models)."""
@@ -133,6 +153,8 @@ def main() -> None:
     p.add_argument("--pretrain-steps", type=int, default=300)
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--threads", type=_positive, default=1,
+                   help="torch threads while pretraining (default 1: fastest for this model on a shared box)")
     a = p.parse_args()
     tok_texts, texts = corpus(a.repos, a.synthetic, a.paired)
     out = Path(a.out)
@@ -144,7 +166,7 @@ def main() -> None:
         build_tokenizer(tok_texts, work, vocab_size=1200)
         build_llama(work, work, hidden=a.hidden, layers=a.layers, heads=a.hidden // 64, max_positions=2048)
         if a.pretrain_steps:
-            losses = pretrain(work, texts, steps=a.pretrain_steps)
+            losses = pretrain(work, texts, steps=a.pretrain_steps, threads=a.threads)
             print(f"tiny: pretrained {a.pretrain_steps} steps, loss {losses[0]:.2f} -> {sum(losses[-20:]) / 20:.2f}")
     print(f"tiny: model in {out}")
 

@@ -23,7 +23,9 @@ from mlbench_kit.engine import (
     Generated,
     GenParams,
     GenRequest,
+    Target,
     adapter_config,
+    adapter_targets,
     backend,
     make_engine,
 )
@@ -109,29 +111,12 @@ def make_backend(cfg: InferConfig, tokenizer: Any, max_model_len: int, adapters:
     return make_engine(EngineSpec(
         cfg.backend, str(cfg.model), cfg.tokenizer, max_model_len, cfg.sampling.seed, adapters, cfg.max_lora_rank,
         cfg.dtype, cfg.tensor_parallel_size, cfg.gpu_memory_utilization, cfg.enable_prefix_caching,
-        cfg.enable_chunked_prefill, endpoint=endpoint), tokenizer)
+        cfg.enable_chunked_prefill, enforce_eager=cfg.enforce_eager, endpoint=endpoint), tokenizer)
 
 
-def targets(cfg: InferConfig) -> list[tuple[str | None, str | None, Path]]:
+def targets(cfg: InferConfig) -> list[Target]:
     """What to generate for: ``(adapter name, adapter folder, output folder)``; the base model has no adapter."""
-    out = Path(str(cfg.out))
-    if not cfg.adapters:
-        if cfg.with_base:
-            raise MLBenchError("--with-base goes with --adapters", "--with-base")
-        return [("adapter" if cfg.adapter else None, cfg.adapter, out)]
-    if cfg.adapter:
-        raise MLBenchError("pass either --adapter DIR or --adapters NAME=DIR ...", "--adapter")
-    found: list[tuple[str | None, str | None, Path]] = []
-    for spec in cfg.adapters:
-        name, eq, path = spec.partition("=")
-        if not eq or not name or not name.replace("-", "").replace("_", "").isalnum() or name == "base":
-            raise MLBenchError(f"--adapters takes NAME=DIR (NAME: letters, digits, - and _; not 'base'), got {spec!r}",
-                               "--adapters")
-        found.append((name, path, out / name))
-    if len({n for n, _, _ in found}) != len(found):
-        raise MLBenchError("adapter names must differ", "--adapters")
-    base: list[tuple[str | None, str | None, Path]] = [(None, None, out / "base")] if cfg.with_base else []
-    return base + found
+    return adapter_targets(cfg.adapter, cfg.adapters, cfg.with_base, Path(str(cfg.out)))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -152,7 +137,7 @@ def infer(cfg: InferConfig, source: str | None = None) -> int:
         return _run(cfg, todo_targets, con)
 
 
-def _run(cfg: InferConfig, todo_targets: list[tuple[str | None, str | None, Path]],
+def _run(cfg: InferConfig, todo_targets: list[Target],
          con: Console) -> int:
     model_name, prompts = str(cfg.model), str(cfg.prompts)  # both given (require_inputs)
     adapters = {name: path for name, path, _ in todo_targets if name is not None and path}

@@ -18,7 +18,7 @@ from mlbench_kit.errors import MLBenchError
 from mlbench_kit.io import read_jsonl
 from mlbench_kit.learn_config import LearnConfig
 from mlbench_kit.parse import parse_response
-from mlbench_kit.records import EvalResult, PrepRecord, output_sha, read_eval_results, read_prep_records, valid_text
+from mlbench_kit.records import EvalResult, PrepRecord, output_sha, read_prep_records, read_scored_folder, valid_text
 
 Key = tuple[int, int]
 
@@ -189,7 +189,7 @@ def from_verdicts(cfg: LearnConfig, generations: str | Path, results_dir: str | 
                   max_per_row: int) -> LearningData:
     """The learning data of one scored run of the training split (the ``data`` method; every rft round)."""
     prompts = training_prompts(cfg)
-    results = read_eval_results(Path(results_dir) / "results.jsonl")
+    _, results = read_scored_folder(results_dir, "--results")
     answers = read_answers(generations, results, prompts, cfg.parser, cfg.reward.mode)
     return build(prompts, answers, include_gold=include_gold, max_per_row=max_per_row,
                  max_pairs_per_row=cfg.dpo.max_pairs_per_row, gold_as_chosen=cfg.dpo.gold_as_chosen)

@@ -22,10 +22,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mlbench_kit.config import load, parse_set, save_resolved
+from mlbench_kit.dataset import normalized_text
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.hf import TRAIN_META
 from mlbench_kit.io import atomic_dir, read_jsonl, write_json_atomic, write_jsonl_atomic
 from mlbench_kit.learn_config import LearnConfig
+from mlbench_kit.parse import parse_response
 from mlbench_kit.records import PrepRecord
 from mlbench_kit.train_config import TrainConfig
 
@@ -88,8 +90,8 @@ class RFTRecipe:
                 rd = self.out / f"round-{q}"
                 got = from_verdicts(cfg, rd / "infer" / f"task{t}.jsonl", rd / "eval", cfg.rft.include_gold,
                                     cfg.rft.max_per_row)
-                for rec in got.sft:
-                    records.setdefault((rec.key, " ".join(rec.answer.split())), rec)
+                for rec in got.sft:  # distinct by normalised code across rounds too, as within one (data.py)
+                    records.setdefault((rec.key, normalized_text(parse_response(rec.answer, cfg.parser))), rec)
                 if q == r:
                     stats = got.stats
             write_jsonl_atomic(d / "sft.jsonl", [rec.to_json() for rec in records.values()])

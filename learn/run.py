@@ -42,12 +42,17 @@ def learn(cfg: LearnConfig) -> int:
     """Run ``cfg.method``; returns the exit status."""
     cfg.require_inputs()
     prompts = training_prompts(cfg)  # the leak check and the inputs' errors, before anything is written
+    if cfg.method in ("dpo", "grpo"):
+        from mlbench_kit.learn.trl_recipes import adapter_lineage
+        adapter_lineage(cfg)  # the start adapter's record is published with the result: checked before training
+    data = None
+    if cfg.method == "data" or (cfg.method == "dpo" and cfg.generations):  # read (and checked) before writing too
+        data = from_verdicts(cfg, str(cfg.generations), str(cfg.results), cfg.rft.include_gold, cfg.rft.max_per_row)
     out = Path(str(cfg.out))
     out.mkdir(parents=True, exist_ok=True)
     claim_run_folder(out / "learn.json", {k: v for k, v in to_dict(cfg).items() if k != "out"})
     save_resolved(cfg, out / "config.yaml")
-    if cfg.method == "data" or (cfg.method == "dpo" and cfg.generations):
-        data = from_verdicts(cfg, str(cfg.generations), str(cfg.results), cfg.rft.include_gold, cfg.rft.max_per_row)
+    if data is not None:
         write_data(out, data)
         if cfg.method == "data":
             return 0

@@ -9,15 +9,15 @@ vllm 0.32, so GRPO generates with transformers' ``generate`` here (``use_vllm=Fa
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.hf import TRAIN_META, adds_bos, compute_dtype, load_tokenizer
-from mlbench_kit.io import atomic_dir, read_jsonl, write_json_atomic, write_jsonl_atomic
+from mlbench_kit.io import atomic_dir, read_json, read_jsonl, write_json_atomic, write_jsonl_atomic
 from mlbench_kit.learn_config import LearnConfig
+from mlbench_kit.progress import Progress
 from mlbench_kit.records import PrepRecord
 
 from .reward import ExecutionReward
@@ -56,19 +56,59 @@ def _newest_checkpoint(out: Path) -> str | None:
     return str(steps[-1][1]) if steps else None
 
 
+def adapter_lineage(cfg: LearnConfig) -> dict[str, Any]:
+    """The start adapter's own record (``mlbench_train.json``; {} without one), checked before any training: a
+    damaged one (not JSON, nested too deeply, a link, too large) is one error naming it, not a traceback after
+    training that loses the trained adapter."""
+    f = Path(cfg.adapter) / TRAIN_META if cfg.adapter else None
+    if f is None or not (f.exists() or f.is_symlink()):
+        return {}
+    meta = read_json(f, 1 << 20)
+    if not isinstance(meta, dict):
+        raise MLBenchError(f"{TRAIN_META} is not a JSON object", str(f), "pass an adapter `mlbench train` wrote")
+    return meta
+
+
 def _publish(trainer: Any, cfg: LearnConfig, out: Path, method: str) -> Path:
     """The trained adapter as ``OUT/adapter`` (whole or not at all), its lineage beside it, and TRL's log."""
     final = out / "adapter"
     with atomic_dir(final) as tmp:
         trainer.model.save_pretrained(str(tmp))
-        meta: dict[str, Any] = {}
-        if cfg.adapter and (Path(cfg.adapter) / TRAIN_META).is_file():
-            meta = json.loads((Path(cfg.adapter) / TRAIN_META).read_text())
+        meta = adapter_lineage(cfg)
         meta["learned"] = {"method": method, "from_adapter": cfg.adapter, "steps": trainer.state.global_step}
         write_json_atomic(tmp / TRAIN_META, meta)
     write_jsonl_atomic(out / "metrics.jsonl", trainer.state.log_history)
     print(f"learn: {method} done, {trainer.state.global_step} steps; adapter: {final}", file=sys.stderr)
     return final
+
+
+def progress_callback(method: str) -> Any:
+    """A TRL/transformers callback printing ``learn: METHOD: i/N steps (p%), loss L, elapsed, ETA`` (a bar on a
+    terminal, else a line every 30 s and at the end): TRL's own bars are off (``disable_tqdm``), and a DPO or GRPO
+    step takes minutes on CPU."""
+    from transformers import TrainerCallback
+
+    class _Progress(TrainerCallback):
+        def __init__(self) -> None:
+            self.bar: Progress | None = None
+            self.loss = ""
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.bar = Progress(state.max_steps, f"learn: {method}", "step", initial=state.global_step)
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
+            if logs and isinstance(logs.get("loss"), (int, float)):
+                self.loss = f"loss {logs['loss']:.4f}"
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if self.bar is not None:
+                self.bar.update(state.global_step - self.bar.done, self.loss)
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if self.bar is not None:
+                self.bar.close()
+                self.bar = None
+    return _Progress()
 
 
 def _bos_prompt(rec_prompt: str, template: str, tok: Any) -> str:
@@ -102,7 +142,7 @@ class DPORecipe:
                          num_train_epochs=d.epochs, max_steps=d.max_steps, per_device_train_batch_size=d.batch_size,
                          gradient_accumulation_steps=d.grad_accum, max_length=d.max_length, save_steps=50)
         self.trainer = DPOTrainer(model=load_policy(cfg), args=args, train_dataset=Dataset.from_list(rows),
-                                  processing_class=tok)
+                                  processing_class=tok, callbacks=[progress_callback("dpo")])
 
     def train(self) -> Path:
         self.trainer.train(resume_from_checkpoint=_newest_checkpoint(self.out))
@@ -138,7 +178,8 @@ class GRPORecipe:
                           log_completions=False)
         self.reward = ExecutionReward(cfg, self.out)
         self.trainer = GRPOTrainer(model=load_policy(cfg), reward_funcs=[self.reward], args=args,
-                                   train_dataset=Dataset.from_list(rows), processing_class=tok)
+                                   train_dataset=Dataset.from_list(rows), processing_class=tok,
+                                   callbacks=[progress_callback("grpo")])
 
     def train(self) -> Path:
         self.trainer.train(resume_from_checkpoint=_newest_checkpoint(self.out))

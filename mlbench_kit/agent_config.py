@@ -39,6 +39,12 @@ class AgentLimits:
                                                   "prompt that would pass it is not sent); null: no such limit")
     max_episode_seconds: float = option(600.0, "generation wall time summed over an episode's turns (as recorded)")
     max_format_errors: int = option(3, "consecutive unparseable replies")
+    max_episode_cost: float | None = option(None, "what an episode may cost at prompt_price and completion_price "
+                                            "(a turn that could pass it gets fewer new tokens, or is not sent); "
+                                            "null: no such limit")
+    prompt_price: float = option(0.0, "price of a million prompt tokens (max_episode_cost, and each episode's cost "
+                                 "in its summary)")
+    completion_price: float = option(0.0, "price of a million new tokens")
 
 
 @dataclass
@@ -88,6 +94,10 @@ class AgentOpenAI:
     what an episode does: not part of a run folder's settings."""
 
     base_url: str = option("http://127.0.0.1:8000/v1", "the server's OpenAI API root")
+    # chat: the server applies the model's chat template (its own, or `vllm serve --chat-template`); the prompt's
+    # tokens are still counted with --tokenizer's, for the context and the budgets
+    api: Literal["completions", "chat"] = option("completions", "completions (the prompts' token ids, rendered "
+                                                 "here) or chat (messages; needed by actions: tools)")
     api_key_env: str = option("OPENAI_API_KEY", "the environment variable the key is read from (the key never "
                               "sits in a file)")
     concurrency: int = option(8, "requests of one lockstep round in flight at once")
@@ -103,20 +113,26 @@ class AgentConfig:
     # keys added after run folders existed -> the value that does what the code did before them: at that value a
     # key is left out of settings(), so a folder made before it resumes with it (and only with it)
     BEFORE: ClassVar[dict[str, Any]] = {"read.readme_window": "prefix", "answer_format": "fields",
-                                        "write_code_readme": "text", "decoding": "free",
-                                        "limits.max_episode_total_tokens": None,
+                                        "write_code_readme": "text", "decoding": "free", "actions": "text",
+                                        "limits.max_episode_total_tokens": None, "limits.max_episode_cost": None,
+                                        "limits.prompt_price": 0.0, "limits.completion_price": 0.0,
                                         # unbounded before; the defaults change no run that fits them
                                         "bash.layer_entries": 20_000, "bash.layers_mb": 4096,
                                         "bash.layers_entries": 200_000}
-    INPUTS: ClassVar[tuple[str, ...]] = ("model", "adapter", "tokenizer", "data", "split", "repos_dir", "tarballs",
-                                         "envs", "repos", "rows_of", "limit", "out", "gold_episodes",
-                                         "eval_rows", "own_episodes", "own_episodes_eval", "own_per_row")
+    INPUTS: ClassVar[tuple[str, ...]] = ("model", "adapter", "adapters", "with_base", "tokenizer", "data", "split",
+                                         "repos_dir", "tarballs", "envs", "repos", "rows_of", "limit", "out",
+                                         "gold_episodes", "eval_rows", "own_episodes", "own_episodes_eval",
+                                         "own_per_row")
 
     # inputs
     model: str | None = option(None, "base model folder or hub id (backend openai: the served name); required",
                                flag=True)
     adapter: str | None = option(None, "PEFT LoRA adapter folder (from train/; backend openai: a served LoRA's name)",
                                  flag=True)
+    adapters: list[str] = option(help="several adapters of the same base on one engine: NAME=DIR each (backend "
+                                 "openai: NAME=served LoRA name); one run folder per adapter, OUT/NAME/",
+                                 factory=list, metavar="NAME=DIR", flag=True)
+    with_base: bool = option(False, "with --adapters: the model as released too, in OUT/base/", flag=True)
     tokenizer: str | None = option(None, "tokenizer folder or id (default: the model's; backend openai: required)",
                                    flag=True)
     data: str | None = option(None, "ML-Bench rows (file, folder or hub id); required", flag=True)
@@ -179,6 +195,10 @@ class AgentConfig:
     decoding: Literal["free", "json"] = option("free", "the JSON steps' replies: free (sampled as they come) or json "
                                                "(constrained to the step's schema and the names the harness "
                                                "offers; backend vllm, policy ml-agent)")
+    # tools: each JSON step is a function the model is made to call (OpenAI tool calls; agent/tools.py)
+    actions: Literal["text", "tools"] = option("text", "how the ml-agent policy's model answers a step: text (a "
+                                               "JSON object in its reply) or tools (a call of the step's function, "
+                                               "forced by name; backend openai with openai.api: chat)")
     sampling: AgentSampling = field(default_factory=AgentSampling)
     limits: AgentLimits = field(default_factory=AgentLimits)
     read: AgentRead = field(default_factory=AgentRead)
@@ -208,6 +228,14 @@ class AgentConfig:
             raise MLBenchError(f"decoding: json needs backend vllm (its structured outputs); backend {self.backend} "
                                "cannot constrain a reply", at("decoding"),
                                "use backend: vllm, or decoding: free")
+        if self.actions == "tools" and self.policy != "ml-agent":
+            raise MLBenchError("actions: tools offers the ml-agent policy's JSON steps as functions; the bash policy "
+                               "acts in a bash block (a tool for it is not built: docs/agent.md)", at("actions"),
+                               "use actions: text with policy bash")
+        if self.actions == "tools" and (self.backend != "openai" or self.openai.api != "chat"):
+            what = f"backend {self.backend}" if self.backend != "openai" else "openai.api: completions"
+            raise MLBenchError(f"actions: tools needs an OpenAI-compatible chat endpoint; {what} cannot offer tools",
+                               at("actions"), "use backend: openai with openai.api: chat, or actions: text")
         if self.episodes < 1:
             raise MLBenchError("episodes must be at least 1", at("episodes"))
         if self.own_per_row < 1:
@@ -216,6 +244,9 @@ class AgentConfig:
             raise MLBenchError("--own-episodes adds a run's passing episodes to the gold episodes' training data",
                                at("own_episodes" if self.own_episodes else "own_episodes_eval"),
                                "add --gold-episodes (and --eval-rows)")
+        if self.gold_episodes and (self.adapters or self.with_base):
+            raise MLBenchError("--gold-episodes runs no model: it takes no --adapters or --with-base",
+                               at("adapters" if self.adapters else "with_base"), "drop them")
         if bool(self.own_episodes) != bool(self.own_episodes_eval):
             raise MLBenchError("--own-episodes and --own-episodes-eval go together: the run and the strict "
                                "`mlbench eval` folder of its answers", at("own_episodes_eval"))
@@ -228,6 +259,14 @@ class AgentConfig:
                                "its own", at("limits.max_turns"), "give the bash policy a turn cap, e.g. 10")
         if lim.max_episode_seconds <= 0:
             raise MLBenchError("limits.max_episode_seconds must be positive", at("limits.max_episode_seconds"))
+        for key in ("prompt_price", "completion_price"):
+            if getattr(lim, key) < 0:
+                raise MLBenchError(f"limits.{key} must be at least 0", at(f"limits.{key}"))
+        if lim.max_episode_cost is not None and (lim.max_episode_cost <= 0 or
+                                                 lim.prompt_price == lim.completion_price == 0):
+            raise MLBenchError("limits.max_episode_cost is a positive amount at prices that are not both 0",
+                               at("limits.max_episode_cost"), "set limits.prompt_price and limits.completion_price "
+                               "(per million tokens), e.g. the endpoint's list prices")
         if self.sampling.max_new_tokens < 1:
             raise MLBenchError("sampling.max_new_tokens must be at least 1", at("sampling.max_new_tokens"))
         for key in ("max_index_chars", "max_readme_chars", "max_file_chars", "max_file_bytes"):

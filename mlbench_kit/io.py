@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -14,30 +15,83 @@ from typing import Any
 
 from .errors import MLBenchError
 
+MAX_RECORD_BYTES = 64 << 20  # one JSONL line (a record, a transcript's turn) read at most: inputs are untrusted
+MAX_JSON_BYTES = 16 << 20  # one small JSON document (a run's stages.json, run.json, summary.json) read at most
+
+
+def _lines(path: Path, limit: int | None = None) -> Iterator[tuple[int, bytes, bool]]:
+    """``(line number, bytes, ended by "\n")`` of each line of ``path``, split on "\n" only (never on U+2028,
+    U+2029, U+0085 or "\r", which a record may hold raw); a line over ``limit`` bytes (default
+    :data:`MAX_RECORD_BYTES`) is one error at file:line, read no further than that."""
+    limit = MAX_RECORD_BYTES if limit is None else limit
+    with path.open("rb") as fh:
+        lineno = 0
+        while line := fh.readline(limit + 1):
+            lineno += 1
+            if len(line) > limit and not (len(line) == limit + 1 and line.endswith(b"\n")):
+                raise MLBenchError(f"a line over {limit} bytes", f"{path}:{lineno}",
+                                   "each line must be one JSON record of bounded size; is this the right file?")
+            ended = line.endswith(b"\n")
+            yield lineno, line[:-1] if ended else line, ended
+
+
+def _decode(line: bytes, where: str, errors: str = "strict") -> Any:
+    """One JSON value from one line's bytes; what is not UTF-8 or not JSON (also nested too deeply, or a number
+    too long for Python's int) is one error naming ``where`` (file:line)."""
+    try:
+        return json.loads(line.decode("utf-8", errors))
+    except UnicodeDecodeError as exc:
+        raise MLBenchError(f"not UTF-8 (byte {line[exc.start]:#04x} at byte {exc.start + 1})", where,
+                           "each line must be one JSON object in UTF-8") from None
+    except json.JSONDecodeError as exc:
+        raise MLBenchError(f"bad JSON ({exc.msg} at column {exc.colno})", where,
+                           "each line must be one JSON object") from None
+    except RecursionError:
+        raise MLBenchError("bad JSON (nested too deeply)", where, "each line must be one JSON object") from None
+    except ValueError as exc:  # e.g. an integer over Python's 4300-digit limit
+        raise MLBenchError(f"bad JSON ({exc})", where, "each line must be one JSON object") from None
+
 
 def read_jsonl(path: str | Path, errors: str = "strict") -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield ``(line_number, object)`` for each non-blank line; bad JSON raises with file:line. ``errors``:
-    how bytes that are not UTF-8 decode (``surrogateescape`` keeps them, for the reader to replace)."""
+    """Yield ``(line_number, object)`` for each non-blank line; bad JSON, bytes that are not UTF-8 and a line over
+    :data:`MAX_RECORD_BYTES` raise with file:line. ``errors``: how bytes that are not UTF-8 decode
+    (``surrogateescape`` keeps them, for the reader to replace)."""
     path = Path(path)
     if not path.is_file():
         raise MLBenchError("file not found", str(path), "check the path")
-    # newline="\n": a record ends at "\n" only; text may hold U+2028, U+2029, U+0085, "\r" (str.splitlines()
-    # and universal newlines would split there: one printed character made a whole run unreadable)
-    with path.open(encoding="utf-8", errors=errors, newline="\n") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise MLBenchError(f"bad JSON ({exc.msg} at column {exc.colno})", f"{path}:{lineno}",
-                                   "each line must be one JSON object") from None
-            except RecursionError:
-                raise MLBenchError("bad JSON (nested too deeply)", f"{path}:{lineno}",
-                                   "each line must be one JSON object") from None
-            if not isinstance(obj, dict):
-                raise MLBenchError(f"expected a JSON object, got {type(obj).__name__}", f"{path}:{lineno}")
-            yield lineno, obj
+    # a record ends at "\n" only; text may hold U+2028, U+2029, U+0085, "\r" (str.splitlines() and universal
+    # newlines would split there: one printed character made a whole run unreadable)
+    for lineno, line, _ in _lines(path):
+        if not line.strip():
+            continue
+        obj = _decode(line, f"{path}:{lineno}", errors)
+        if not isinstance(obj, dict):
+            raise MLBenchError(f"expected a JSON object, got {type(obj).__name__}", f"{path}:{lineno}")
+        yield lineno, obj
+
+
+def read_json(path: str | Path, limit: int = MAX_JSON_BYTES) -> Any:
+    """One JSON document (a run's own small record): a file that is not one, a link, larger than ``limit`` bytes,
+    not UTF-8 or not JSON (nested too deeply included) is one error naming it (file:line for bad JSON)."""
+    path = Path(path)
+    fix = "it is written by mlbench: delete it to start that step over, or pass the right folder"
+    if path.is_symlink() or not path.is_file():
+        raise MLBenchError("not a file (missing, a folder or a link)", str(path), fix)
+    with path.open("rb") as fh:
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise MLBenchError(f"larger than {limit} bytes", str(path), fix)
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise MLBenchError(f"not UTF-8 (byte {data[exc.start]:#04x} at byte {exc.start + 1})", str(path),
+                           fix) from None
+    except json.JSONDecodeError as exc:
+        raise MLBenchError(f"bad JSON ({exc.msg} at column {exc.colno})", f"{path}:{exc.lineno}", fix) from None
+    except RecursionError:
+        raise MLBenchError("bad JSON (nested too deeply)", str(path), fix) from None
+    except ValueError as exc:
+        raise MLBenchError(f"bad JSON ({exc})", str(path), fix) from None
 
 
 def split_records(text: str) -> list[str]:
@@ -54,22 +108,23 @@ def read_jsonl_tolerant(path: str | Path) -> list[dict[str, Any]]:
 
 def read_log_lines(path: str | Path) -> list[tuple[int, Any]]:
     """``(line number, value)`` of each record of an append-only log: :func:`read_jsonl_tolerant` with the line
-    numbers, for errors that name a record's file:line."""
+    numbers, for errors that name a record's file:line. A missing file has none; a bad last line (torn by a kill
+    mid-write) is left out; any other bad line, and a line over :data:`MAX_RECORD_BYTES`, is an error."""
     path = Path(path)
     if not path.exists():
         return []
     rows = []
-    lines = split_records(path.read_text(encoding="utf-8"))
-    for i, line in enumerate(lines):
+    torn: tuple[int, MLBenchError] | None = None  # a bad line: an error unless it turns out to be the last
+    for lineno, line, _ in _lines(path):
+        if torn is not None:
+            raise MLBenchError(f"corrupt record in the middle of a results log: {torn[1].what}",
+                               f"{path}:{torn[0]}", "delete the file to start over")
         if not line.strip():
             continue
         try:
-            rows.append((i + 1, json.loads(line)))
-        except json.JSONDecodeError:
-            if i == len(lines) - 1:
-                break  # torn tail from a kill mid-write: that record is redone
-            raise MLBenchError("corrupt record in the middle of a results log", f"{path}:{i + 1}",
-                               "delete the file to start over") from None
+            rows.append((lineno, _decode(line, f"{path}:{lineno}")))
+        except MLBenchError as exc:
+            torn = (lineno, exc)  # a torn tail from a kill mid-write: that record is redone
     return rows
 
 
@@ -159,21 +214,25 @@ def write_json_atomic(path: str | Path, obj: Any) -> None:
 
 
 class AppendLog:
-    """An append-only JSONL file: one whole line per record, flushed and fsynced."""
+    """An append-only JSONL file: one whole line per record, flushed and fsynced. A log that is a link is refused
+    (a run folder handed over could point it at any file of the user's, which every resume would append to)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._repair_tail()
-        self._fh = self.path.open("a", encoding="utf-8")
-
-    def _repair_tail(self) -> None:
-        # A kill mid-write leaves a last line without "\n"; cut it so the next append starts clean.
-        if not self.path.exists() or self.path.stat().st_size == 0:
-            return
-        data = self.path.read_bytes()
-        if not data.endswith(b"\n"):
-            self.path.write_bytes(data[: data.rfind(b"\n") + 1])
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            raise MLBenchError("this log is a link: a run folder's files are written only inside it", str(self.path),
+                               "delete the link (or use a new --out)") from None
+        try:
+            _cut_torn_tail(fd)
+            self._fh = os.fdopen(fd, "a", encoding="utf-8")
+        except BaseException:
+            os.close(fd)
+            raise
 
     def append(self, row: dict[str, Any]) -> None:
         self._fh.write(json.dumps(row, ensure_ascii=False) + "\n")
@@ -188,6 +247,23 @@ class AppendLog:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _cut_torn_tail(fd: int, chunk: int = 1 << 16) -> None:
+    """A kill mid-write leaves a last line without "\n": cut it so the next append starts clean. Reads back from
+    the end a chunk at a time (a log may be gigabytes; only its torn tail is looked at)."""
+    end = os.fstat(fd).st_size
+    if end == 0 or os.pread(fd, 1, end - 1) == b"\n":
+        return
+    pos = end
+    while pos > 0:
+        start = max(0, pos - chunk)
+        i = os.pread(fd, pos - start, start).rfind(b"\n")
+        if i != -1:
+            os.ftruncate(fd, start + i + 1)
+            return
+        pos = start
+    os.ftruncate(fd, 0)
 
 
 def settings_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> dict[str, tuple[Any, Any]]:
@@ -213,7 +289,9 @@ def claim_run_folder(path: str | Path, settings: dict[str, Any],
     ``upgrade`` brings what an older version recorded up to today's names first (in place), so its run resumes."""
     path = Path(path)
     if path.exists():
-        old = json.loads(path.read_text())
+        old = read_json(path)
+        if not isinstance(old, dict):
+            raise MLBenchError("not a JSON object", str(path), "use a new --out (this folder's record is damaged)")
         if upgrade is not None:
             upgrade(old)
         diff = settings_diff(old, settings)

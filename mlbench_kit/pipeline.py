@@ -30,7 +30,7 @@ from .config import save_resolved, to_dict
 from .envspec import default_cache
 from .errors import MLBenchError
 from .flags import resolve
-from .io import claim_run_folder, write_json_atomic
+from .io import claim_run_folder, read_json, write_json_atomic
 from .run_config import RunConfig
 from .stages import load_stage_config, stage
 
@@ -119,19 +119,37 @@ def _where(name: str) -> str:
     return WHERE.get(name, "--" + name.replace("_", "-"))
 
 
+def _read_done(path: Path) -> dict[str, float]:
+    """The stages ``stages.json`` lists as finished (none when it is missing); a damaged one is an error naming it
+    (file:line), never a traceback: the run would otherwise redo or skip stages on a guess."""
+    if not path.exists() and not path.is_symlink():
+        return {}
+    done = read_json(path)
+    if not isinstance(done, dict) or not all(isinstance(k, str) and isinstance(v, (int, float))
+                                             and not isinstance(v, bool) for k, v in done.items()):
+        raise MLBenchError("stages.json is not an object of stage names and seconds", str(path),
+                           "delete it to run every stage again (infer and eval resume from what they wrote)")
+    return done
+
+
+def stage_configs(cfg: RunConfig, out: Path) -> dict[str, Any]:
+    """Each stage's typed config for a run into ``out`` (:func:`stage_options`), built and checked as that stage's
+    command line would: a bad option raises here."""
+    return {key: load_stage_config(stage(key.split(":")[0]), {k: v for k, v in opts.items() if v is not None},
+                                   _where) for key, opts in stage_options(cfg, out).items()}
+
+
 def run_all(cfg: RunConfig) -> int:
     """Run every stage not finished yet, print one summary; returns the exit status (a stage's own, when one
     fails; 130 when interrupted)."""
     out = Path(str(cfg.out))
-    options = stage_options(cfg, out)
     # every stage's config built (and checked) before any work: a bad option fails now, not after inference
-    configs = {key: load_stage_config(stage(key.split(":")[0]), {k: v for k, v in opts.items() if v is not None},
-                                      _where) for key, opts in options.items()}
+    configs = stage_configs(cfg, out)
+    done_file = out / "stages.json"
+    done: dict[str, float] = _read_done(done_file)  # a damaged one fails before anything is written
     out.mkdir(parents=True, exist_ok=True)
     claim_run_folder(out / "run.json", identity(cfg))
     save_resolved(cfg, out / "config.yaml")  # `mlbench run --config OUT/config.yaml` resumes the run
-    done_file = out / "stages.json"
-    done: dict[str, float] = json.loads(done_file.read_text()) if done_file.is_file() else {}
     current = ""
     # Ctrl-C is noted before it is raised: a library may wrap the KeyboardInterrupt it caught (transformers' lazy
     # imports raise a RuntimeError naming it), and the run must still say what was kept
@@ -190,9 +208,12 @@ def _report(cfg: RunConfig, out: Path) -> None:
     """``mlbench report`` over the run's eval folders (a model's tasks under one name)."""
     runs = [f"{name}={out / 'eval' / name / f'task{t}'}" for name in models(cfg) for t in cfg.tasks]
     reference = _config_file(cfg.reference, "--reference")
-    args = argparse.Namespace(runs=runs, out=str(out / "report"), reference=reference, all_reference=False,
-                              skip_missing=False)
-    rc = int(stage("report").module().run(args))
+    report = stage("report").module()
+    # through report's own options, so each of them (one added later included) has its default here too
+    parser = argparse.ArgumentParser(prog="mlbench report")
+    report.add_arguments(parser)
+    args = parser.parse_args([*runs, "--out", str(out / "report"), *(["--reference", reference] if reference else [])])
+    rc = int(report.run(args))
     if rc != 0:
         raise MLBenchError(f"report exited {rc}", str(out / "report"))
 

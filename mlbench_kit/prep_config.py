@@ -23,7 +23,7 @@ class PrepConfig:
 
     data: str = option(HUB_ID, "hub id, .jsonl/.parquet file or save_to_disk folder", flag=True)
     splits: list[str] = option(help="splits to load (hub/DatasetDict: full quarter id_train ood_train; a file "
-                               "holds one)", factory=lambda: ["full"], flag=True)
+                               "holds one)", factory=lambda: ["full"], flag=True, alias=("--split",))
     readmes: str | None = option(None, "folder of READMEs laid out as DIR/<repo>/<path>/README.md", flag=True)
     repos_dir: str | None = option(None, "folder of repository checkouts (DIR/<repo>); with --checkout, cloned "
                                    "there", flag=True)

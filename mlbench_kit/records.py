@@ -199,6 +199,19 @@ def read_eval_results(path: str | Path) -> list[EvalResult]:
     return out
 
 
+def read_scored_folder(folder: str | Path, flag: str) -> tuple[Path, list[EvalResult]]:
+    """The ``results.jsonl`` of an eval folder a user named with ``flag`` (a finished ``mlbench eval --out``), and
+    its verdicts. A folder without one (not an eval folder, a typo, the eval not run yet) or whose file is a link is
+    one error: never an empty list, which would make an empty training set without a word."""
+    path = Path(folder) / "results.jsonl"
+    if path.is_symlink() or not path.is_file():
+        what = "is a link" if path.is_symlink() else "is missing"
+        raise MLBenchError(f"this eval folder's results.jsonl {what}", str(path),
+                           f"pass to {flag} the --out folder of the `mlbench eval` that scored these answers (run it "
+                           "first if it has not run)")
+    return path, read_eval_results(path)
+
+
 # what an :class:`EvalResult`'s ``error_class`` means (the run's report and `mlbench report` print it)
 ERROR_CLASSES = {
     "E1": "type mismatch / hallucinated form (bash vs python)",
@@ -214,3 +227,12 @@ ERROR_CLASSES = {
     "LIMIT_CPU": "used up its CPU-time limit",
     "OVERSIZE": "an output over the length cap: not parsed, not executed",
 }
+
+
+def transcript_file(run: Path, key: tuple[int, int], idx: int) -> Path | None:
+    """Episode ``idx`` of row ``key`` in an ``mlbench agent`` run folder (``transcripts/<github_id>-<id>/ep<k>.jsonl``),
+    or None when that file, its row's folder or ``transcripts/`` is a link: a run folder is handed-over data, and a
+    link inside it could lead out of it. The file may not exist."""
+    folder = run / "transcripts" / f"{key[0]}-{key[1]}"
+    path = folder / f"ep{idx}.jsonl"
+    return None if any(p.is_symlink() for p in (folder.parent, folder, path)) else path

@@ -66,3 +66,10 @@ class RunConfig:
                                "--checkout ../shared/mlbench/repos.json --out runs/cl (mlbench run --help lists "
                                "every option)")
 
+    def check_stages(self) -> None:
+        """Every stage's config as the run would build it (prep, infer, each eval, report), each checked as its own
+        command line checks it: ``mlbench run --check`` reports a bad stage option without running anything."""
+        from pathlib import Path
+
+        from .pipeline import stage_configs  # the pipeline imports this module
+        stage_configs(self, Path(str(self.out or "OUT")))

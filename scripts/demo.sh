@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The main job on the embedded sample, with no network, GPU or downloaded data (about 6 minutes on 2 CPU cores):
+# The main job on the embedded sample, with no network, GPU or downloaded data (measured on 2 CPU cores:
+# 5.2 minutes beside other tests, 8.3 at load 5; bench/results/2026-11-29-*):
 #   synthetic pairs + a tiny base model -> prep (tasks 1-3; test, ID-train and OOD-train splits) -> LoRA on the ID
 #   and on the OOD split -> vLLM inference (base and both adapters, one engine) -> execution check in the sandbox
 #   (compat and strict) -> side-by-side report. One line per stage here; every tool's own output is in
@@ -22,6 +23,9 @@ bash scripts/setup.sh
 RUN=${RUN:-runs/demo}
 SAMPLE=examples/sample
 BIN=.venv/bin
+# accelerate launch gives a process OMP_NUM_THREADS=1 unless told otherwise (or --cpu): on CPU that trained on one
+# of the cores (45 tok/s instead of ~100 for SmolLM2 on 2 cores); a value you set is kept
+THREADS=${OMP_NUM_THREADS:-$(nproc)}
 LOGS=$RUN/logs
 mkdir -p "$LOGS"
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} TOKENIZERS_PARALLELISM=false
@@ -142,7 +146,8 @@ for split in id ood; do
   repo=toybench; [ $split = ood ] && repo=toyvision
   # shellcheck disable=SC2046
   run train-$split "LoRA on the ${split^^} split (train/lora.py)" "$BIN/accelerate" launch --num_processes 1 \
-    --mixed_precision no --main_process_port 0 train/lora.py --config $TRAIN_CFG --model "$MODEL" \
+    --num_cpu_threads_per_process "$THREADS" --mixed_precision no --main_process_port 0 train/lora.py \
+    --config $TRAIN_CFG --model "$MODEL" \
     --prep-dir "$RUN/prep" --tasks 3 --split $split --out "$RUN/train-$split" $(train_extra $repo)
 done
 # 4. five generations per test prompt from the base model and from both adapters: one vLLM engine for all three

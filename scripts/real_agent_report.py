@@ -35,7 +35,7 @@ def main() -> None:
     test = _jsonl(run / "prep" / "test" / "task3.jsonl")
     chosen = _jsonl(run / "agent-rows.jsonl")
     per_repo = Counter(r["repo"] for r in chosen)
-    walls = tsv(run / "agent-times.tsv")  # the wall time of each agent run
+    walls = tsv(run / "agent-times.tsv")  # the wall time of each policy's agent run (both models, one engine)
     settings = _json(run / f"agent-{a.policies[0]}" / "base" / "agent.json") or {}
     cfg = settings.get("config", {})
     lim, smp = cfg.get("limits", {}), cfg.get("sampling", {})
@@ -96,9 +96,10 @@ def main() -> None:
     L += ["", "## Episodes", "",
           "Per model and policy: how the episodes ended, means per episode (turns, prompt tokens summed over turns, "
           "new tokens, generation seconds as the harness charged them: a lockstep call's time shared by its "
-          "episodes), and the wall time of the whole `mlbench agent` run (engine start included).", "",
+          "episodes), and the wall time of the policy's whole `mlbench agent` run (both models on one engine, its "
+          "start included).", "",
           "| model | policy | episodes | exits | answered | mean turns | mean tokens in | mean tokens out | "
-          "mean s | OpenHands rule | wall s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+          "mean s | OpenHands rule | wall s (both models) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for v in VARIANTS:
         for p in a.policies:
             s = _json(run / f"agent-{p}" / v / "summary.json")
@@ -110,7 +111,7 @@ def main() -> None:
                        + (f", {oh['faults']} faults" if oh["faults"] else "")) if oh else "–"
             L.append(f"| {v} | {p} | {s['episodes']} | {exits} | {s['answered']} | {s['mean_turns']} | "
                      f"{s['mean_tokens_in']} | {s['mean_tokens_out']} | {s['mean_seconds']} | {oh_cell} | "
-                     f"{walls.get(f'{p} {v}', '–')} |")
+                     f"{walls.get(p, '–')} |")
     L += ["", *stage_times(run, ["model", "envs", "prep", "train-id", "agent", "agent-eval", "agent-report"])]
     L += ["## Reading these numbers", "",
           "The paper's agent rows are GPT-4 on 68 rows of all 14 repositories; these are a 135M-parameter model on "

@@ -144,8 +144,19 @@ def learn_opts(sweep: Sweep, cell: Cell) -> dict[str, Any]:
     """The cell's learning run: from its SFT adapter, on the training split its adapter was tuned on, the leak check
     against the split infer scores, the checker's rows and environments eval's. The sweep's learn options on top."""
     ev = sweep.options("eval", cell.model)
-    base = {**_learn_cell_opts(sweep, cell), "envs": ev.get("envs"), "backend": ev.get("backend")}
+    base = {**_learn_cell_opts(sweep, cell), "envs": ev.get("envs"), "backend": ev.get("backend"),
+            "timeout": _eval_timeout(sweep, cell)}
     return {**base, **sweep.options("learn", cell.model)}
+
+
+def _eval_timeout(sweep: Sweep, cell: Cell) -> float | None:
+    """The time limit per execution eval scores the model with (its option, else its config file's; None: the
+    benchmark's, and learn's config may set its own): learn's rewards are verdicts under the same limit. A broken
+    eval section is reported by :func:`check_jobs` at its units."""
+    try:
+        return load_stage_config(stage("eval"), eval_opts(sweep, cell), lambda key: key, sweep.root).timeout
+    except MLBenchError:
+        return None
 
 
 def _learn_cell_opts(sweep: Sweep, cell: Cell) -> dict[str, Any]:
@@ -318,8 +329,8 @@ SWEEP_METHODS = ("rft", "grpo")
 def _check_learn(sweep: Sweep, all_jobs: list[ArrayJob]) -> None:
     """The learn units against their cells and evals (configs already loaded): learning starts from the cell's
     model and SFT adapter, on its training split, is leak-checked against the split infer scores, reads eval's
-    rows, environments and sandbox (a reward is eval's verdict), writes into the folder its infer reads, runs a
-    method that writes an adapter, and names files that exist where the jobs run."""
+    rows, environments, sandbox and time limit (a reward is eval's verdict), writes into the folder its infer
+    reads, runs a method that writes an adapter, and names files that exist where the jobs run."""
     by_name = {j.name: j for j in all_jobs}
     if "learn" not in by_name:
         return
@@ -346,8 +357,9 @@ def _check_learn(sweep: Sweep, all_jobs: list[ArrayJob]) -> None:
             if value != ours[key]:
                 raise fail(f"learn's {key} is the cell's ({ours[key]}), not {value}", key if key in given else "set",
                            f"leave {key} out of the learn section: the sweep sets it for each cell")
-        if cfg.envs != ev.envs or cfg.backend != ev.backend:
-            key = "envs" if cfg.envs != ev.envs else "backend"
+        # eval's time limit when it sets one (without one, learn's config may choose its own, as the tiny one does)
+        if cfg.envs != ev.envs or cfg.backend != ev.backend or ev.timeout not in (None, cfg.timeout):
+            key = "envs" if cfg.envs != ev.envs else "backend" if cfg.backend != ev.backend else "timeout"
             raise fail(f"learn's rewards would come from other {key} ({getattr(cfg, key)}) than eval scores with "
                        f"({getattr(ev, key)})", key, f"leave {key} out of the learn section: it takes eval's")
         try:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from mlbench_kit.engine import cpu_defaults
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("MLBENCH_SHARED", REPO_ROOT.parent / "shared" / "mlbench"))
 EXAMPLES = REPO_ROOT / "examples"
@@ -75,6 +77,9 @@ def umask_022() -> Iterator[None]:
 # is given: with other processes holding 5 GiB of 24, an in-process engine (the agent's lockstep test) failed its
 # start. Every engine a test starts, in this process or a child, gets a 1 GiB KV cache instead.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+# and the engine's CPU defaults (every core to the worker) before any engine or `vllm serve` starts: the tests that
+# compare an in-process engine with a served one need both to run the same threads
+cpu_defaults()
 
 def assert_shared_modes(*paths: Path) -> None:
     """Each path is readable by the group and others (written under umask 022): a labmate can read it."""
@@ -148,12 +153,22 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer_dir:
     return build_llama(tiny_tokenizer_dir, tmp_path_factory.mktemp("model"), hidden=128, layers=2, heads=2)
 
 
+# The server offers tools (the agent's actions: tools): a chat template that renders them (the tiny model's own has
+# none) and a parser that supports a named tool_choice without a structural tag (pythonic), so vLLM decodes a forced
+# call to the function's parameters as a JSON schema, compact as the offline engine's constrained decoding
+# (hermes' structural tag lets JSON whitespace through: the random model spent every token of 18 replies on it);
+# completions requests (infer's and the agent's other tests) are unchanged.
+TOOL_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "pythonic", "--chat-template",
+              str(REPO_ROOT / "tests" / "data" / "tiny-tools.jinja"),
+              "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}')
+
+
 @pytest.fixture(scope="session")
 def tiny_vllm_server(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[str]:
-    """`vllm serve` of the tiny model on a free loopback port (served name "tiny", 4,096 positions), up when this
-    yields its base URL; one server for the session (infer's and the agent's OpenAI tests share its start), stopped
-    with its whole process session at the end. Its console script looks up a distribution named "vllm", which
-    vllm-cpu is not, so the API server module runs itself."""
+    """`vllm serve` of the tiny model on a free loopback port (served name "tiny", 4,096 positions, tools offered:
+    :data:`TOOL_FLAGS`), up when this yields its base URL; one server for the session (infer's and the agent's
+    OpenAI tests share its start), stopped with its whole process session at the end. Its console script looks up
+    a distribution named "vllm", which vllm-cpu is not, so the API server module runs itself."""
     import signal
     import socket
     import time
@@ -166,7 +181,8 @@ def tiny_vllm_server(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: P
         server = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
                                    str(tiny_model_dir), "--host", "127.0.0.1", "--port", str(port),
                                    "--served-model-name", "tiny", "--max-model-len", "4096", "--enable-prefix-caching",
-                                   "--no-enable-chunked-prefill"], stdout=out, stderr=subprocess.STDOUT,
+                                   "--no-enable-chunked-prefill", "--enforce-eager", *TOOL_FLAGS],
+                                  stdout=out, stderr=subprocess.STDOUT,
                                   env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}, start_new_session=True)
     try:
         deadline = time.monotonic() + 300

@@ -172,8 +172,11 @@ def _demo_until_stage_1(root: Path, env: dict) -> tuple[subprocess.Popen, int]:
     """The stub demo started and left in stage 1 (the stub tiny.py waiting); its process and the stub's pid."""
     pids = Path(env["STUB_PIDS"])
     before = set(pids.iterdir())
+    # Ctrl-C's SIGINT as a terminal delivers it: a test run in the background (`pytest ... &`, nohup, CI's as-user
+    # job) inherits SIGINT ignored, and a shell started with a signal ignored can never trap it
     proc = subprocess.Popen(["bash", "scripts/demo.sh"], cwd=root, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while not set(pids.iterdir()) - before and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -243,7 +246,7 @@ def test_tiny_model_folder_appears_only_when_complete(tmp_path, monkeypatch):
     import tiny
     seen = []
 
-    def interrupted(model_dir, texts, steps):
+    def interrupted(model_dir, texts, steps, threads):
         seen.append(sorted(p.name for p in Path(model_dir).iterdir()))
         raise KeyboardInterrupt
 
@@ -261,6 +264,36 @@ def test_tiny_model_folder_appears_only_when_complete(tmp_path, monkeypatch):
         tiny.main()
     assert seen == [["config.json", "model.safetensors"]]  # the random-init files were written...
     assert not out.exists() and not (tmp_path / "model.tmp").exists()  # ...but never published
-    monkeypatch.setattr(tiny, "pretrain", lambda model_dir, texts, steps: [1.0] * 20)
+    monkeypatch.setattr(tiny, "pretrain", lambda model_dir, texts, steps, threads: [1.0] * 20)
     tiny.main()
     assert (out / "config.json").is_file() and not (tmp_path / "model.tmp").exists()
+
+
+def test_tiny_pretrains_on_the_threads_asked_and_refuses_fewer_than_one(tmp_path, tiny_model_dir, monkeypatch,
+                                                                        capsys):
+    """Pretraining runs on ``--threads`` torch threads (1 by default: several times faster than 2 on a busy 2-core
+    box, bench/demo_stage1.sh) and gives the caller's count back; 0 threads is refused before anything is built."""
+    import tiny
+    import torch
+
+    from mlbench_kit.progress import Progress
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    seen: list[int] = []
+    update = Progress.update
+    monkeypatch.setattr(Progress, "update", lambda self, *a, **kw: (seen.append(torch.get_num_threads()),
+                                                                    update(self, *a, **kw)))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # the caller's count, which pretraining must change and give back
+    try:
+        losses = tiny.pretrain(model, ["import torch\nprint('hello world')\n" * 40], steps=2, seq_len=16, batch=2)
+        assert len(losses) == 2 and seen == [1, 1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    out = tmp_path / "never"
+    monkeypatch.setattr(sys, "argv", ["tiny.py", "--repos", str(SAMPLE / "repos"), "--out", str(out),
+                                      "--threads", "0"])
+    with pytest.raises(SystemExit) as e:
+        tiny.main()
+    assert e.value.code == 2 and "--threads: '0' is not a whole number of at least 1" in capsys.readouterr().err
+    assert not out.exists() and not (tmp_path / "never.tmp").exists()

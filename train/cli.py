@@ -60,6 +60,9 @@ def launch_command(cfg_file: Path, args: argparse.Namespace) -> list[str]:
         cmd += ["--num_processes", str(args.nproc)]
         if not args.accelerate_config and args.nproc > 1:  # no config: data parallel, as `accelerate launch
             cmd += ["--multi_gpu"]                            # --multi_gpu --num_processes N`
+    if "OMP_NUM_THREADS" not in os.environ:
+        # accelerate's default is one thread per process (all the cores only for `--cpu`): a CPU run used one core
+        cmd += ["--num_cpu_threads_per_process", str(max(1, len(os.sched_getaffinity(0)) // (args.nproc or 1)))]
     if int(acc.get("num_machines") or 1) == 1 and "main_process_port" not in acc:
         cmd += ["--main_process_port", "0"]  # one machine: any free port, so two runs on a node do not collide
     return [*cmd, "-m", "mlbench_kit.train.lora", "--config", str(cfg_file), "--resume", args.resume]

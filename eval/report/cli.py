@@ -16,6 +16,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from mlbench_kit.errors import MLBenchError
+
 from .data import load_reference, load_settings
 from .html import write_html
 from .render import write_csv, write_markdown, write_plots
@@ -31,6 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--all-reference", action="store_true",
                    help="quote every reference row, not only those of the tasks measured here")
     p.add_argument("--skip-missing", action="store_true", help="leave out folders without summary.json (sweeps)")
+    p.add_argument("--baseline", metavar="NAME",
+                   help="a run's NAME: every other run against it on the same setting, paired over the rows both "
+                        "scored (the difference and its 95%% interval)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,11 +48,14 @@ def run(args: argparse.Namespace) -> int:
         # agent runs only
         agents = any(s.agent for s in settings)
         refs = [r for r in refs if (agents if r.agent else (None in tasks or r.task is None or r.task in tasks))]
+    if args.baseline is not None and args.baseline not in {s.run for s in settings}:
+        raise MLBenchError(f"no run named {args.baseline!r} to compare with", "--baseline",
+                           f"name one of: {', '.join(dict.fromkeys(s.run for s in settings))}")
     out = Path(args.out)
     ks = sorted({k for s in settings for summ in s.summaries for k in summ["ks"]})
     write_csv(settings, refs, ks, out / "report.csv")
     plots = write_plots(settings, ks, out)
-    write_markdown(settings, refs, ks, plots, out / "report.md")
+    write_markdown(settings, refs, ks, plots, out / "report.md", args.baseline)
     write_html(settings, out / "report.html")
     runs = defaultdict(list)
     for s in settings:

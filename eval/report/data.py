@@ -148,7 +148,7 @@ def agent_summary(summary: dict[str, Any], eval_dir: Path) -> dict[str, Any] | N
         if f.is_file() and f.stat().st_size < 2**20:
             try:
                 found = json.loads(f.read_text())
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nested too deeply (an untrusted file)
                 return None
             if isinstance(found, dict) and isinstance(found.get("policy"), str) and "config_sha" in found:
                 return found
@@ -163,7 +163,7 @@ def _small_record(path: Path) -> Any:
             return None
         text = path.read_text(encoding="utf-8")
         found = yaml.safe_load(text) if path.suffix == ".yaml" else json.loads(text)
-    except (OSError, ValueError, yaml.YAMLError):
+    except (OSError, ValueError, RecursionError, yaml.YAMLError):
         return None
     return found if isinstance(found, dict) else None
 
@@ -261,10 +261,14 @@ def load_settings(specs: list[str], skip_missing: bool = False) -> list[Setting]
                 print(f"report: skipped {path} (no summary.json)", file=sys.stderr)
                 continue
             raise MLBenchError("no summary.json in this run folder", str(f), "pass folders written by `mlbench eval`")
+        if f.stat().st_size > MAX_GENERATIONS:
+            raise MLBenchError(f"summary.json is larger than {MAX_GENERATIONS} bytes", str(f),
+                               "pass folders written by `mlbench eval`")
         try:
             summary = json.loads(f.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise MLBenchError(f"summary.json is not JSON ({exc})", str(f),
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            why = "nested too deeply" if isinstance(exc, RecursionError) else exc
+            raise MLBenchError(f"summary.json is not JSON ({why})", str(f),
                                "pass folders written by `mlbench eval`") from None
         if not isinstance(summary, dict):
             raise MLBenchError("summary.json is not a JSON object", str(f), "pass folders written by `mlbench eval`")

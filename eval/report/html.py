@@ -7,8 +7,11 @@ Content-Security-Policy allows exactly that inline script and style (by hash) an
 inline handler, no other script, even one that found a way into the markup.
 
 Per row: repository, ids, type and instruction, then one column per compared run (each seed of a setting apart),
-each with its answers, their verdict, error class and the tail of their output. Filters (repository, verdict,
-error class) also read the page's ``#repo=…&verdict=…&class=…`` fragment, so a filtered view can be linked.
+each with its answers, their verdict, error class and the tail of their output; an agent run's answer also with its
+episode (how it ended, and each turn: step, the model's reply, the observation it got or its format error), read
+from the run's transcript beside its generations (``transcripts/<github_id>-<id>/ep<k>.jsonl``; no link followed).
+Filters (repository, verdict, error class) also read the page's ``#repo=…&verdict=…&class=…`` fragment, so a
+filtered view can be linked.
 
 Every file it reads is data: the answers come only from a generations file inside the working folder or beside the
 eval folder (:func:`~.data.generations_file`; another path a summary names is not read, and the page says the
@@ -27,12 +30,14 @@ from typing import Any
 
 from mlbench_kit.escape import visible
 from mlbench_kit.io import split_records, write_atomic
+from mlbench_kit.records import transcript_file
 
 from .data import MAX_GENERATIONS, Setting, generations_file
 
 MAX_TEXT = 20_000  # characters of one instruction or answer shown
 MAX_TAIL = 2_000  # characters of an output's tail
 MAX_FILE = MAX_GENERATIONS  # a generations file larger than this is not read (the page says so)
+MAX_TURNS = 50  # turns of one episode shown
 
 STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:0 1.5em 3em;color:#222}
@@ -91,6 +96,18 @@ for (const r of D.rows) {
         d.appendChild(el("pre", null, a.tail));
         box.appendChild(d);
       }
+      if (a.episode) {
+        const d = el("details", "episode");
+        d.appendChild(el("summary", null, "episode: " + a.episode.exit + " \u00b7 " + a.episode.turns.length +
+                                          " turn(s)" + (a.episode.more ? " (+" + a.episode.more + " not shown)" : "")));
+        a.episode.turns.forEach(function (t, j) {
+          d.appendChild(el("div", "meta", "turn " + (j + 1) + " \u00b7 " + t.step));
+          d.appendChild(el("pre", "reply", t.reply === null ? "(no reply)" : t.reply));
+          if (t.error) d.appendChild(el("div", "meta", "format error: " + t.error));
+          if (t.observation !== null) d.appendChild(el("pre", "observation", t.observation));
+        });
+        box.appendChild(d);
+      }
       c.appendChild(box);
     }
     runs.appendChild(c);
@@ -145,9 +162,15 @@ def _clip(text: Any, limit: int, tail: bool = False) -> str | None:
         text[:limit] + f"\n[… {len(text) - limit} characters more]"
 
 
+def _refused(path: Path) -> bool:
+    """Whether a file that is there is one the page does not read: a link, or over :data:`MAX_FILE` bytes."""
+    return path.is_symlink() or (path.is_file() and path.stat().st_size > MAX_FILE)
+
+
 def _records(path: Path) -> tuple[list[Any], int]:
-    """The records (JSON objects) of a JSONL file, and how many of its lines were not one (skipped)."""
-    if not path.is_file():
+    """The records (JSON objects) of a JSONL file, and how many of its lines were not one (skipped). A file that is
+    missing or :func:`_refused` is not read (none, 0 skipped: the caller notes it)."""
+    if not path.is_file() or _refused(path):
         return [], 0
     out: list[Any] = []  # JSON objects (mapped by the caller field by field, as untrusted data)
     skipped = 0
@@ -156,7 +179,7 @@ def _records(path: Path) -> tuple[list[Any], int]:
             continue
         try:
             obj = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested too deeply
             obj = None
         if isinstance(obj, dict):
             out.append(obj)
@@ -165,23 +188,43 @@ def _records(path: Path) -> tuple[list[Any], int]:
     return out, skipped
 
 
-def _answers(summary: dict[str, Any], run_dir: Path) -> tuple[dict[tuple[int, int], list[Any]], int, bool]:
+Answers = dict[tuple[int, int], tuple[list[Any], Path | None]]
+
+
+def _answers(summary: dict[str, Any], run_dir: Path) -> tuple[Answers, int, bool]:
     """The answers the eval scored, from the generations file its summary names (:func:`~.data.generations_file`:
     relative to the working folder, else to the run folder, and inside the working folder or beside the run
-    folder); the lines skipped; whether a file the summary names was refused (outside, a link, too large)."""
+    folder), each row's with the agent run folder holding its transcripts when an agent wrote it (else None); the
+    lines skipped; whether a file the summary names was refused (outside, a link, too large)."""
     f = generations_file(summary, run_dir)
     if f is None:
         gens = summary.get("generations")
         return {}, 0, isinstance(gens, str) and gens.endswith(".jsonl")
-    out: dict[tuple[int, int], list[Any]] = {}
+    out: Answers = {}
     records, skipped = _records(f)
     for r in records:
         gid, rid, outputs = r.get("github_id"), r.get("id"), r.get("output")
         if isinstance(outputs, str):
             outputs = [outputs]
         if isinstance(gid, int) and isinstance(rid, int) and isinstance(outputs, list):
-            out[(gid, rid)] = outputs
+            agent = isinstance(r.get("agent"), dict)
+            out[(gid, rid)] = outputs, f.parent if agent else None
     return out, skipped, False
+
+
+def _episode(run: Path, key: tuple[int, int], idx: int) -> dict[str, Any] | None:
+    """Episode ``idx`` of row ``key`` as the page shows it, from its transcript in the agent run folder ``run``;
+    None when it is not there or is refused (a link at or below the run's ``transcripts/``, or too large)."""
+    path = transcript_file(run, key, idx)
+    if path is None or not path.is_file() or _refused(path):
+        return None
+    records, _ = _records(path)
+    end: dict[str, Any] = next((r["end"] for r in records if isinstance(r.get("end"), dict)), {})
+    turns = [r for r in records if "end" not in r]
+    return {"exit": str(end.get("exit", "not ended")), "more": max(0, len(turns) - MAX_TURNS),
+            "turns": [{"step": str(t.get("step", "")), "reply": _clip(t.get("raw"), MAX_TAIL),
+                       "observation": _clip(t.get("observation"), MAX_TAIL), "error": _clip(t.get("error"), 300)}
+                      for t in turns[:MAX_TURNS]]}
 
 
 def page_rows(settings: list[Setting]) -> dict[str, Any]:
@@ -210,7 +253,10 @@ def page_rows(settings: list[Setting]) -> dict[str, Any]:
                 if isinstance(gid, int) and isinstance(rid, int) and isinstance(ps.get("instruction"), str):
                     rows.setdefault((gid, rid), {})["instruction"] = _clip(ps["instruction"], MAX_TEXT)
             col: dict[tuple[int, int], list[dict[str, Any]]] = {}
-            results, bad = _records(Path(d) / "results.jsonl")
+            results_file = Path(d) / "results.jsonl"
+            if _refused(results_file):
+                notes.append(f"{column}: verdicts not shown: its results.jsonl is a link or over {MAX_FILE} bytes")
+            results, bad = _records(results_file)
             if skipped + bad:
                 notes.append(f"{column}: skipped {skipped + bad} line(s) that are not records ({bad} of "
                              f"results.jsonl, {skipped} of the generations and the summary's per_sample)")
@@ -221,12 +267,13 @@ def page_rows(settings: list[Setting]) -> dict[str, Any]:
                 row = rows.setdefault(key, {})
                 row.setdefault("repo", str(r.get("repo", "")))
                 row.setdefault("type", str(r.get("type", "")))
-                outs = answers.get(key, [])
+                outs, agent_run = answers.get(key, ([], None))
                 col.setdefault(key, []).append({
                     "idx": idx, "passed": r.get("passed") is True,
                     "cls": r.get("error_class") if isinstance(r.get("error_class"), str) else None,
                     "answer": _clip(outs[idx], MAX_TEXT) if 0 <= idx < len(outs) else None,
-                    "tail": _clip(r.get("log") or "", MAX_TAIL, tail=True)})
+                    "tail": _clip(r.get("log") or "", MAX_TAIL, tail=True),
+                    "episode": _episode(agent_run, key, idx) if agent_run is not None and idx >= 0 else None})
             cells.append(col)
     out = []
     for key in sorted(k for k in rows if "repo" in rows[k]):

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from mlbench_kit.escape import csv_cell, mathtext_literal, visible
 from mlbench_kit.io import write_atomic
 from mlbench_kit.markdown import fmt_rate, md_code, md_text
+from mlbench_kit.passk import paired_difference
 from mlbench_kit.records import ERROR_CLASSES
 
 if TYPE_CHECKING:
@@ -70,9 +71,54 @@ def _table(head: list[str], rows: list[list[str]], empty: str = "none") -> list[
         "| " + " | ".join(map(md_text, r)) + " |" for r in rows]
 
 
+def _verdicts(s: Setting) -> dict[tuple[Any, Any], list[bool]]:
+    """A one-seed setting's verdicts per row (its summary's ``per_sample``), in sample order."""
+    return {(p.get("github_id"), p.get("id")): [bool(x) for x in p.get("passed") or []]
+            for p in s.summaries[0].get("per_sample") or [] if isinstance(p, dict)}
+
+
+def diff_cell(m: dict[str, Any]) -> str:
+    """A paired difference in points: ``+8.3 [+0.0, +16.7] neither``."""
+    if m["diff"] is None:
+        return "–"
+    lo, hi = m["ci95"]
+    return f"{100 * m['diff']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] {m['shown']}"
+
+
+def baseline_section(settings: list[Setting], baseline: str, ks: list[int]) -> list[str]:
+    """Each other run's settings against the baseline run's same setting (task or agent policy), paired over the
+    rows both scored (:func:`mlbench_kit.passk.paired_difference`): the difference and its interval, so a
+    gain is read against its baseline's own noise and not from two overlapping intervals."""
+    base = {(s.task, s.agent): s for s in settings if s.run == baseline}
+    lines = ["", f"## Against the baseline: {md_text(baseline)} (paired over the rows both scored)", "",
+             "Each run minus the baseline on the same setting, in points: the mean difference over the rows both "
+             "scored, with a paired bootstrap 95% interval (rows resampled together). *better* / *worse*: the "
+             "interval excludes 0; *neither*: it holds 0, so these rows do not show a difference.", ""]
+    rows, notes = [], []
+    for s in settings:
+        b = base.get((s.task, s.agent))
+        if s.run == baseline or b is None:
+            continue
+        if len(s.summaries) > 1 or len(b.summaries) > 1:
+            notes.append(f"{s.label}: several seeds (paired differences are over one seed each)")
+            continue
+        d = paired_difference(_verdicts(b), _verdicts(s), ks)
+        if not d["rows"]:
+            notes.append(f"{s.label}: no row scored by both")
+            continue
+        rows.append([s.label, s.checkpoint, b.checkpoint, str(d["rows"])]
+                    + [diff_cell(d[f"pass@{k}"]) for k in ks] + [diff_cell(d["unbiased_pass@1"])])
+    lines += _table(["setting", "checkpoint", "baseline's", "rows"] + [f"Δ Pass@{k}" for k in ks]
+                    + ["Δ unbiased pass@1"], rows, "none: no other run shares a setting with the baseline")
+    if notes:
+        lines += ["", "Not compared: " + "; ".join(md_text(n) for n in notes) + "."]
+    return lines
+
+
 def write_markdown(settings: list[Setting], refs: list[Reference], ks: list[int], plots: list[str],
-                   path: Path) -> None:
-    """The report: settings, quality of outputs, repositories, types, error classes, gold ceiling, sources."""
+                   path: Path, baseline: str | None = None) -> None:
+    """The report: settings, quality of outputs, repositories, types, error classes, gold ceiling, sources; with
+    ``baseline`` (a run's name), every other run against it, paired."""
     lines = ["# ML-Bench runs side by side", "",
              "Pass@k as the paper defines it (a sample passes if one of its first k outputs passes the parameter "
              "check, the type check and runs cleanly); brackets: the 95% bootstrap CI over samples for one seed, "
@@ -99,6 +145,8 @@ def write_markdown(settings: list[Setting], refs: list[Reference], ks: list[int]
     if refs:
         lines += ["", "Quoted rows are copied from their source, not recomputed here: "
                   + "; ".join(md_text(x) for x in sorted({r.source for r in refs})) + "."]
+    if baseline is not None:
+        lines += baseline_section(settings, baseline, ks)
     lines += _paper_layout(settings, refs, ks)
     lines += _agent_section(settings, refs, ks)
     lines += ["", "## What the outputs get right", "",

@@ -842,6 +842,31 @@ def test_each_step_sends_its_function_with_the_papers_captions_as_valid_json(sha
     assert old[0].endswith(P.FORMAT_LINE.format(schema=P.FORMAT["plan"]))
 
 
+def test_a_cost_budget_is_counted_by_the_harness_and_no_turn_that_could_pass_it_is_sent(toy_repo: Path):
+    """``limits.max_episode_cost`` at ``prompt_price``/``completion_price`` (per million tokens): each summary
+    carries its cost; the turn that would pass the budget gets only the new tokens it can afford, and a turn
+    that cannot afford one is never sent (``cost_limit``); a budget without prices is refused."""
+    free = drive(_episode(toy_repo, _cfg()), looper)
+    p0, p1 = free.turns[0]["tokens_in"], free.turns[1]["tokens_in"]
+    cfg = _cfg(prompt_price=1e6, completion_price=2e6)  # 1 per prompt token, 2 per new token
+    cfg.limits.max_episode_tokens = 10_000
+    cfg.limits.max_episode_cost = p0 + 2 * 10 + p1 + 2 * 4  # the second turn can afford 4 new tokens, not 10
+    ep = _episode(toy_repo, cfg)
+    caps = []
+    while (p := ep.prepare()) is not None:
+        caps.append(p.max_new_tokens)
+        ep.feed(looper("".join(map(chr, p.ids)), p.seed), min(10, p.max_new_tokens), 0.01)
+    assert caps[:2] == [cfg.sampling.max_new_tokens, 4] and (ep.exit, len(ep.turns)) == ("cost_limit", 2)
+    assert ep.summary()["cost"] == ep.cost() == p0 + 20 + p1 + 8
+    assert "cost" not in free.summary()
+    starved = _cfg(prompt_price=1e6, completion_price=2e6)
+    starved.limits.max_episode_cost = p0  # the first prompt alone spends it: nothing is sent
+    ep = drive(_episode(toy_repo, starved), looper)
+    assert (ep.exit, ep.turns) == ("cost_limit", []) and "would pass the limit" in ep.detail
+    with pytest.raises(MLBenchError, match="prices that are not both 0"):
+        stage_config("agent", ["--set", "limits.max_episode_cost=1.0"])
+
+
 def test_no_turn_cap_runs_the_released_loop_and_prompt_tokens_count(toy_repo: Path, tmp_path: Path):
     """``max_turns: null`` (configs/agent/paper.yaml): the loop runs to its own end, 1 + 3 calls for each of the
     R ranked READMEs; a total-token limit counts the prompts too and sends no prompt that would pass it."""

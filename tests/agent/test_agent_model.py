@@ -40,7 +40,7 @@ def tiny_vllm(tiny_model_dir: Path):
     tiny-cpu.yaml's sampling."""
     from mlbench_kit.engine import EngineSpec, make_engine
     seed = stage_config("agent", ["--config", str(TINY)]).sampling.seed
-    engine = make_engine(EngineSpec("vllm", str(tiny_model_dir), max_model_len=4096, seed=seed))
+    engine = make_engine(EngineSpec("vllm", str(tiny_model_dir), max_model_len=4096, seed=seed, enforce_eager=True))
     yield engine
     engine.close()
 
@@ -53,7 +53,7 @@ def _envs(tmp: Path, checkout: Path) -> Path:
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 def test_the_tiny_model_runs_episodes_and_eval_scores_them(tmp_path: Path, shared: Path, tiny_model_dir: Path,
-                                                           rows_file: Path):
+                                                           rows_file: Path, trained_adapter: Path):
     out = tmp_path / "agent"
     argv = ["mlbench", "agent", "--model", tiny_model_dir, "--data", rows_file, "--tarballs", shared / "repos",
             "--config", TINY, "--out", out]
@@ -80,6 +80,24 @@ def test_the_tiny_model_runs_episodes_and_eval_scores_them(tmp_path: Path, share
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
     assert summary["metrics"]["overall"]["samples"] == 2
+
+    # one engine for the model as released and an adapter: each in a run folder of its own, the same as the
+    # run of that model alone (base: the run above; the adapter: a run with --adapter), each resumable alone
+    both, alone = tmp_path / "both", tmp_path / "alone"
+    common = ["mlbench", "agent", "--model", tiny_model_dir, "--data", rows_file, "--tarballs", shared / "repos",
+              "--config", TINY]
+    r = run_cli(*common, "--with-base", "--adapters", f"tuned={trained_adapter}", "--out", both)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stderr.count("agent: 2 rows x 2 episodes (2 this time") == 2, r.stderr[-3000:]
+    r = run_cli(*common, "--adapter", trained_adapter, "--out", alone)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert _transcripts(both / "base") == ts
+    assert _transcripts(both / "tuned") == _transcripts(alone) != ts  # the adapter was applied, to its episodes
+    for v, adapter in (("base", None), ("tuned", str(trained_adapter))):
+        assert all(g["adapter"] == adapter for g in map(json.loads, (both / v / "generations.jsonl").open()))
+    assert json.loads((both / "tuned" / "agent.json").read_text()) == json.loads((alone / "agent.json").read_text())
+    r = run_cli("mlbench", "agent", "--config", both / "tuned" / "config.yaml")
+    assert r.returncode == 0 and "(0 this time" in r.stderr, r.stderr[-3000:]
 
 
 class Killed(Exception):
@@ -283,3 +301,35 @@ def test_constrained_replies_parse_and_name_only_offered_files(tmp_path: Path, s
         turns[decoding] = [r for t in _transcripts(tmp_path / decoding).values() for r in t if "turn" in r]
     check_constrained(turns["json"])
     assert all("error" in r for r in turns["free"]) and "json_schema" not in turns["free"][0]
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+def test_tool_calls_against_a_real_vllm_server_parse_and_eval_scores_them(
+        tmp_path: Path, shared: Path, tiny_model_dir: Path, rows_file: Path, tiny_vllm_server: str):
+    """``actions: tools`` through `mlbench agent` against `vllm serve` of the tiny model (the session's server,
+    started with a tool-call parser and a chat template with tools): every turn's reply is one call of the step's
+    function (vLLM decodes a forced call to the function's parameters), every call that ended before its token cap
+    parsed (no format error), the episodes act on them, and `mlbench eval` scores the answers."""
+    out = tmp_path / "agent"
+    r = run_cli("mlbench", "agent", "--backend", "openai", "--model", "tiny", "--tokenizer", tiny_model_dir,
+                "--data", rows_file, "--tarballs", shared / "repos", "--config", TINY, "--out", out,
+                "--episodes", "3", "--max-new-tokens", "256", "--max-turns", "6",
+                "--set", "actions=tools", "--set", "openai.api=chat", "--set", f"openai.base_url={tiny_vllm_server}",
+                "--set", "limits.max_episode_tokens=1200")
+    assert r.returncode == 0, r.stderr[-3000:]
+    turns = [t for tr in _transcripts(out).values() for t in tr if "turn" in t]
+    names = {"plan": "Evaluation_task", "code_or_file": "Evaluation_readme", "read_args": "read_code",
+             "write_code": "write_code"}
+    assert all([c["name"] for c in t["tool_calls"]] == [names[t["step"]]] for t in turns), turns
+    ended = [t for t in turns if not t["truncated"]]
+    assert len(ended) >= 4 and all("error" not in t for t in ended), ended
+    assert all(t["raw"] == t["tool_calls"][0]["arguments"] for t in turns)
+    assert all(0 < t["tokens_in"] and "tokens_in_estimate" in t for t in turns)  # the server's usage, read
+    assert any(t["step"] != "plan" for t in turns)  # a step-3 call was acted on
+    gens = [json.loads(x) for x in (out / "generations.jsonl").read_text().splitlines()]
+    assert len(gens) == 2 and all(len(g["output"]) == 3 for g in gens)
+    assert all(e["exit"] in EXITS and e["exit"] != "fault" for g in gens for e in g["agent"]["episodes"])
+    r = run_cli("mlbench", "eval", "--data", rows_file, "--generations", out / "generations.jsonl", "--envs",
+                _envs(tmp_path, out / "checkouts" / REPO), "--out", tmp_path / "eval", "--no-ci", "--k", "1", "3")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads((tmp_path / "eval" / "summary.json").read_text())["metrics"]["overall"]["samples"] == 2

@@ -97,3 +97,39 @@ def test_each_bad_reply_is_a_per_sample_error_and_infer_goes_on(tmp_path: Path, 
     errors = " | ".join(x["errors"][0] for x in lines)
     assert all(why in errors for why in BAD.values()), errors
     assert len(text) < 100_000
+
+
+def test_chat_choices_are_taken_in_index_order_and_their_tokens_never_undercharged():
+    """`api: chat` took the choices in the order the server sent them (completions sorted them by ``index``), so
+    sample i could be another sample's text; and the usage's completion tokens were split over the choices rounding
+    down: 2 tokens over 3 choices charged 0 each, and an episode's token budget never ran out. Now the choices are
+    in index order on both APIs, each is charged the total over n rounded up (together never less than the server
+    counted), and a total over n times max_tokens is refused."""
+    from test_agent_config import Loopback
+
+    from mlbench_kit.engine import Endpoint, EngineSpec, GenParams, GenRequest, OpenAIEngine
+    totals: list[int] = []
+
+    def answer(body: dict) -> bytes:
+        choices = [{"index": i, "message": {"role": "assistant", "content": "abc"[i]}, "finish_reason": "stop",
+                    "logprobs": None} for i in (2, 0, 1)]
+        used = totals.pop(0)
+        return json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+                           "choices": choices, "usage": {"prompt_tokens": 1, "completion_tokens": used,
+                                                         "total_tokens": used + 1}}).encode()
+    server = Loopback(answer)
+    engine = OpenAIEngine(EngineSpec("openai", "served", endpoint=Endpoint(base_url=server.url, api="chat",
+                                                                           max_retries=0)))
+    try:
+        def sample(used: int) -> list:
+            totals.append(used)
+            request = GenRequest((), 0, messages=({"role": "user", "content": "hi"},))
+            return engine.generate([request], GenParams(max_new_tokens=8, n=3))[0]
+        got = sample(4)
+        assert [(g.text, g.n_tokens, g.fault) for g in got] == [("a", 2, None), ("b", 2, None), ("c", 2, None)]
+        assert [g.n_tokens for g in sample(2)] == [1, 1, 1]
+        assert [g.n_tokens for g in sample(0)] == [0, 0, 0]
+        assert all("token count 9" in str(g.fault) for g in sample(3 * 8 + 1))  # more than 3 choices of 8 can hold
+    finally:
+        engine.close()
+        server.close()

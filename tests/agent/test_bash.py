@@ -460,6 +460,22 @@ def test_the_episode_prompt_is_openhands_task(box):
     assert "exactly ONE bash code block" in text and "/sandbox/work/" in text
 
 
+def test_a_chat_endpoint_gets_the_conversation_as_messages(box):
+    """Each turn's prompt carries the conversation as messages (what ``openai.api: chat`` sends), the same the
+    token ids were rendered from: the task, then each reply and its feedback."""
+    sb, envs = box
+    ep = BashEpisode(ROWS[0], envs.for_repo(REPO), sb, _cfg(), 0, encode, 10**6)
+    try:
+        p = ep.prepare()
+        assert p is not None and p.messages == ep.messages and len(p.messages) == 1
+        ep.feed("no block", 3, 0.1)
+        p = ep.prepare()
+        assert p is not None and [m["role"] for m in p.messages or []] == ["user", "assistant", "user"]
+        assert json.loads(p.text) == p.messages and p.messages[1]["content"] == "no block"
+    finally:
+        ep.discard()
+
+
 @pytest.mark.integration
 def test_the_tiny_model_plays_the_bash_policy_through_the_command(tmp_path: Path, tiny_model_dir: Path):
     """`mlbench agent --policy bash` with a real (tiny, random) model on the sample: episodes run to a recorded exit,
@@ -525,6 +541,38 @@ def test_agent_runs_stand_beside_task_runs_in_the_report(box, tmp_path: Path):
     assert float(got[("3", "overall", "pass@1")]["value"]) == 0.0
     oh = got[("agent: bash", "agent", "openhands_success_rate")]
     assert float(oh["value"]) == 1.0 and oh["source"].startswith("measured under the openhands rule")
+    # report.html: each agent answer with its episode, turn by turn from the transcript (the task run's: none)
+    def page(html: Path) -> dict:
+        text = html.read_text()
+        return json.loads(text.split('<script type="application/json" id="rows">')[1].split("</script>")[0])
+    data = page(out / "report.html")
+    agent_col = [i for i, c in enumerate(data["columns"]) if c.startswith("m · agent bash")]
+    assert len(agent_col) == 1 and len(data["columns"]) == 2, data["columns"]
+    agent_col = agent_col[0]
+    for row in data["rows"]:
+        task_cell, agent_cell = row["cells"][1 - agent_col], row["cells"][agent_col]
+        assert all(a["episode"] is None for a in task_cell)
+        for a in agent_cell:
+            t = [json.loads(x) for x in (tmp_path / "agent" / "transcripts" / f"{row['github_id']}-{row['id']}" /
+                                         f"ep{a['idx']}.jsonl").read_text().splitlines()]
+            assert a["episode"]["exit"] == "submitted" and [x["reply"] for x in a["episode"]["turns"]] == \
+                [x["raw"] for x in t[:-1]]
+            assert "head -3 README.md" in a["episode"]["turns"][0]["reply"] and \
+                "<returncode>0</returncode>" in a["episode"]["turns"][0]["observation"]
+    # and the browser builds them: each episode a folded block of its turns, no console error
+    from conftest import chromium_or_skip, dump_dom
+    dom, console = dump_dom(chromium_or_skip(), (out / "report.html").as_uri(), tmp_path)
+    assert console == [] and 'data-ready="1"' in dom, console or dom[-2000:]
+    assert dom.count("episode: submitted · 3 turn(s)") == 6 and dom.count('class="observation"') == 12
+    # a transcript that is a link is not followed: that episode is not shown
+    first = tmp_path / "agent" / "transcripts" / f"{ROWS[0].github_id}-{ROWS[0].id}" / "ep0.jsonl"
+    first.rename(tmp_path / "moved.jsonl")
+    first.symlink_to(tmp_path / "moved.jsonl")
+    assert main(["report", f"m={tmp_path / 'eval-t3'}", f"m={tmp_path / 'eval-agent'}", "--reference", str(paper),
+                 "--out", str(tmp_path / "linked")]) == 0
+    shown = {(r["id"], a["idx"]): a["episode"] for r in page(tmp_path / "linked" / "report.html")["rows"]
+             for a in r["cells"][agent_col]}
+    assert shown[(ROWS[0].id, 0)] is None and shown[(ROWS[0].id, 1)] is not None
     # a report of task runs alone quotes no agent row
     assert main(["report", f"m={tmp_path / 'eval-t3'}", "--reference", str(paper), "--out", str(tmp_path / "r2")]) == 0
     assert "agent:" not in (tmp_path / "r2" / "report.md").read_text()
@@ -593,3 +641,81 @@ def test_an_episode_shows_the_model_at_most_its_token_budget_of_an_action(box, t
     head, tail = out.split("\n[... ", 1)[0], out.split(" ...]\n", 1)[1]
     assert len(head) <= 32 and len(tail) <= 32 and head.startswith("1\n2\n") and tail.endswith("399\n400\n")
     assert "cut to 4000 characters and 64 tokens" in seen[0]  # the task prompt says so
+
+
+def test_bash_gold_episodes_are_what_the_harness_sends_and_expert_iteration_keeps_them(box, tmp_path: Path,
+                                                                                     tiny_tokenizer_dir: Path):
+    """`mlbench agent --gold-episodes --policy bash`: each training row's look, write, run, submit episode, its
+    actions run in the sandbox, as SFT records whose prompts are the conversations the harness sends, token for
+    token; the records' replies walk the harness's own episodes to run.sh answers equal to the gold answers (a Bash
+    Script row at the root and in a subfolder, a Python Code row); their strict-passing episodes come back as the
+    same records through --own-episodes, and an edited conversation is refused."""
+    if box[0].engine.name != "bwrap":
+        pytest.skip("the CLI's gold episodes run in the bwrap sandbox (bash.sandbox's default); docker's layers are "
+                    "the other tests' subject")
+    from mlbench_kit.agent.run import make_encoder
+    from mlbench_kit.cli import main, stage_config
+    from mlbench_kit.hf import load_tokenizer, prompt_ids
+    from mlbench_kit.records import EvalResult, output_sha, read_prep_records
+    rows = {s.id: s for s in load_samples(SAMPLE / "samples.jsonl")}
+    train, evaluated = [rows[9001], rows[9013], rows[9016]], [rows[9002], rows[9017]]
+    assert [s.type for s in train] == ["Bash Script", "Bash Script", "Python Code"] and train[1].path != "./"
+
+    def named(path: Path, some: list[Sample]) -> Path:
+        path.write_text("".join(json.dumps({"github_id": s.github_id, "id": s.id}) + "\n" for s in some))
+        return path
+    common = ["agent", "--gold-episodes", "--policy", "bash", "--model", str(tiny_tokenizer_dir), "--data",
+              str(SAMPLE / "samples.jsonl"), "--repos-dir", str(SAMPLE / "repos"), "--envs", str(ENVS),
+              "--eval-rows", str(named(tmp_path / "eval.jsonl", evaluated)), "--rows-of",
+              str(named(tmp_path / "train.jsonl", train)), "--set", "bash.action_wall_s=20"]
+    out = tmp_path / "gold"
+    assert main([*common, "--out", str(out)]) == 0
+    recs = [r for _, r in read_prep_records(out / "sft.jsonl")]
+    stats = json.loads((out / "gold.json").read_text())
+    assert stats["turns"] == {"look": 3, "write": 3, "run": 3, "submit": 3} and stats["policy"] == "bash"
+    assert stats["run_step"] == {"exit 0": 3, "timed out": 0, "failed": 0}  # the gold answers run in the sandbox
+    assert [r.key for r in recs] == [s.key for s in train for _ in range(4)]
+    assert all(r.template == "chat" and r.prompt.startswith("<s>[INST] ") for r in recs)
+    # each later prompt holds the earlier replies and the real observations (the folder's listing, run.sh's output)
+    assert "train.py" in recs[1].prompt and "node_clf.py" in recs[5].prompt and "python - <<'PY'" in recs[9].answer
+    # the harness's own run: every conversation it sends is a record's prompt, token for token
+    tok = load_tokenizer(str(tiny_tokenizer_dir))
+    encode, _ = make_encoder(tok, "auto")
+    replies = {tuple(prompt_ids(tok, r.prompt, r.template)): r.answer for r in recs}
+
+    class Answering:
+        def generate(self, requests, params):
+            out = []
+            for r in requests:
+                assert tuple(r.token_ids) in replies, "the harness sent a conversation no gold record holds"
+                text = replies[tuple(r.token_ids)]
+                out.append([Generated(text, len(tok(text, add_special_tokens=False)["input_ids"]))])
+            return out
+
+        def close(self) -> None:
+            pass
+    cfg = stage_config("agent", ["--config", str(out / "config.yaml")])
+    cfg.episodes, cfg.bash.openhands_check = 1, False
+    run_episodes(cfg, train, {REPO: CHECKOUT}, lambda: Answering(), encode, stats["max_model_len"], tmp_path / "run",
+                 {"model": "gold", "adapter": None, "backend": "scripted"}, box=box)
+    gens = {(g["github_id"], g["id"]): g["output"][0] for g in _rows(tmp_path / "run")}
+    assert {k: v.strip() for k, v in gens.items()} == {s.key: s.output.strip() for s in train}
+    # expert iteration: the run's strictly passing episodes (here: all of them) come back as the same records
+    ok = tmp_path / "eval-ok"
+    ok.mkdir()
+    (ok / "results.jsonl").write_text("".join(json.dumps(EvalResult(
+        s.github_id, s.id, 0, s.repo, s.type, output_sha(gens[s.key]), "strict", {}, True, True,
+        passed=True).to_json()) + "\n" for s in train))
+    own = ["--own-episodes", str(tmp_path / "run"), "--own-episodes-eval", str(ok)]
+    assert main([*common, *own, "--out", str(tmp_path / "ei")]) == 0
+    ei = [r for _, r in read_prep_records(tmp_path / "ei" / "sft.jsonl")]
+    assert [(r.prompt, r.answer) for r in ei] == [(r.prompt, r.answer) for r in [*recs, *recs]]
+    assert json.loads((tmp_path / "ei" / "gold.json").read_text())["own_episodes"]["episodes"] == 3
+    # a transcript whose observation was edited no longer rebuilds the conversation the model saw: refused
+    ep0 = tmp_path / "run" / "transcripts" / f"{train[0].github_id}-{train[0].id}" / "ep0.jsonl"
+    lines = ep0.read_text().splitlines()
+    first = json.loads(lines[0])
+    first["observation"] = first["observation"].replace("train.py", "solution.py")
+    ep0.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    assert main([*common, *own, "--out", str(tmp_path / "edited")]) == 2
+    assert not (tmp_path / "edited" / "sft.jsonl").exists()

@@ -41,7 +41,7 @@ class Answering:
 
 
 def test_gold_episode_records_are_what_the_harness_sends_on_real_rows(shared: Path, tiny_tokenizer_dir: Path,
-                                                                      tmp_path: Path):
+                                                                      tmp_path: Path, capsys):
     rows = [s for s in load_samples(shared / "full.jsonl") if s.repo == REPO]
     train, evaluated = rows[:2], rows[2:4]
     train_f, eval_f = _rows_file(tmp_path / "train.jsonl", train), _rows_file(tmp_path / "eval.jsonl", evaluated)
@@ -93,6 +93,47 @@ def test_gold_episode_records_are_what_the_harness_sends_on_real_rows(shared: Pa
     ep0.symlink_to(tmp_path / "elsewhere.jsonl")
     assert main([*common, "--rows-of", str(train_f), *own, str(ok), "--out", str(tmp_path / "link")]) == 2
     assert not (tmp_path / "link" / "sft.jsonl").exists()
+    ep0.unlink()
+    (tmp_path / "elsewhere.jsonl").rename(ep0)
+    # nor a link above it, inside the run folder: the row's transcript folder, or transcripts/ itself (each led out
+    # of the run folder and was read)
+    row_dir = ep0.parent
+    for linked in (row_dir, row_dir.parent):
+        moved = tmp_path / f"moved-{linked.name}"
+        linked.rename(moved)
+        linked.symlink_to(moved, target_is_directory=True)
+        assert main([*common, "--rows-of", str(train_f), *own, str(ok), "--out", str(tmp_path / "dirlink")]) == 2
+        assert "a link (or under one)" in capsys.readouterr().err
+        assert not (tmp_path / "dirlink" / "sft.jsonl").exists()
+        linked.unlink()
+        moved.rename(linked)
+    # an eval folder without results.jsonl (a typo, the eval not run yet) is one error naming it: it read as no
+    # verdicts, and the gold records alone were written as if expert iteration had found nothing
+    empty = tmp_path / "eval-none"
+    empty.mkdir()
+    assert main([*common, "--rows-of", str(train_f), *own, str(empty), "--out", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err
+    assert f"{empty / 'results.jsonl'}: this eval folder's results.jsonl is missing" in err and "--own-episodes-eval" \
+        in err, err
+    assert not (tmp_path / "none" / "sft.jsonl").exists()
+    assert main([*common, "--rows-of", str(train_f), *own, str(ok), "--out", str(tmp_path / "again")]) == 0
     # never the evaluation rows: refused, nothing written
     assert main([*common, "--rows-of", str(eval_f), "--out", str(tmp_path / "leak")]) == 2
     assert not (tmp_path / "leak" / "sft.jsonl").exists()
+
+
+def test_rows_named_reads_prep_records_that_hold_line_separators(tmp_path: Path):
+    """`--rows-of` / `--eval-rows` name prep files, whose records hold U+2028 and U+0085 raw (prep writes with
+    ensure_ascii=False): str.splitlines() split a record there and refused the file at a line that was no line."""
+    import pytest
+
+    from mlbench_kit.agent.run import rows_named
+    from mlbench_kit.errors import MLBenchError
+    f = tmp_path / "task3.jsonl"
+    f.write_text("".join(json.dumps({"github_id": 1, "id": i, "prompt": "a\u2028b\x85c"}, ensure_ascii=False) + "\n"
+                         for i in (1, 2)), encoding="utf-8")
+    assert rows_named(f) == {(1, 1), (1, 2)}
+    f.write_text(f.read_text(encoding="utf-8") + "[" * 100_000 + "]" * 100_000 + "\n", encoding="utf-8")
+    with pytest.raises(MLBenchError, match="nested too deeply") as exc:
+        rows_named(f)
+    assert exc.value.where == f"{f}:3"

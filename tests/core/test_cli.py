@@ -290,3 +290,19 @@ def test_check_validates_a_config_without_running(tmp_path: Path, capsys) -> Non
     assert "`workers` must be at least 1" in capsys.readouterr().err and not out.exists()
     assert main(["infer", "--config", "configs/infer/tiny-cpu.yaml", "--check"]) == 2  # no model, prompts, out
     assert "missing --model" in capsys.readouterr().err
+    # `mlbench run --check` checks each stage's config the run would build, not its own options alone: eval's bad
+    # value was found only after prep and inference had run
+    run = ["run", "--model", "M", "--data", "rows.jsonl", "--out", str(out), "--eval-config", str(cfg), "--check"]
+    assert main(run) == 2
+    err = capsys.readouterr().err
+    assert "`workers` must be at least 1" in err and str(cfg) in err and not out.exists()
+    cfg.write_text("mode: strict\nworkers: 3\n")
+    assert main(run) == 0 and "run: config OK" in capsys.readouterr().err and not out.exists()
+
+
+def test_every_stage_takes_split_singular_prep_its_splits_too(tmp_path: Path, capsys) -> None:
+    """One vocabulary: `--split` is what every stage takes, so prep takes it too (beside `--splits`, which loads
+    several); before, prep refused it as ambiguous (`--splits` or `--splitter`)."""
+    out = tmp_path / "never"
+    assert main(["prep", "--data", "rows.jsonl", "--split", "test", "--out", str(out), "--check"]) == 0
+    assert "\nsplits:\n- test\n" in capsys.readouterr().out and not out.exists()

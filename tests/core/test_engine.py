@@ -95,3 +95,17 @@ def test_the_hf_engine_serves_several_adapters_one_per_request(tmp_path: Path, t
     by = {(r.seed, r.adapter): t for r, t in zip(reqs, together, strict=True)}
     assert any(by[(s, "one")] != by[(s, None)] for s in (7, 8))
     assert any(by[(s, "two")] != by[(s, "one")] for s in (7, 8))
+
+
+def test_vllm_cpu_gives_a_small_machine_s_every_core_to_the_worker(monkeypatch):
+    # vLLM kept one CPU of two for its front end, idle while the worker decoded on the other (LoRA generation of the
+    # real model 128 s; 80 s with every core to the worker)
+    from mlbench_kit import engine
+    for cpus, user, want in ((2, None, "0"), (4, None, "0"), (16, None, None), (2, "1", "1")):
+        monkeypatch.setattr(engine.os, "sched_getaffinity", lambda pid, n=cpus: set(range(n)))
+        if user is None:
+            monkeypatch.delenv("VLLM_CPU_NUM_OF_RESERVED_CPU", raising=False)
+        else:
+            monkeypatch.setenv("VLLM_CPU_NUM_OF_RESERVED_CPU", user)
+        engine.cpu_defaults()
+        assert engine.os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU") == want, (cpus, user)

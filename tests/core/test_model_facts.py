@@ -67,6 +67,33 @@ def test_model_positions_reads_configs_folders_and_says_none_when_unknown(model_
     assert model_positions(tmp_path / "missing") is None
 
 
+def test_model_positions_reads_config_json_as_data_from_a_folder_and_the_hub_cache(model_700, tmp_path) -> None:
+    # `sweep plan` asks for every model's positions; importing transformers for AutoConfig made each plan ~5 s
+    import subprocess
+    import sys
+    snapshot = tmp_path / "hub" / "models--org--m700" / "snapshots" / ("a" * 40)
+    snapshot.mkdir(parents=True)
+    blobs = tmp_path / "hub" / "models--org--m700" / "blobs"  # the hub's layout: the snapshot links to its blob
+    blobs.mkdir()
+    (blobs / "b1").write_bytes((model_700 / "config.json").read_bytes())
+    (snapshot / "config.json").symlink_to("../../blobs/b1")
+    # a snapshot linking out of its repository's folder is not read (then transformers decides, as before)
+    outside = tmp_path / "hub" / "models--org--out" / "snapshots" / ("a" * 40)
+    outside.mkdir(parents=True)
+    (outside / "config.json").symlink_to(model_700 / "config.json")
+    (tmp_path / "hub" / "models--org--out" / "refs").mkdir()
+    (tmp_path / "hub" / "models--org--out" / "refs" / "main").write_text("a" * 40)
+    (tmp_path / "hub" / "models--org--m700" / "refs").mkdir()
+    (tmp_path / "hub" / "models--org--m700" / "refs" / "main").write_text("a" * 40)
+    code = ("import sys; from mlbench_kit.hf import model_positions; "
+            f"print(model_positions({str(model_700)!r}), model_positions('org/m700', local_only=True), "
+            "model_positions('org/absent', local_only=True), 'transformers' in sys.modules); "
+            "from mlbench_kit.hf import _cached_config; print(_cached_config('org/out'))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**__import__("os").environ, "HF_HUB_CACHE": str(tmp_path / "hub")})
+    assert r.stdout.split() == ["700", "700", "None", "False", "None"], r.stdout + r.stderr
+
+
 def test_prep_train_infer_and_the_sweep_check_agree_on_a_model_s_positions(model_700, tmp_path,
                                                                              capsys) -> None:
 

@@ -4,10 +4,10 @@ from conftest import REPO_ROOT
 
 from mlbench_kit.dataset import load_samples
 from mlbench_kit.eval.checks import check_output, param_hits_compat, param_hits_strict
-from mlbench_kit.eval.metrics import paper_pass_at_k, unbiased_pass_at_k
 from mlbench_kit.eval.static_cli import check_command
 from mlbench_kit.eval.summary import gold_ceiling
 from mlbench_kit.parse import parse_benchmark, parse_fenced
+from mlbench_kit.passk import paired_difference, paper_pass_at_k, unbiased_pass_at_k
 
 REPO = REPO_ROOT / "examples" / "sample" / "repos" / "toybench"
 
@@ -94,6 +94,23 @@ def test_pass_at_k():
     assert unbiased_pass_at_k([True], 5) is None
 
 
+def test_a_paired_difference_is_over_the_rows_both_scored_and_shows_only_what_its_interval_excludes():
+    F, T = False, True
+    base = {1: [F, F, F, F], 2: [F, T, F, F], 3: [T, T, T, T], 4: [F, F, F, F], 9: [T, T, T, T]}
+    better = {1: [T, F, F, F], 2: [T, T, T, F], 3: [T, T, T, T], 4: [T, T, F, F], 8: [F, F, F, F]}  # 9, 8: one side
+    d = paired_difference(base, better, [1, 2])
+    assert d["rows"] == 4
+    assert d["pass@1"]["diff"] == 0.75 and d["pass@1"]["shown"] == "better"  # rows 1, 2, 4 each +1, row 3 0
+    assert d["pass@2"]["diff"] == 0.5  # row 2 passed at 2 already: +0
+    assert d["unbiased_pass@1"]["diff"] == round((0.25 + 0.5 + 0 + 0.5) / 4, 4)
+    assert paired_difference(better, base, [1])["pass@1"]["shown"] == "worse"
+    mixed = {1: [T, F], 2: [F, F], 3: [F, T]}  # one row up, one down: the interval holds 0
+    assert paired_difference({1: [F, F], 2: [T, F], 3: [F, T]}, mixed, [1])["pass@1"]["shown"] == "neither"
+    assert paired_difference({1: [T]}, {2: [T]}, [1]) == {
+        "rows": 0, "pass@1": {"diff": None, "ci95": (0.0, 0.0), "shown": "neither"},
+        "unbiased_pass@1": {"diff": None, "ci95": (0.0, 0.0), "shown": "neither"}}
+
+
 def test_strict_reads_each_output_once_whatever_the_number_of_arguments(monkeypatch):
     """Issue 30 item 7: 1,000 numeric arguments cost 25 s of host CPU per answer; each argument scanned every word
     of the output for number literals (arguments x words). The output is now read once, each argument looked up."""
@@ -118,3 +135,56 @@ def test_strict_reads_each_output_once_whatever_the_number_of_arguments(monkeypa
     # `--opt999 999` is the bare value of an option neither `x` nor `size` can name
     assert [k for k, ok in hits.items() if ok] == ["epochs", "learning rate", "opth"]
     assert sum(scans) <= 2 * len(output), f"{len(scans)} scans of {sum(scans)} characters"
+
+
+_PARSE_RACE = """
+import argparse, gc, sys, threading
+from mlbench_kit.eval.checks import syntax_error
+from mlbench_kit.eval.static_cli import script_options
+
+script = sys.argv[1]  # a real script's argparse options after argparse's own source: a long parse
+with open(script, "w") as f:
+    f.write(open(argparse.__file__).read() + "\\nparser = ArgumentParser()\\nparser.add_argument('--lr')\\n")
+second_parsed = threading.Event()
+errors = []
+
+class Pause:  # cyclic garbage: the collector runs its finalizer in the middle of the first thread's parse
+    def __init__(self):
+        self.me = self
+    def __del__(self):
+        second_parsed.wait(3)  # the other thread parses meanwhile, unless a lock holds it back
+
+def checked(check):
+    try:
+        if not check():
+            errors.append("misread")
+    except Exception as exc:  # a thread that raised would otherwise end unseen
+        errors.append(repr(exc))
+
+def first():
+    gc.collect()
+    Pause()
+    checked(lambda: script_options(script) is not None)
+
+def second():
+    checked(lambda: syntax_error(open(script).read(), as_shell=False) is None)
+    second_parsed.set()
+
+gc.set_threshold(1000, 1000, 1000)
+threads = [threading.Thread(target=first), threading.Thread(target=second)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(sorted(set(errors))[:3], len(errors))
+"""
+
+
+def test_the_checks_parse_valid_code_alike_on_every_scoring_thread(tmp_path):
+    """Eval scores on a thread pool; CPython 3.11's ``ast.parse`` raised SystemError for valid code when two threads
+    parsed at once and the collector ran Python code mid-parse (CI failed on one such verdict). One thread's parse is
+    paused by a finalizer while another parses: both still read the valid program."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", _PARSE_RACE, str(tmp_path / "train.py")], capture_output=True,
+                       text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split()[-1] == "0", r.stdout  # SystemError: AST constructor recursion depth mismatch, unlocked

@@ -87,6 +87,22 @@ def test_report_refuses_percentages_and_missing_runs(evals: dict[str, Path], tmp
 
 
 @pytest.mark.integration
+def test_report_against_a_baseline_pairs_the_rows_both_scored(evals: dict[str, Path], tmp_path: Path) -> None:
+    r = run_cli("mlbench", "report", f"bad={evals['b3']}", f"good={evals['a3']}", f"t1={evals['a1-s0']}",
+                "--baseline", "bad", "--out", tmp_path / "o")
+    assert r.returncode == 0, r.stderr
+    md = (tmp_path / "o" / "report.md").read_text()
+    section = md.split("## Against the baseline: bad")[1].split("\n## ")[0]
+    # every b3 answer is `ls` (fails), a3's pass but one sample's: the gain, its interval above 0, on the 53 rows
+    good = next(ln for ln in section.splitlines() if ln.startswith("| good · task 3 |"))
+    assert "| 53 | +98.1 \\[+94.3, +100.0] better |" in good and good.count("better") == 4, good  # @1, 2, 5, unbiased
+    assert "t1 ·" not in section  # task 1 has no baseline setting: not compared
+    r = run_cli("mlbench", "report", f"bad={evals['b3']}", "--baseline", "gold", "--out", tmp_path / "o2")
+    assert r.returncode == 2 and "no run named 'gold'" in r.stderr and "bad" in r.stderr
+    assert not (tmp_path / "o2").exists()
+
+
+@pytest.mark.integration
 def test_report_quotes_the_paper_rows_of_the_measured_tasks(evals: dict[str, Path], tmp_path: Path) -> None:
     paper = REPO_ROOT / "configs" / "report" / "paper-rows.yaml"
     out = tmp_path / "report"

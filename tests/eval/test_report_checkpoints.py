@@ -185,6 +185,52 @@ def test_report_html_skips_and_counts_lines_that_are_not_records(tmp_path: Path,
     assert len(answers) == len(results) and all(a["answer"] is not None for a in answers)
 
 
+def test_report_skips_lines_and_records_nested_too_deeply_and_names_a_summary_that_is(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """JSON nested 100,000 deep raises RecursionError, not ValueError: in a results.jsonl or generations line, or
+    the agent summary.json beside the generations, the report's writer ended in a traceback (after report.md was
+    written); now such a line is skipped and counted, such a summary ignored, and an eval folder's summary.json
+    nested so is one error naming it."""
+    from mlbench_kit.cli import main
+    nested = "[" * 100_000 + "]" * 100_000
+    ev, gens_dir = tmp_path / "a", tmp_path / "agent"
+    ev.mkdir()
+    gens_dir.mkdir()
+    (gens_dir / "generations.jsonl").write_text((DATA / "gens-ada3bd0.jsonl").read_text() + nested + "\n")
+    (gens_dir / "summary.json").write_text(nested)
+    summary = json.loads((DATA / "summary-ada3bd0.json").read_text())
+    summary["generations"] = str(gens_dir / "generations.jsonl")
+    (ev / "summary.json").write_text(json.dumps(summary))
+    (ev / "results.jsonl").write_text((DATA / "results-ada3bd0.jsonl").read_text() + nested + "\n")
+    out = tmp_path / "report"
+    assert main(["report", f"a={ev}", "--out", str(out)]) == 0
+    page = (out / "report.html").read_text()
+    assert "skipped 2 line(s) that are not records (1 of results.jsonl, 1 of the generations" in page
+    capsys.readouterr()
+    (ev / "summary.json").write_text(nested)
+    assert main(["report", f"a={ev}", "--out", str(out)]) == 2
+    assert f"{ev / 'summary.json'}: summary.json is not JSON (nested too deeply)" in capsys.readouterr().err
+
+
+def test_report_html_reads_no_results_jsonl_that_is_a_link_and_says_so(tmp_path: Path) -> None:
+    """A results.jsonl that is a link (here to a file outside the folder holding other verdicts) is not followed:
+    the page shows no verdicts from it and says why."""
+    from mlbench_kit.cli import main
+    ev = tmp_path / "a"
+    ev.mkdir()
+    summary = json.loads((DATA / "summary-ada3bd0.json").read_text())
+    summary["generations"] = str(DATA / "gens-ada3bd0.jsonl")
+    (ev / "summary.json").write_text(json.dumps(summary))
+    elsewhere = tmp_path / "elsewhere.jsonl"
+    elsewhere.write_text((DATA / "results-ada3bd0.jsonl").read_text())
+    (ev / "results.jsonl").symlink_to(elsewhere)
+    out = tmp_path / "report"
+    assert main(["report", f"a={ev}", "--out", str(out)]) == 0
+    page = (out / "report.html").read_text()
+    assert "a: verdicts not shown: its results.jsonl is a link or over" in page
+    assert '"passed": true' not in page and '"passed":true' not in page
+
+
 def test_an_adapter_name_the_os_refuses_is_no_checkpoint(runs: dict[str, Path], tmp_path: Path) -> None:
     from mlbench_kit.eval.report.data import load_settings
     record = tmp_path / "infer" / "sft" / "infer.json"

@@ -106,6 +106,28 @@ def test_the_learn_jobs_run_from_their_written_configs_with_their_own_resources(
     assert "#SBATCH --nodes=1" in text and "#SBATCH --gpus-per-node=2" in text and "#SBATCH --mem=4G" in text
 
 
+def test_a_learn_unit_executes_under_eval_s_time_limit(tmp_path: Path) -> None:
+    """A sweep's eval time limit (its option, or its config file's) is learn's too: the rewards are verdicts under
+    the limit the learned adapter is scored with. Before, learn ran every execution under the benchmark's default."""
+    text = LEARN_SWEEP.read_text()
+    f = tmp_path / "sweep.yaml"
+    envs = "  envs: configs/eval/sample.yaml\n"
+    f.write_text(text.replace(envs, envs + "  timeout: 45\n"))
+    by_name = checked_jobs(f)
+    assert [u.config.timeout for u in by_name["learn"].units] == [45.0]
+    assert [u.config.timeout for u in by_name["eval"].units] == [45.0] * len(by_name["eval"].units)
+    eval_cfg = tmp_path / "eval.yaml"
+    eval_cfg.write_text("timeout: 25\n")
+    f.write_text(text.replace(envs, envs + f"  config: {eval_cfg}\n"))
+    assert [u.config.timeout for u in checked_jobs(f)["learn"].units] == [25.0]
+    # without one, learn's config file keeps its own (the tiny one's 20 s); a learn section that sets another than
+    # eval's is refused at its line
+    assert [u.config.timeout for u in checked_jobs(LEARN_SWEEP)["learn"].units] == [20.0]
+    changed = text.replace(envs, envs + "  timeout: 45\n")
+    assert_plan_refuses(changed.replace("  method: rft\n", "  method: rft\n  timeout: 30\n"), "  timeout: 30",
+                        "learn's rewards would come from other timeout (30.0) than eval scores with (45.0)", tmp_path)
+
+
 def test_a_sweep_without_a_learn_section_plans_no_learn_job() -> None:
     for path in ("tiny-cpu.yaml", "paper.yaml"):
         names = list(checked_jobs(REPO_ROOT / "configs/sweeps" / path))

@@ -474,3 +474,21 @@ def test_library_warnings_go_to_the_run_s_log_not_the_terminal(tmp_path, tiny_mo
     assert [n for n in LIBRARY_NOISE if n in r.stderr + r.stdout] == [], r.stderr[-3000:]
     assert f"train: library logs in {out / 'logs' / 'train.log'}" in r.stderr
     assert "train: 1/1 steps (100%)" in r.stderr and "train: done, 1 steps" in r.stderr, r.stderr[-3000:]
+
+
+def test_a_launched_cpu_process_gets_the_cores_not_accelerates_one_thread(tmp_path, monkeypatch):
+    # accelerate launch sets OMP_NUM_THREADS=1 unless told (or --cpu): `mlbench train --nproc 1` and real.sh's LoRA
+    # trained on one of two cores (45 tok/s instead of ~100 for SmolLM2)
+    import argparse
+
+    from mlbench_kit.train.cli import launch_command
+    args = argparse.Namespace(accelerate_config=None, nproc=1, resume="auto")
+    probe = tmp_path / "probe.py"
+    probe.write_text("import torch; print(torch.get_num_threads())\n")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    cmd = launch_command(tmp_path / "c.yaml", args)
+    r = subprocess.run([*cmd[:cmd.index("-m", 3)], str(probe)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split()[-1] == str(len(os.sched_getaffinity(0))), (r.stdout, r.stderr[-1000:])
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # a value the user set is theirs: accelerate passes it on
+    assert "--num_cpu_threads_per_process" not in launch_command(tmp_path / "c.yaml", args)
