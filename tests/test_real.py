@@ -2,7 +2,7 @@
 repository, every stage of `scripts/real.sh --quick` (docs/real-model.md). It fails if any stage
 breaks: the model conversion, prep with the model's chat template, LoRA (the loss must fall), vLLM with the
 adapter, parsing, execution in the sandbox, the report. Then its agent arm, `--agent --quick`, in the same run
-folder: both policies with the real model and its LoRA, 1 row, k = 2, scored and reported."""
+folder: both policies with the real model and its LoRA, 1 row, k = 1, scored and reported."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def test_real_model_quick_run_end_to_end(quick):
 @pytest.mark.integration
 def test_real_model_agent_arm_quick_run(quick):
     """`--agent --quick` in the quick run's folder: the model, environment and test rows are reused; the ID LoRA
-    is the same finished adapter; both policies run the model as released and with its LoRA (1 row, k = 2) to a
+    is the same finished adapter; both policies run the model as released and with its LoRA (1 row, k = 1) to a
     recorded exit, `mlbench eval` scores every answer and the report is written beside the paper's agent rows."""
     from mlbench_kit.agent.episode import EXITS
     tmp_path, run, env, cmd, first = quick
@@ -102,12 +102,12 @@ def test_real_model_agent_arm_quick_run(quick):
         for v in ("base", "id-tuned"):
             gens = _jsonl(run / f"agent-{policy}" / v / "generations.jsonl")
             assert sorted((g["github_id"], g["id"]) for g in gens) == sorted((c["github_id"], c["id"]) for c in chosen)
-            assert all(len(g["output"]) == 2 and (g["adapter"] is not None) == (v == "id-tuned") for g in gens)
+            assert all(len(g["output"]) == 1 and (g["adapter"] is not None) == (v == "id-tuned") for g in gens)
             episodes = [e for g in gens for e in g["agent"]["episodes"]]
             assert all(e["exit"] in EXITS and e["exit"] != "fault" for e in episodes), episodes
             assert all(1 <= e["turns"] <= 3 and e["tokens_out"] >= 1 for e in episodes)  # --quick: 3 turns
             scored = run / "eval-compat" / f"agent-{policy}" / v
-            assert len(_jsonl(scored / "results.jsonl")) == 2  # every episode's answer has a verdict
+            assert len(_jsonl(scored / "results.jsonl")) == 1  # every episode's answer has a verdict
             summary = json.loads((scored / "summary.json").read_text())
             assert summary["metrics"]["overall"]["samples"] == 1 and not summary["faults"], summary
             assert not summary["unscored"], summary

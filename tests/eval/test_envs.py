@@ -195,11 +195,15 @@ def test_real_repository_environment_and_gold_validation(tmp_path, shared, real_
     assert "known gold defect" in (out / "validation.md").read_text()
     assert rows[[r["id"] for r in rows].index(261)]["defect"]
     assert "| External-Attention-pytorch | built | 24 |" in (out / "validation.md").read_text()
-    # eval reports Pass@k on all rows and on the gold-valid ones, naming what it excluded
-    run = tmp_path / "eval"
+    # eval reports Pass@k on all rows and on the gold-valid ones, naming what it excluded. Run on the validation's
+    # own gold run folder with its settings (validate's --cpus is 1), it resumes: the 24 verdicts are the
+    # validation's, nothing is executed a second time
+    run = out / "gold-compat"
+    capsys.readouterr()
     assert main(["eval", "--data", str(shared / "full.jsonl"), "--gold", "--envs", str(cache / "envs.yaml"),
                  "--repos", "External-Attention-pytorch", "--validation", str(out / "validation.json"),
-                 "--out", str(run), "--no-ci"]) == 0
+                 "--mode", "compat", "--cpus", "1", "--out", str(run), "--no-ci"]) == 0
+    assert "eval: executed 0 (reused 0); 0/0 new generations passed; 24 done before" in capsys.readouterr().err
     s = json.loads((run / "summary.json").read_text())
     excluded = s["gold_valid"]["excluded"].get("check", [])
     assert s["gold_valid"]["rows"] == len(checked) - 1 and len(excluded) == 24 - len(checked)
