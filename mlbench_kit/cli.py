@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -215,6 +217,17 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread is: Python's default action ends the process at once, which runs no
+    ``finally`` and leaves vLLM's engine process (and a sandbox's) running after it. A KeyboardInterrupt, so every
+    stage's Ctrl-C path (kept results, ``mlbench run``'s stage bookkeeping) is also the SIGTERM path."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the clean-up short
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``mlbench``; bad input exits with status 2 and one clear message."""
     from .progress import bars_only_on_tty
@@ -232,6 +245,11 @@ def main(argv: list[str] | None = None) -> int:
         args.stage = chosen
     else:
         args = build_parser(chosen if chosen in {st.name for st in STAGES} else "").parse_args(argv)
+    previous = signal.getsignal(signal.SIGTERM)
+    takes_term = (args.stage not in {st.name for st in STAGES} or stage(args.stage).sigterm_interrupts) \
+        and previous is signal.SIG_DFL and threading.current_thread() is threading.main_thread()
+    if takes_term:
+        signal.signal(signal.SIGTERM, _terminated)
     try:
         if cmd is not None:
             return int(cmd[1].function()(args))
@@ -243,13 +261,16 @@ def main(argv: list[str] | None = None) -> int:
     except MLBenchError as exc:
         print(f"error: {exc.render()}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        how = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
         if args.stage == "prep":  # its folder appears whole at the end, or not at all
-            print("interrupted: prep wrote nothing; re-run the same command", file=sys.stderr)
+            print(f"{how}: prep wrote nothing; re-run the same command", file=sys.stderr)
         else:
-            print("interrupted: results written so far are kept; re-run the same command to resume",
-                  file=sys.stderr)
-        return 130
+            print(f"{how}: results written so far are kept; re-run the same command to resume", file=sys.stderr)
+        return 128 + signal.SIGTERM if isinstance(exc, Terminated) else 130
+    finally:
+        if takes_term:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -415,6 +415,9 @@ class VllmEngine:
                  for o in out.outputs] for r, out in zip(requests, outs, strict=True)]
 
     def close(self) -> None:
+        # the engine process now, not when the last reference to the LLM goes: an exception's traceback (a
+        # SIGTERM or Ctrl-C raised inside generate) holds one until the process ends
+        self.llm.llm_engine.engine_core.shutdown()
         del self.llm
 
 

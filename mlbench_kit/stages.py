@@ -73,6 +73,10 @@ class Stage:
     cpu_config: str | None = None  # the one to name instead when default_config needs a GPU and there is none
     commands: tuple[Command, ...] = ()  # `mlbench STAGE COMMAND ...`: tools over the stage's outputs
     call: str | None = None  # "module:function" taking the stage's typed config (what `mlbench run` chains)
+    # SIGTERM (kill, scancel, a job's time limit) is raised as an interrupt, so the stage's `finally` blocks close
+    # its engines and sandboxes and what it wrote is kept; False: the stage handles it itself (train saves a
+    # checkpoint on it, and its launchers and learn's child stages must get it, not be killed by an exception)
+    sigterm_interrupts: bool = True
 
     def module(self) -> ModuleType:
         """The stage's entry module (imported now: the first time the stage is needed)."""
@@ -116,7 +120,7 @@ STAGES: tuple[Stage, ...] = (
                  Flag("accelerate_config", "accelerate config to launch with (configs/accelerate/*.yaml: DDP, "
                       "FSDP2, DeepSpeed ZeRO-2/3)", metavar="FILE")),
           default_config="configs/train/codellama-7b-instruct.yaml",  # the paper's main open model (the card's)
-          cpu_config="configs/train/tiny-cpu.yaml"),
+          cpu_config="configs/train/tiny-cpu.yaml", sigterm_interrupts=False),
     Stage("infer", "sample n responses per prompt (vLLM, HF or an OpenAI-compatible endpoint)",
           "mlbench_kit.infer.run", "mlbench_kit.infer_config:InferConfig", call="mlbench_kit.infer.run:infer"),
     Stage("agent", "agent episodes per row (ML-Agent, or bash actions in the sandbox) -> generations to score",
@@ -135,7 +139,7 @@ STAGES: tuple[Stage, ...] = (
           call="mlbench_kit.eval.run:score"),
     Stage("learn", "learn from execution verdicts: SFT records and pairs from verdicts (data), rejection-sampling "
           "fine-tuning (rft), DPO, GRPO with sandboxed execution rewards",
-          "mlbench_kit.learn.run", "mlbench_kit.learn_config:LearnConfig"),
+          "mlbench_kit.learn.run", "mlbench_kit.learn_config:LearnConfig", sigterm_interrupts=False),
     Stage("report", "eval runs side by side: markdown, CSV, PNG", "mlbench_kit.eval.report.cli"),
     Stage("env", "build, check and gold-validate the repositories' execution environments", "mlbench_kit.eval.envcli"),
     Stage("sweep", "plan, submit and follow a Slurm sweep (train -> infer -> eval -> report)",

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -167,6 +173,51 @@ def test_infer_is_quiet_the_engine_logs_go_to_a_file_and_verbose_shows_them(tmp_
     assert "(EngineCore" in r.stdout + r.stderr and "Starting to load model" in r.stdout + r.stderr
     assert not (loud / "logs").exists() and "\r" not in r.stderr
     assert [x["raw"] for x in _rows(loud / "task3.jsonl")] == [x["raw"] for x in _rows(out / "task3.jsonl")]
+
+
+def _session(pgid: int) -> list[str]:
+    """The command lines of the processes still in process group ``pgid``."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid:  # after the state and the parent: the process group
+                out.append((stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+    return out
+
+
+@pytest.mark.integration
+def test_sigterm_closes_the_vllm_engine_and_keeps_what_was_written(tmp_path, tiny_model_dir, real_prep):
+    """SIGTERM (kill, scancel, a job's time limit) mid-run: infer exits 143 saying the results are kept, the rows
+    written before stay, and no process of its session is left (Python's default action ended the process at
+    once and left vLLM's engine process running, with its memory: seen after `mlbench agent`)."""
+    out = tmp_path / "term"
+    cmd = [str(Path(sys.executable).with_name("mlbench")), "infer", "--model", str(tiny_model_dir), "--prompts",
+           str(real_prep), "--split", "test", "--task", "3", "--config", CFG, "--max-new-tokens", "128",
+           "--limit", "64", "--batch-size", "1", "--out", str(out)]
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        rows = out / "task3.jsonl"
+        deadline = time.monotonic() + 300
+        while not (rows.exists() and rows.read_text().count("\n") >= 1):  # a batch written: the engine is running
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 143, err[-3000:]
+        assert "terminated (SIGTERM): results written so far are kept" in err, err[-3000:]
+        kept, asked = _rows(rows), min(64, len(_rows(real_prep / "test" / "task3.jsonl")))
+        assert 1 <= len(kept) < asked and all(len(r["raw"]) == 5 for r in kept)  # whole lines, tiny-cpu's n = 5
+        deadline = time.monotonic() + 30  # the engine process is joined on close; give its exit a moment
+        while _session(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert _session(proc.pid) == []
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the old behaviour's orphans: never left running
 
 
 @pytest.mark.integration
