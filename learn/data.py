@@ -193,3 +193,31 @@ def from_verdicts(cfg: LearnConfig, generations: str | Path, results_dir: str | 
     answers = read_answers(generations, results, prompts, cfg.parser, cfg.reward.mode)
     return build(prompts, answers, include_gold=include_gold, max_per_row=max_per_row,
                  max_pairs_per_row=cfg.dpo.max_pairs_per_row, gold_as_chosen=cfg.dpo.gold_as_chosen)
+
+
+def mixed_rows(prompts: dict[Key, PrepRecord], answers: dict[Key, list[Answer]]) -> dict[Key, float]:
+    """GRPO's ``mixed`` curriculum: each training row whose scored answers hold both a pass and a fail, with its
+    pass rate. A row whose answers all pass or all fail gives a group of equal rewards, so no gradient (for a row of
+    pass rate p a group of G holds both with probability 1 - p^G - (1-p)^G); a row without verdicts is left out."""
+    rates = {}
+    for key in sorted(prompts):
+        got = answers.get(key, [])
+        passed = sum(a.passed for a in got)
+        if 0 < passed < len(got):
+            rates[key] = passed / len(got)
+    return rates
+
+
+def curriculum(cfg: LearnConfig, prompts: dict[Key, PrepRecord]) -> tuple[dict[Key, PrepRecord], list[dict[str, Any]]]:
+    """The prompts GRPO trains on (``grpo.curriculum``) and, for ``mixed``, the rows kept with their pass rates in
+    ``--generations``/``--results``. No row left is one error: nothing to learn from, say what would give some."""
+    if cfg.grpo.curriculum == "all":
+        return prompts, []
+    _, results = read_scored_folder(str(cfg.results), "--results")
+    rates = mixed_rows(prompts, read_answers(str(cfg.generations), results, prompts, cfg.parser, cfg.reward.mode))
+    if not rates:
+        raise MLBenchError(f"grpo.curriculum mixed: none of the {len(prompts)} training rows has both a passing and "
+                           "a failing answer in --results", str(cfg.results),
+                           "sample more answers per row (rft.k), or train on every row (grpo.curriculum: all)")
+    kept = [{"github_id": k[0], "id": k[1], "pass_rate": rate} for k, rate in rates.items()]
+    return {k: prompts[k] for k in rates}, kept

@@ -12,12 +12,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from mlbench_kit.config import save_resolved, to_dict
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.flags import add_options, resolve
 from mlbench_kit.io import claim_run_folder, write_json_atomic, write_jsonl_atomic
-from mlbench_kit.learn.data import LearningData, from_verdicts, training_prompts
+from mlbench_kit.learn.data import LearningData, curriculum, from_verdicts, training_prompts
 from mlbench_kit.learn_config import LearnConfig
 from mlbench_kit.progress import bars_only_on_tty
 from mlbench_kit.stages import stage
@@ -45,13 +46,21 @@ def learn(cfg: LearnConfig) -> int:
     if cfg.method in ("dpo", "grpo"):
         from mlbench_kit.learn.trl_recipes import adapter_lineage
         adapter_lineage(cfg)  # the start adapter's record is published with the result: checked before training
-    data = None
+    data: LearningData | None = None
+    kept: list[dict[str, Any]] = []
+    if cfg.method == "grpo":
+        prompts, kept = curriculum(cfg, prompts)
     if cfg.method == "data" or (cfg.method == "dpo" and cfg.generations):  # read (and checked) before writing too
         data = from_verdicts(cfg, str(cfg.generations), str(cfg.results), cfg.rft.include_gold, cfg.rft.max_per_row)
     out = Path(str(cfg.out))
     out.mkdir(parents=True, exist_ok=True)
     claim_run_folder(out / "learn.json", {k: v for k, v in to_dict(cfg).items() if k != "out"})
     save_resolved(cfg, out / "config.yaml")
+    if kept:
+        write_jsonl_atomic(out / "curriculum.jsonl", kept)
+        rates = ", ".join(f"{r['pass_rate']:.2f}" for r in kept)
+        print(f"learn: grpo.curriculum mixed: {len(kept)} training rows hold both a pass and a fail (pass rates "
+              f"{rates})", file=sys.stderr)
     if data is not None:
         write_data(out, data)
         if cfg.method == "data":

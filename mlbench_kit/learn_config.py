@@ -101,6 +101,10 @@ class GrpoConfig:
     beta: float = option(0.0, "KL penalty towards the start adapter (0: none, as DAPO and Dr. GRPO)")
     loss_type: str = option("dapo", "TRL's loss_type")
     save_steps: int = option(10, "steps between checkpoints (resume from the newest)")
+    curriculum: Literal["all", "mixed"] = option(
+        "all", "all: every training prompt; mixed: only the rows whose pass rate in --generations/--results (the "
+        "start adapter's scored samples of the training split, e.g. an rft round's) is strictly between 0 and 1, "
+        "the rows whose groups can hold both a pass and a fail (a group of equal rewards has no gradient)")
 
 
 @dataclass
@@ -126,10 +130,10 @@ class LearnConfig:
     workers: int = option(2, "executions at once", flag=True)
     timeout: float | None = option(None, "time limit per execution (default: the benchmark's)", flag=True)
     parser: Literal["compat", "fenced"] = option("compat", "code parser for the model's replies (infer's)", flag=True)
-    generations: str | None = option(None, "data: the training split's generations (`mlbench infer` task file)",
-                                     flag=True)
-    results: str | None = option(None, "data: their `mlbench eval` folder (results.jsonl), in the reward's mode",
-                                 flag=True)
+    generations: str | None = option(None, "data, dpo, grpo's mixed curriculum: the training split's generations "
+                                     "(`mlbench infer` task file)", flag=True)
+    results: str | None = option(None, "data, dpo, grpo's mixed curriculum: their `mlbench eval` folder "
+                                 "(results.jsonl), in the reward's mode", flag=True)
     out: str | None = option(None, "output folder", flag=True)
     seed: int = option(0, "training seed", flag=True)
     quantization: Literal["nf4"] | None = option(None, "dpo, grpo: nf4 loads the base in 4 bits (QLoRA)", flag=True)
@@ -169,7 +173,8 @@ class LearnConfig:
                                       "rft": ["model", "data", "envs"],
                                       "dpo": ["model", "adapter"],
                                       "grpo": ["model", "data", "envs"]}[self.method]
-        if self.method == "dpo" and self.generations is None:
+        if (self.method == "dpo" and self.generations is None) or (self.method == "grpo" and
+                                                                    self.grpo.curriculum == "mixed"):
             need += ["generations", "results"]
         missing = [f"--{k.replace('_', '-')}" for k in need if getattr(self, k) is None]
         if missing:

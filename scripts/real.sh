@@ -22,8 +22,9 @@
 #
 # --learn: the same model, environments, prep and ID LoRA (the SFT baseline), then `mlbench learn` from it on the
 # ID-train rows (configs/learn/smollm2-135m-cpu.yaml): rejection-sampling fine-tuning, DPO on the pass/fail pairs of
-# its first round's samples, GRPO with execution rewards; every adapter and the model as released sampled on the
-# test rows in one vLLM engine, executed (strict and compat) and reported beside SFT -> $RUN/learning.md.
+# its first round's samples, GRPO with execution rewards on the rows where those samples both passed and failed;
+# every adapter and the model as released sampled on the test rows in one vLLM engine, executed (strict and compat)
+# and reported beside SFT -> $RUN/learning.md.
 #
 # --agent-sft: the gold episodes of External-Attention-pytorch's ID-train rows (`mlbench agent --gold-episodes`:
 # each turn's prompt as the harness sends it, the correct JSON reply as the answer) -> a LoRA trained on them ->
@@ -333,9 +334,13 @@ if [ $LEARN = 1 ]; then
     "$BIN/mlbench" learn --method dpo "${LEARN_ARGS[@]}" "${LEARN_EXTRA[@]}" \
     --generations "$RUN/learn-rft/round-1/infer/task3.jsonl" --results "$RUN/learn-rft/round-1/eval" \
     --out "$RUN/learn-dpo"
-  # 7. GRPO: groups of samples per ID-train prompt, each rewarded by execution in the sandbox
+  # 7. GRPO: groups of samples per ID-train prompt, each rewarded by execution in the sandbox; on the rows where
+  # rft's first-round samples both passed and failed (the only groups with a gradient; --quick: every row)
+  GRPO_ROWS=(--set grpo.curriculum=mixed --generations "$RUN/learn-rft/round-1/infer/task3.jsonl"
+             --results "$RUN/learn-rft/round-1/eval")
+  [ $QUICK = 1 ] && GRPO_ROWS=()
   stage learn-grpo "learn: GRPO with execution rewards" \
-    "$BIN/mlbench" learn --method grpo "${LEARN_ARGS[@]}" "${LEARN_EXTRA[@]}" --out "$RUN/learn-grpo"
+    "$BIN/mlbench" learn --method grpo "${LEARN_ARGS[@]}" "${LEARN_EXTRA[@]}" "${GRPO_ROWS[@]}" --out "$RUN/learn-grpo"
   # 8. the model as released, SFT and every learned adapter on the test rows: one vLLM engine
   learn_infer() {
     local adapters=(sft="$SFT") m

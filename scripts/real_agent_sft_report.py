@@ -13,10 +13,7 @@ import platform
 import subprocess
 from pathlib import Path
 
-from real_report import ROOT, _ci, _json, _jsonl, _pct, stage_times, train_facts, tsv
-
-from mlbench_kit.eval.report.render import diff_cell
-from mlbench_kit.passk import paired_difference
+from real_report import PAIRED_HEAD, ROOT, _ci, _json, _jsonl, _pct, paired_row, stage_times, train_facts, tsv
 
 ARMS = (("base", "as released"), ("agent-sft", "agent-SFT LoRA (gold episodes)"),
         ("agent-ei", "agent-SFT + one expert-iteration round"))
@@ -104,17 +101,13 @@ def main() -> None:
     L += ["", "Each trained agent against its baseline on the same rows (strict), **paired**: the mean per-row "
           "difference in points with a paired bootstrap 95% interval (`mlbench report --baseline`); *better* / "
           "*worse* only when the interval excludes 0.", "",
-          "| agent | against | rows | Δ Pass@1 | Δ Pass@2 | Δ Pass@5 | Δ unbiased pass@1 |",
-          "|---|---|---|---|---|---|---|"]
+          PAIRED_HEAD[0].replace("| model |", "| agent |"), PAIRED_HEAD[1]]
     names = dict(ARMS)
     for arm, against in (("agent-sft", "base"), ("agent-ei", "base"), ("agent-ei", "agent-sft")):
-        runs = [_json(run / "eval-strict" / agent / x / "summary.json") for x in (against, arm)]
-        if None in runs:
-            continue
-        base, other = ({(p["github_id"], p["id"]): p["passed"] for p in r["per_sample"]} for r in runs)
-        d = paired_difference(base, other, [1, 2, 5])
-        L.append(f"| {names[arm]} | {names[against]} | {d['rows']} | "
-                 + " | ".join(diff_cell(d[m]) for m in ("pass@1", "pass@2", "pass@5", "unbiased_pass@1")) + " |")
+        line = paired_row(names[arm], names[against], *(_json(run / "eval-strict" / agent / x / "summary.json")
+                                                          for x in (against, arm)))
+        if line:
+            L.append(line)
     L += ["", "## Episodes", "",
           "How the episodes ended, means per episode (turns, prompt tokens summed over turns, new tokens), and the "
           "wall time of the whole `mlbench agent` run (engine start included).", "",

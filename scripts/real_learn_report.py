@@ -17,7 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from real_report import ROOT, _ci, _jsonl, stage_times, train_facts, tsv
+from real_report import PAIRED_HEAD, ROOT, _ci, _jsonl, paired_row, stage_times, train_facts, tsv
 
 VARIANTS = ("base", "sft")
 
@@ -77,6 +77,8 @@ def main() -> None:
     rft = _jsonl(run / "learn-rft" / "rounds.jsonl")
     dpo_pairs = _jsonl(run / "learn-dpo" / "pairs.jsonl")
     cfg = _json(run / "learn-grpo" / "learn.json")
+    kept = _jsonl(run / "learn-grpo" / "curriculum.jsonl")
+    rates = ", ".join(f"{r['pass_rate']:.1f}" for r in kept)
     L = [f"# Learning from execution on ML-Bench: SmolLM2-135M, the real loop's rows{' (quick)' if a.quick else ''}",
          "",
          f"Made by `bash scripts/real.sh --learn --data {a.data} --repos ../shared/mlbench/repos` on "
@@ -98,7 +100,10 @@ def main() -> None:
          f"{cfg.get('dpo', {}).get('beta', '?')};",
          f"  - grpo: {cfg.get('grpo', {}).get('max_steps', '?')} steps, groups of "
          f"{cfg.get('grpo', {}).get('num_generations', '?')} samples per ID-train prompt, each executed in the "
-         "sandbox for its reward (TRL 1.16, transformers' generate).",
+         "sandbox for its reward (TRL 1.16, transformers' generate); "
+         + (f"curriculum `mixed`: the {len(kept)} ID-train rows where rft's first-round samples both passed and "
+            f"failed (pass rates {rates})."
+            if kept else "every ID-train prompt."),
          f"- **Test sampling**: the paper's (temperature 1.0, top-p 1.0, top-k 50), n = {a.n}, every adapter and the "
          "model as released in one vLLM engine; `mlbench eval` in the bwrap sandbox, modes "
          f"{', '.join(a.modes)}.", "",
@@ -114,6 +119,14 @@ def main() -> None:
                 continue
             L.append(f"| {v} | {mode} | {_ci(m, 1)} | {_ci(m, 2)} | {_ci(m, 5)} | "
                      f"{m.get('param_hit_precision', 0):.2f} | {m.get('type_accuracy', 0):.2f} |")
+    L += ["", "Each model against SFT and the model as released on the same rows (strict), **paired**: the mean "
+          "per-row difference in points with a paired bootstrap 95% interval (`mlbench report --baseline`); "
+          "*better* / *worse* only when the interval excludes 0.", "", *PAIRED_HEAD]
+    strict = {v: _json(run / "eval-strict" / "learn" / v / "summary.json") or None for v in variants}
+    for v, against in [("sft", "base")] + [(m, b) for m in a.methods for b in ("sft", "base")]:
+        line = paired_row(v, against, strict.get(against), strict.get(v))
+        if line:
+            L.append(line)
     L += ["", "## What each method cost", "",
           "| method | executions while learning | learning wall time (s) |", "|---|---|---|"]
     for m in a.methods:

@@ -42,6 +42,23 @@ def _ci(m: dict[str, Any], k: int) -> str:
     return f"{_pct(m[f'pass@{k}'])} [{_pct(lo)}, {_pct(hi)}]" if lo is not None else _pct(m[f"pass@{k}"])
 
 
+PAIRED_HEAD = ["| model | against | rows | Δ Pass@1 | Δ Pass@2 | Δ Pass@5 | Δ unbiased pass@1 |",
+               "|---|---|---|---|---|---|---|"]
+
+
+def paired_row(name: str, against: str, base: dict[str, Any] | None, other: dict[str, Any] | None) -> str | None:
+    """One row of a paired table: ``other`` minus ``base`` (two eval summaries of the same rows) per row, with a
+    paired bootstrap 95% interval (`mlbench report --baseline`); None when either summary is missing."""
+    from mlbench_kit.eval.report.render import diff_cell
+    from mlbench_kit.passk import paired_difference
+    if base is None or other is None:
+        return None
+    a, b = ({(p["github_id"], p["id"]): p["passed"] for p in s["per_sample"]} for s in (base, other))
+    d = paired_difference(a, b, [1, 2, 5])
+    return (f"| {name} | {against} | {d['rows']} | "
+            + " | ".join(diff_cell(d[m]) for m in ("pass@1", "pass@2", "pass@5", "unbiased_pass@1")) + " |")
+
+
 def train_facts(run: Path, arm: str, task: int, folder: Path | None = None) -> dict[str, Any]:
     """Rows, steps, the mean step loss of the first and of the last epoch (the same records, in another order:
     single steps differ by which records they pack), the first and the last step's loss, and tokens/s of one

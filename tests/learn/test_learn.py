@@ -147,6 +147,40 @@ def test_a_results_folder_without_results_jsonl_is_one_error_and_nothing_is_writ
     assert json.loads((tmp_path / "o" / "data.json").read_text())["passed"] == 1
 
 
+def test_grpos_mixed_curriculum_keeps_the_rows_whose_groups_can_differ(tmp_path, capsys):
+    """Rows whose scored answers all pass or all fail give GRPO groups of equal rewards (no gradient): `mixed` keeps
+    only the rows with both, from strict verdicts on the very texts; none left is one error, nothing written."""
+    from mlbench_kit.cli import main
+    from mlbench_kit.learn.data import curriculum, training_prompts
+    prep = tmp_path / "prep"
+    _prep(prep, "id_train", [_rec(1, 1, "python a.py"), _rec(1, 2, "python b.py"), _rec(1, 3, "python c.py")])
+    _prep(prep, "test", [_rec(1, 9, "python z.py")])
+    texts = {1: ["python a.py", "python a.py --x 2", "python q.py"], 2: ["python b.py"] * 2, 3: ["python w.py"]}
+    passed = {1: [True, True, False], 2: [True, True], 3: [False]}
+    gens, scored = tmp_path / "g.jsonl", tmp_path / "eval"
+    gens.write_text("".join(json.dumps({"github_id": 1, "id": i, "raw": t}) + "\n" for i, t in texts.items()))
+    scored.mkdir()
+    (scored / "results.jsonl").write_text("".join(
+        json.dumps(replace(_verdict(j, t, passed[i][j]), id=i).to_json()) + "\n"
+        for i, ts in texts.items() for j, t in enumerate(ts)))
+    cfg = LearnConfig(method="grpo", prep_dir=str(prep), generations=str(gens), results=str(scored))
+    cfg.grpo.curriculum = "mixed"
+    kept, rates = curriculum(cfg, training_prompts(cfg))
+    assert list(kept) == [(1, 1)] and rates == [{"github_id": 1, "id": 1, "pass_rate": 2 / 3}]
+    cfg.grpo.curriculum = "all"
+    assert list(curriculum(cfg, training_prompts(cfg))[0]) == [(1, 1), (1, 2), (1, 3)]
+    args = ["learn", "--method", "grpo", "--prep-dir", str(prep), "--model", "m", "--data", str(DATA), "--envs",
+            str(ENVS), "--set", "grpo.curriculum=mixed", "--out", str(tmp_path / "o")]
+    assert main(args) == 2 and "needs --generations, --results" in capsys.readouterr().err
+    passed[1] = [False] * 3  # no row holds both any more
+    (scored / "results.jsonl").write_text("".join(
+        json.dumps(replace(_verdict(j, t, passed[i][j]), id=i).to_json()) + "\n"
+        for i, ts in texts.items() for j, t in enumerate(ts)))
+    assert main(args + ["--generations", str(gens), "--results", str(scored)]) == 2
+    assert "none of the 3 training rows has both a passing and a failing answer" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
 def test_an_rft_round_keeps_one_record_per_distinct_code_across_rounds(tmp_path):
     """Round 2 trains on every round's passing answers, distinct by whitespace-normalised code (docs/learn.md), as
     one round's are: the same command passing in rounds 1 and 2 inside other prose or fences was kept twice (the
