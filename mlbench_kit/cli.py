@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from . import __version__
-from .errors import MLBenchError
+from .errors import MLBenchError, Terminated, raise_terminated
 from .flags import add_options, check_config, extra_option, resolve
 from .stages import STAGES, Command, Stage, stage
 
@@ -217,17 +217,6 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the main thread is: Python's default action ends the process at once, which runs no
-    ``finally`` and leaves vLLM's engine process (and a sandbox's) running after it. A KeyboardInterrupt, so every
-    stage's Ctrl-C path (kept results, ``mlbench run``'s stage bookkeeping) is also the SIGTERM path."""
-
-
-def _terminated(signum: int, frame: object) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the clean-up short
-    raise Terminated
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``mlbench``; bad input exits with status 2 and one clear message."""
     from .progress import bars_only_on_tty
@@ -248,9 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.getsignal(signal.SIGTERM)
     takes_term = (args.stage not in {st.name for st in STAGES} or stage(args.stage).sigterm_interrupts) \
         and previous is signal.SIG_DFL and threading.current_thread() is threading.main_thread()
-    if takes_term:
-        signal.signal(signal.SIGTERM, _terminated)
     try:
+        if takes_term:
+            signal.signal(signal.SIGTERM, raise_terminated)
         if cmd is not None:
             return int(cmd[1].function()(args))
         if args.stage == "configs":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 from .escape import visible
 
 
@@ -17,3 +19,15 @@ class MLBenchError(Exception):
         cursor, recolour or rewrite the line, since its control characters are shown as escapes."""
         head = f"{self.where}: {self.what}" if self.where else self.what
         return visible(head + (f"\n  fix: {self.fix}" if self.fix else ""))
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread is: Python's default action ends the process at once, which runs no
+    ``finally`` and leaves vLLM's engine process (and a sandbox's) running after it. A KeyboardInterrupt, so every
+    stage's Ctrl-C path (kept results, ``mlbench run``'s stage bookkeeping) is also the SIGTERM path."""
+
+
+def raise_terminated(signum: int, frame: object) -> None:
+    """The SIGTERM handler a stage runs under (`mlbench`'s CLI installs it): raises :class:`Terminated`."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the clean-up short
+    raise Terminated

@@ -28,7 +28,7 @@ from typing import Any
 
 from .config import save_resolved, to_dict
 from .envspec import default_cache
-from .errors import MLBenchError
+from .errors import MLBenchError, Terminated, raise_terminated
 from .flags import resolve
 from .io import claim_run_folder, read_json, write_json_atomic
 from .run_config import RunConfig
@@ -151,15 +151,21 @@ def run_all(cfg: RunConfig) -> int:
     claim_run_folder(out / "run.json", identity(cfg))
     save_resolved(cfg, out / "config.yaml")  # `mlbench run --config OUT/config.yaml` resumes the run
     current = ""
-    # Ctrl-C is noted before it is raised: a library may wrap the KeyboardInterrupt it caught (transformers' lazy
-    # imports raise a RuntimeError naming it), and the run must still say what was kept
+    # Ctrl-C (and the SIGTERM the CLI raises as Terminated) is noted before it is raised: a library may wrap the
+    # KeyboardInterrupt it caught (transformers' lazy imports raise a RuntimeError naming it), and the run must
+    # still say what was kept
     signals: list[int] = []
 
     def note(signum: int, frame: Any) -> None:
         signals.append(signum)
+        if signum == signal.SIGTERM:
+            raise_terminated(signum, frame)
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGINT, note)
+    takes_term = signal.getsignal(signal.SIGTERM) is raise_terminated
+    if takes_term:
+        signal.signal(signal.SIGTERM, note)
     try:
         for key, stage_cfg in configs.items():
             current = key
@@ -171,8 +177,8 @@ def run_all(cfg: RunConfig) -> int:
             print(f"run: {shown} ...", file=sys.stderr)
             t0 = time.monotonic()
             rc = int(stage(name).entry_function()(stage_cfg))
-            if signals:  # a Ctrl-C the stage's libraries swallowed: the run stops, the stage is not taken as done
-                raise KeyboardInterrupt
+            if signals:  # a signal the stage's libraries swallowed: the run stops, the stage is not taken as done
+                raise Terminated if signal.SIGTERM in signals else KeyboardInterrupt
             if rc != 0:
                 print(f"run: {shown} exited {rc}; fix what it said and re-run the same command (finished stages "
                       "are kept)", file=sys.stderr)
@@ -191,11 +197,14 @@ def run_all(cfg: RunConfig) -> int:
         if not (isinstance(exc, KeyboardInterrupt) or signals):
             raise
         kept = ", ".join(k for k in done) or "nothing"
-        print(f"\nrun: interrupted during {current}; kept: {kept}. Re-run the same command to resume (the "
-              "interrupted stage is redone from what it wrote)", file=sys.stderr)
-        return 130
+        term = isinstance(exc, Terminated) or signal.SIGTERM in signals
+        print(f"\nrun: {'terminated (SIGTERM)' if term else 'interrupted'} during {current}; kept: {kept}. Re-run "
+              "the same command to resume (the interrupted stage is redone from what it wrote)", file=sys.stderr)
+        return 128 + signal.SIGTERM if term else 130
     finally:
         signal.signal(signal.SIGINT, previous)
+        if takes_term and signal.SIGTERM not in signals:  # after one, a second stays ignored until the CLI returns
+            signal.signal(signal.SIGTERM, raise_terminated)
     summary = summarize(cfg, out)
     write_json_atomic(out / "summary.json", summary)
     print_summary(summary)

@@ -133,3 +133,36 @@ def test_the_same_run_named_from_another_folder_is_the_same_run(tmp_path: Path, 
     assert recorded == identity(there)
     assert recorded != identity(RunConfig(model=".", data=str(DATA), envs=str(ENVS), adapters=["id=."],
                                                  mode="strict", out="x"))
+
+
+@pytest.mark.parametrize("signum, rc, said", [(signal.SIGTERM, 143, "terminated (SIGTERM) during infer"),
+                                              (signal.SIGINT, 130, "interrupted during infer")])
+def test_a_signal_a_stage_swallowed_stops_the_run_and_the_stage_is_not_done(tmp_path: Path, monkeypatch, capsys,
+                                                                             signum: int, rc: int, said: str) -> None:
+    """SIGTERM (scancel, a job's time limit) and Ctrl-C during a stage whose library caught the KeyboardInterrupt
+    and returned as if finished: the run stops with 143 or 130, and the stage is not recorded as done (a resume
+    would skip it, its output cut short)."""
+    from types import SimpleNamespace
+
+    from mlbench_kit import pipeline
+    from mlbench_kit.errors import raise_terminated
+    from mlbench_kit.run_config import RunConfig
+
+    def swallowing(cfg: object) -> int:
+        try:
+            os.kill(os.getpid(), signum)
+            time.sleep(5)  # the handler raises at once; never reached
+        except KeyboardInterrupt:
+            pass
+        return 0
+
+    monkeypatch.setattr(pipeline, "stage_configs", lambda cfg, out: {"prep": None, "infer": None})
+    monkeypatch.setattr(pipeline, "stage", lambda name: SimpleNamespace(
+        entry_function=lambda: (lambda cfg: 0) if name == "prep" else swallowing))
+    previous = signal.signal(signal.SIGTERM, raise_terminated)  # what `mlbench run`'s CLI runs it under
+    try:
+        assert pipeline.run_all(RunConfig(out=str(tmp_path / "run"))) == rc
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert said in capsys.readouterr().err
+    assert list(json.loads((tmp_path / "run" / "stages.json").read_text())) == ["prep"]

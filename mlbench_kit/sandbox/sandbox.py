@@ -458,7 +458,13 @@ class Sandbox:
             self._cleanup(scratch, jobdir, cg)
             return ExecResult(None, False, 0.0, 0, "", fault=f"SANDBOX: cannot start {argv[0]} ({exc})")
         os.close(report_w)
-        out_cap, err_cap, timed_out, duration = capture_and_wait(proc, limits, drain or inside, t0)
+        try:
+            out_cap, err_cap, timed_out, duration = capture_and_wait(proc, limits, drain or inside, t0)
+        except BaseException:  # Ctrl-C or SIGTERM mid-execution: its container, processes and cgroup go with it
+            self._kill(proc, cg, name)
+            os.close(report_r)
+            self._cleanup(scratch, jobdir, cg)
+            raise
         engine_oom = self._kill(proc, cg, name)
         log = captured(proc, out_cap, err_cap)
         raw = read_report(report_r)

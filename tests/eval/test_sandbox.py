@@ -5,6 +5,7 @@ import ctypes
 import json
 import os
 import py_compile
+import re
 import shlex
 import shutil
 import signal
@@ -139,6 +140,27 @@ def test_timeout_kills_the_whole_tree(box):
     r = run(box, f"python -c 'import time; time.sleep(60)' {marker} & sleep 60", wall_s=1.0)
     assert r.timed_out and r.exit_code is None and r.duration < 5
     assert not [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+
+
+def test_an_interrupted_execution_leaves_no_process_and_no_files(box):
+    """Ctrl-C or SIGTERM (raised as a KeyboardInterrupt) while an answer runs: its processes (a container's too)
+    are killed and its folders removed before the interrupt goes on; it used to run on to its own limit."""
+    sb, _ = box
+    marker = uuid.uuid4().hex[:8]
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 3.0)  # the main thread, where a signal's handler raises
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run(box, f"python -c 'import time; time.sleep(60)' {marker}", wall_s=60.0)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert not [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+    assert not [n for n in os.listdir(sb.root) if re.fullmatch(r"[0-9a-f]{12}(\.job)?", n)]  # scratch, job files
 
 
 def test_undrained_pipe_reproduces_the_benchmark_hole(box):

@@ -181,7 +181,8 @@ def _session(pgid: int) -> list[str]:
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid:  # after the state and the parent: the process group
+            if int(fields[2]) == pgid and fields[0] != "Z":  # the process group (after state and parent); a
+                # zombie holds no memory and waits for a reaper that a container's PID 1 may never be
                 out.append((stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
         except (OSError, IndexError, ValueError):
             continue  # gone meanwhile
@@ -197,16 +198,19 @@ def test_sigterm_closes_the_vllm_engine_and_keeps_what_was_written(tmp_path, tin
     cmd = [str(Path(sys.executable).with_name("mlbench")), "infer", "--model", str(tiny_model_dir), "--prompts",
            str(real_prep), "--split", "test", "--task", "3", "--config", CFG, "--max-new-tokens", "128",
            "--limit", "64", "--batch-size", "1", "--out", str(out)]
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    log = tmp_path / "term.stderr"  # a file, not a pipe: reading it never waits for the process
+    with log.open("w") as sink:
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"},
+                                stdout=subprocess.DEVNULL, stderr=sink, start_new_session=True)
     try:
         rows = out / "task3.jsonl"
         deadline = time.monotonic() + 300
         while not (rows.exists() and rows.read_text().count("\n") >= 1):  # a batch written: the engine is running
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
+        proc.wait(timeout=120)
+        err = log.read_text()
         assert proc.returncode == 143, err[-3000:]
         assert "terminated (SIGTERM): results written so far are kept" in err, err[-3000:]
         kept, asked = _rows(rows), min(64, len(_rows(real_prep / "test" / "task3.jsonl")))
