@@ -32,7 +32,8 @@
 # run it, submit, in the sandbox; its own --run folder) with it and as released on that repository's test rows -> `mlbench eval`
 # compat and strict. Shorter repository texts than real-cpu.yaml (README 1,500, index 300 characters, the same
 # for the gold episodes and the runs), so that training fits 2 CPU cores; 512 new tokens a turn: 3 of the 12
-# gold answers are longer than real-cpu.yaml's 256 as the step's JSON. Then one round of expert iteration: the
+# gold answers are longer than real-cpu.yaml's 256 as the step's JSON (--agent-new-tokens N: another cap; a round
+# of lockstep episodes lasts as long as its longest reply). Then one round of expert iteration: the
 # agent-SFT LoRA's own episodes on the ID-train rows (k = 5), executed strict, the passing ones' turns added to
 # the gold episodes (`--own-episodes`), a LoRA trained on both, run and executed on the test rows as above.
 #
@@ -49,9 +50,10 @@ AGENT_ROWS=0
 LEARN=0
 AGENT_SFT=0
 SFT_POLICY=ml-agent
+SFT_NEW_TOKENS=512
 TASKS="3"
 RUN=""
-usage() { echo "usage: bash scripts/real.sh [--data HUB_ID|FILE] [--repos TARBALL_DIR] [--tasks '1 2 3'] [--quick] [--agent [--agent-rows N] | --agent-sft [--agent-policy ml-agent|bash] | --learn] [--run DIR]" >&2; exit 2; }
+usage() { echo "usage: bash scripts/real.sh [--data HUB_ID|FILE] [--repos TARBALL_DIR] [--tasks '1 2 3'] [--quick] [--agent [--agent-rows N] | --agent-sft [--agent-policy ml-agent|bash] [--agent-new-tokens N] | --learn] [--run DIR]" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --data) DATA=${2:?}; shift 2;;
@@ -63,6 +65,7 @@ while [ $# -gt 0 ]; do
     --learn) LEARN=1; shift;;
     --agent-sft) AGENT=1; AGENT_SFT=1; shift;;
     --agent-policy) SFT_POLICY=${2:?}; shift 2;;
+    --agent-new-tokens) SFT_NEW_TOKENS=${2:?}; shift 2;;
     --run) RUN=${2:?}; shift 2;;
     -h|--help) sed -n 2,40p "$0"; exit 0;;
     *) echo "real: unknown option $1" >&2; usage;;
@@ -234,7 +237,7 @@ EOF
     local started=$SECONDS
     "$BIN/mlbench" agent --model "$MODEL" "$@" --data "$DATA" --split full --rows-of "$rows" \
       --repos-dir "$RUN/checkouts" --config configs/agent/real-cpu.yaml "${SFT_READ[@]}" --policy $SFT_POLICY \
-      "${SFT_ENVS[@]}" --episodes $K --max-new-tokens 512 --out "$RUN/agent-$SFT_POLICY/$name" || return 1
+      "${SFT_ENVS[@]}" --episodes $K --max-new-tokens $SFT_NEW_TOKENS --out "$RUN/agent-$SFT_POLICY/$name" || return 1
     printf '%s %s\t%s\n' $SFT_POLICY "$name" $((SECONDS - started)) >> "$RUN/agent-times.tsv"
   }
   agent_eval() {  # agent_eval NAME [MODE...]
