@@ -141,7 +141,7 @@ def stage_configs(cfg: RunConfig, out: Path) -> dict[str, Any]:
 
 def run_all(cfg: RunConfig) -> int:
     """Run every stage not finished yet, print one summary; returns the exit status (a stage's own, when one
-    fails; 130 when interrupted)."""
+    fails; 130 when interrupted, 143 on SIGTERM)."""
     out = Path(str(cfg.out))
     # every stage's config built (and checked) before any work: a bad option fails now, not after inference
     configs = stage_configs(cfg, out)
