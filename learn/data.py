@@ -185,12 +185,19 @@ def _distinct(answers: list[Answer]) -> list[Answer]:
     return out
 
 
+def scored_answers(cfg: LearnConfig, prompts: dict[Key, PrepRecord], generations: str | Path,
+                   results_dir: str | Path) -> dict[Key, list[Answer]]:
+    """Each training row's answers in ``generations`` with their verdicts from the eval folder ``results_dir``
+    (checked as :func:`read_answers` checks them, in the reward's mode)."""
+    _, results = read_scored_folder(results_dir, "--results")
+    return read_answers(generations, results, prompts, cfg.parser, cfg.reward.mode)
+
+
 def from_verdicts(cfg: LearnConfig, generations: str | Path, results_dir: str | Path, include_gold: bool,
                   max_per_row: int) -> LearningData:
     """The learning data of one scored run of the training split (the ``data`` method; every rft round)."""
     prompts = training_prompts(cfg)
-    _, results = read_scored_folder(results_dir, "--results")
-    answers = read_answers(generations, results, prompts, cfg.parser, cfg.reward.mode)
+    answers = scored_answers(cfg, prompts, generations, results_dir)
     return build(prompts, answers, include_gold=include_gold, max_per_row=max_per_row,
                  max_pairs_per_row=cfg.dpo.max_pairs_per_row, gold_as_chosen=cfg.dpo.gold_as_chosen)
 
@@ -213,8 +220,7 @@ def curriculum(cfg: LearnConfig, prompts: dict[Key, PrepRecord]) -> tuple[dict[K
     ``--generations``/``--results``. No row left is one error: nothing to learn from, say what would give some."""
     if cfg.grpo.curriculum == "all":
         return prompts, []
-    _, results = read_scored_folder(str(cfg.results), "--results")
-    rates = mixed_rows(prompts, read_answers(str(cfg.generations), results, prompts, cfg.parser, cfg.reward.mode))
+    rates = mixed_rows(prompts, scored_answers(cfg, prompts, str(cfg.generations), str(cfg.results)))
     if not rates:
         raise MLBenchError(f"grpo.curriculum mixed: none of the {len(prompts)} training rows has both a passing and "
                            "a failing answer in --results", str(cfg.results),

@@ -160,9 +160,13 @@ def test_grpos_mixed_curriculum_keeps_the_rows_whose_groups_can_differ(tmp_path,
     gens, scored = tmp_path / "g.jsonl", tmp_path / "eval"
     gens.write_text("".join(json.dumps({"github_id": 1, "id": i, "raw": t}) + "\n" for i, t in texts.items()))
     scored.mkdir()
-    (scored / "results.jsonl").write_text("".join(
-        json.dumps(replace(_verdict(j, t, passed[i][j]), id=i).to_json()) + "\n"
-        for i, ts in texts.items() for j, t in enumerate(ts)))
+
+    def score() -> None:  # the strict verdicts of `passed` on those very texts
+        (scored / "results.jsonl").write_text("".join(
+            json.dumps(replace(_verdict(j, t, passed[i][j]), id=i).to_json()) + "\n"
+            for i, ts in texts.items() for j, t in enumerate(ts)))
+
+    score()
     cfg = LearnConfig(method="grpo", prep_dir=str(prep), generations=str(gens), results=str(scored))
     cfg.grpo.curriculum = "mixed"
     kept, rates = curriculum(cfg, training_prompts(cfg))
@@ -173,9 +177,7 @@ def test_grpos_mixed_curriculum_keeps_the_rows_whose_groups_can_differ(tmp_path,
             str(ENVS), "--set", "grpo.curriculum=mixed", "--out", str(tmp_path / "o")]
     assert main(args) == 2 and "needs --generations, --results" in capsys.readouterr().err
     passed[1] = [False] * 3  # no row holds both any more
-    (scored / "results.jsonl").write_text("".join(
-        json.dumps(replace(_verdict(j, t, passed[i][j]), id=i).to_json()) + "\n"
-        for i, ts in texts.items() for j, t in enumerate(ts)))
+    score()
     assert main(args + ["--generations", str(gens), "--results", str(scored)]) == 2
     assert "none of the 3 training rows has both a passing and a failing answer" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
