@@ -34,7 +34,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from mlbench_kit.agent_config import AgentConfig
-from mlbench_kit.dataset import Sample, check_no_leak, load_samples, normalized_text, runs_as_shell
+from mlbench_kit.dataset import Sample, check_no_leak, instruction_finder, load_samples, normalized_text, runs_as_shell
 from mlbench_kit.envspec import EnvConfig
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.io import read_jsonl, write_json_atomic, write_jsonl_atomic
@@ -165,16 +165,23 @@ MAX_TRANSCRIPT_BYTES = 64 << 20  # one episode's transcript (a run folder is unt
 
 
 def own_episode_records(rows: list[Sample], run: Path, results: Path, tokenizer: Any, template: str,
-                        max_per_row: int) -> tuple[list[PrepRecord], dict[str, int]]:
+                        max_per_row: int, evaluated: list[Sample] | None = None
+                        ) -> tuple[list[PrepRecord], dict[str, int]]:
     """Expert iteration's data: the turns of an ``mlbench agent`` run's episodes (either policy) that passed in
     ``results`` (its ``mlbench eval`` folder, strict verdicts only: compat passes a process still running at the
     limit), up to ``max_per_row`` per row, distinct by their whitespace-normalised answer. Each kept turn is an SFT
     record of the prompt the model saw and the reply it gave; turns whose reply did not parse are left out. Every
-    verdict must be on a row of ``rows`` (the training rows) and on the answer its transcript submitted."""
+    verdict must be on a row of ``rows`` (the training rows) and on the answer its transcript submitted.
+
+    Against ``evaluated`` (the rows models are scored on): an episode whose submitted answer is one of theirs is
+    left out (counted; a model may write it on a training row), and a kept turn whose prompt holds one of their
+    instructions is an error (an ml-agent turn's prompt is read from the transcript as written)."""
     by_key = {s.key: s for s in rows}
+    answers = {normalized_text(s.output) for s in evaluated or []}
+    held = instruction_finder(evaluated or [])
     kept: dict[tuple[int, int], list[str]] = {}
     out: list[PrepRecord] = []
-    n = {"verdicts": 0, "passed": 0, "episodes": 0, "records": 0, "rows": 0}
+    n = {"verdicts": 0, "passed": 0, "episodes": 0, "records": 0, "rows": 0, "evaluated_answers_left_out": 0}
     results_file, verdicts = read_scored_folder(results, "--own-episodes-eval")
     for r in sorted(verdicts, key=lambda r: (r.key, r.idx)):
         where = f"{results_file} (github_id={r.github_id} id={r.id} sample {r.idx})"
@@ -203,12 +210,21 @@ def own_episode_records(rows: list[Sample], run: Path, results: Path, tokenizer:
             raise MLBenchError("the verdict is on another answer than this transcript submitted", str(path),
                                "pass the agent run folder these verdicts were scored from (--own-episodes)")
         norm = normalized_text(end["answer"])
+        if norm in answers:
+            n["evaluated_answers_left_out"] += 1
+            continue
         seen = kept.setdefault(r.key, [])
         if norm in seen or len(seen) >= max_per_row:
             continue
         seen.append(norm)
         n["episodes"] += 1
-        out += _episode_turns(by_key[r.key], lines[:-1], path, tokenizer, template)
+        turns = _episode_turns(by_key[r.key], lines[:-1], path, tokenizer, template)
+        for rec in turns:
+            hit = held(rec.prompt)
+            if hit is not None:
+                raise MLBenchError(f"a turn's prompt holds the instruction of evaluated row id {hit.id}", str(path),
+                                   "pass the transcripts `mlbench agent` wrote on the training rows, unchanged")
+        out += turns
     n["records"], n["rows"] = len(out), len(kept)
     return out, n
 
@@ -250,9 +266,9 @@ def _episode_turns(sample: Sample, turns: list[Any], path: Path, tokenizer: Any,
     return out
 
 
-def check_training_rows(cfg: AgentConfig, rows: list[Sample]) -> None:
+def check_training_rows(cfg: AgentConfig, rows: list[Sample]) -> list[Sample]:
     """Refuse any row models are scored on (``--eval-rows``), and any training row that shares an instruction or
-    an answer with them."""
+    an answer with them. Returns the evaluation rows."""
     from .run import rows_named
     if not cfg.eval_rows:
         raise MLBenchError("--gold-episodes writes training data: it needs --eval-rows, the rows models are scored "
@@ -268,6 +284,7 @@ def check_training_rows(cfg: AgentConfig, rows: list[Sample]) -> None:
         raise MLBenchError(f"{len(keys) - len(evaluated)} evaluation rows named here are not in --data, so the "
                            "leak check cannot see them", str(cfg.eval_rows), "name rows of the same data")
     check_no_leak(rows, evaluated)
+    return evaluated
 
 
 def write_gold_episodes(cfg: AgentConfig, rows: list[Sample], repos: dict[str, Path], tokenizer: Any, encode: Any,
@@ -282,7 +299,7 @@ def write_gold_episodes(cfg: AgentConfig, rows: list[Sample], repos: dict[str, P
     if cfg.actions != "text":  # a record is a prompt and a text reply; a tool call's record is not built
         raise MLBenchError("gold episodes are text turns (prompt, JSON reply); actions: tools has no such records",
                            "actions", "use actions: text with --gold-episodes")
-    check_training_rows(cfg, rows)
+    evaluated = check_training_rows(cfg, rows)
     stepped: list[tuple[str, PrepRecord]] = []
     runs: dict[str, int] | None = None
     if cfg.policy == "bash":
@@ -306,7 +323,7 @@ def write_gold_episodes(cfg: AgentConfig, rows: list[Sample], repos: dict[str, P
     own: dict[str, int] | None = None
     if cfg.own_episodes and cfg.own_episodes_eval:  # expert iteration: the model's own passing episodes too
         mine, own = own_episode_records(rows, Path(cfg.own_episodes), Path(cfg.own_episodes_eval), tokenizer,
-                                        template, cfg.own_per_row)
+                                        template, cfg.own_per_row, evaluated)
         records += mine
     stats = {"rows": len(rows), "records": len(records), "turns": steps, "template": template,
              "config_sha": cfg.sha(), "max_model_len": max_model_len,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from mlbench_kit.dataset import check_no_leak, normalized_text
+from mlbench_kit.dataset import check_no_leak, instruction_finder, normalized_text
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.io import read_jsonl
 from mlbench_kit.learn_config import LearnConfig
@@ -61,17 +61,37 @@ def training_prompts(cfg: LearnConfig) -> dict[Key, PrepRecord]:
                            f"github_id={shared[0][0]} id={shared[0][1]})", str(path),
                            "learn on a training split: never the rows models are scored on")
     check_no_leak(list(train.values()), evaluated)
-    # a training prompt may not hold an evaluated instruction, whatever its own `instruction` field says
-    held = {normalized_text(r.instruction): r for r in evaluated if r.instruction.strip()}
+    # nor train on an evaluated answer under another `output`: the leak check reads `output`, training `answer`
+    codes = _codes(evaluated, cfg.parser)
     for rec in train.values():
-        prompt = normalized_text(rec.prompt)
-        hit = next((e for text, e in held.items() if text in prompt), None)
+        if _code(rec.answer, cfg.parser) in codes:
+            raise MLBenchError(f"the answer trained on for github_id={rec.github_id} id={rec.id} is an evaluated "
+                               "row's answer", str(path), "learn on a training split only")
+    # a training prompt may not hold an evaluated instruction, whatever its own `instruction` field says
+    held = instruction_finder(evaluated)
+    for rec in train.values():
+        hit = held(rec.prompt)
         if hit is not None:
             raise MLBenchError(f"training prompt github_id={rec.github_id} id={rec.id} holds the instruction of "
                                f"evaluated row id {hit.id}", str(path), "learn on a training split only")
     if not train:
         raise MLBenchError("the training split has no prompts", str(path), "re-run `mlbench prep` for it")
     return train
+
+
+def _code(text: str, parser: str) -> str:
+    """What the leak check compares an answer by: its normalised code (the text itself where none parses)."""
+    return normalized_text(parse_response(text, parser) or text)
+
+
+def _codes(records: list[PrepRecord], parser: str) -> frozenset[str]:
+    return frozenset(c for r in records for c in (normalized_text(r.output), _code(r.answer, parser)) if c)
+
+
+def evaluated_answers(cfg: LearnConfig) -> frozenset[str]:
+    """The evaluation split's answers, normalised as the leak check compares them: an answer a model wrote on a
+    training row that equals one of them is not trained on (see :func:`build`)."""
+    return _codes([rec for _, rec in _records(cfg.eval_prompts(), cfg.task)], cfg.parser)
 
 
 def _records(path: Path, task: int) -> list[tuple[str, PrepRecord]]:
@@ -141,26 +161,39 @@ def read_answers(generations: str | Path, results: list[EvalResult], prompts: di
 
 
 def build(prompts: dict[Key, PrepRecord], answers: dict[Key, list[Answer]], *, include_gold: bool,
-          max_per_row: int, max_pairs_per_row: int, gold_as_chosen: bool) -> LearningData:
+          max_per_row: int, max_pairs_per_row: int, gold_as_chosen: bool, parser: str = "compat",
+          evaluated: frozenset[str] = frozenset()) -> LearningData:
     """SFT records (per row: the gold answer when ``include_gold``, then up to ``max_per_row`` distinct passing
     answers, distinct by their whitespace-normalised code) and pairs (distinct passing x distinct failing, in
     sample order, up to ``max_pairs_per_row``; with ``gold_as_chosen`` a row without a passing answer pairs the
-    gold answer with its failures)."""
+    gold answer with its failures).
+
+    Left out, and counted: an answer whose code is one of ``evaluated`` (the evaluation split's answers,
+    :func:`evaluated_answers`: a model may write one on a training row, and training on it would score as a leak),
+    and a failing answer whose code also passed, or is the gold answer's where the gold is chosen (its verdicts
+    disagree, or the environment fails the gold itself: a pair would teach that an answer is worse than itself)."""
     data = LearningData()
-    n = dict.fromkeys(("rows", "answers", "passed", "rows_with_pass", "rows_with_pair", "sft_passing", "sft_gold"), 0)
+    n = dict.fromkeys(("rows", "answers", "passed", "rows_with_pass", "rows_with_pair", "sft_passing", "sft_gold",
+                       "evaluated_answers_left_out", "ambiguous_failures_left_out"), 0)
     for key, rec in sorted(prompts.items()):
         got = answers.get(key, [])
         n["rows"] += 1
         n["answers"] += len(got)
-        passing = _distinct([a for a in got if a.passed])
-        failing = _distinct([a for a in got if not a.passed])
         n["passed"] += sum(a.passed for a in got)
+        kept = [a for a in got if normalized_text(a.code) not in evaluated]
+        n["evaluated_answers_left_out"] += len(got) - len(kept)
+        passing = _distinct([a for a in kept if a.passed])
+        gold = {normalized_text(rec.output), _code(rec.answer, parser)}
+        known = {normalized_text(a.code) for a in passing} or (gold if gold_as_chosen else set())
+        failing = _distinct([a for a in kept if not a.passed])
+        n["ambiguous_failures_left_out"] += sum(normalized_text(a.code) in known for a in failing)
+        failing = [a for a in failing if normalized_text(a.code) not in known]
         n["rows_with_pass"] += bool(passing)
         if include_gold:
             data.sft.append(rec)
             n["sft_gold"] += 1
         for a in passing[:max_per_row]:
-            if include_gold and normalized_text(a.code) == normalized_text(rec.answer):
+            if include_gold and normalized_text(a.code) in gold:
                 continue  # the gold answer itself, already there
             data.sft.append(replace(rec, answer=a.text))
             n["sft_passing"] += 1
@@ -199,7 +232,8 @@ def from_verdicts(cfg: LearnConfig, generations: str | Path, results_dir: str | 
     prompts = training_prompts(cfg)
     answers = scored_answers(cfg, prompts, generations, results_dir)
     return build(prompts, answers, include_gold=include_gold, max_per_row=max_per_row,
-                 max_pairs_per_row=cfg.dpo.max_pairs_per_row, gold_as_chosen=cfg.dpo.gold_as_chosen)
+                 max_pairs_per_row=cfg.dpo.max_pairs_per_row, gold_as_chosen=cfg.dpo.gold_as_chosen,
+                 parser=cfg.parser, evaluated=evaluated_answers(cfg))
 
 
 def mixed_rows(prompts: dict[Key, PrepRecord], answers: dict[Key, list[Answer]]) -> dict[Key, float]:

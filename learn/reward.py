@@ -3,14 +3,16 @@
 Each batch of answers is written as a generations file and handed to the eval stage's own entry, ``score(cfg)``,
 resolved through the stage table (:func:`mlbench_kit.stages.stage`), with an :class:`EvalConfig` loaded and checked
 like the command line's: the same parser, static checks, sandbox engines, limits and verdicts, so the reward cannot
-disagree with `mlbench eval` on any engine. Each batch's eval folder and log are kept (``OUT/rewards/batch-NNNNN/``) and
-every reward is appended to ``OUT/rewards.jsonl``: reward curves and the reward-hacking check read these files.
+disagree with `mlbench eval` on any engine. Each batch's eval folder and log are kept (``OUT/rewards/batch-NNNNN/``)
+and every reward is appended to ``OUT/rewards.jsonl`` (rank R > 0 under DDP: ``batch-NNNNN-rankR/`` and
+``rewards-rankR.jsonl``): reward curves and the reward-hacking check read these files.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import sys
 import threading
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mlbench_kit.config import load
+from mlbench_kit.dataset import normalized_text
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.eval_config import EvalConfig
 from mlbench_kit.io import write_jsonl_atomic
@@ -61,12 +64,17 @@ class ExecutionReward:
 
     __name__ = "execution"
 
-    def __init__(self, cfg: LearnConfig, out: Path) -> None:
+    def __init__(self, cfg: LearnConfig, out: Path, evaluated: frozenset[str] = frozenset()) -> None:
         self.cfg = cfg
         self.out = out
+        self.evaluated = evaluated  # the evaluation split's answers (data.evaluated_answers): never rewarded
         self.score_fn = stage("eval").module().score  # the eval stage's own entry (imported when learning runs)
-        self.log = out / "rewards.jsonl"
-        done = [int(p.name[6:]) for p in (out / "rewards").glob("batch-*") if re.fullmatch(r"batch-\d{5}", p.name)] \
+        # under DDP every process scores its own completions, in folders and a log of its own (rank 0's unsuffixed)
+        self.rank = int(os.environ.get("RANK", "0") or 0)
+        self.tag = "" if self.rank == 0 else f"-rank{self.rank}"
+        self.log = out / f"rewards{self.tag}.jsonl"
+        done = [int(m.group(1)) for p in (out / "rewards").glob("batch-*")
+                if (m := re.fullmatch(rf"batch-(\d{{5}}){re.escape(self.tag)}", p.name))] \
             if (out / "rewards").is_dir() else []
         self.calls = max(done, default=0)  # a resumed run goes on after the last batch, never into one
         self._lock = threading.Lock()
@@ -75,38 +83,48 @@ class ExecutionReward:
         """Rewards of ``texts[i]`` answering row ``keys[i]``, in order."""
         with self._lock:
             self.calls += 1
-            folder = self.out / "rewards" / f"batch-{self.calls:05d}"
+            batch = self.calls
+            folder = self.out / "rewards" / f"batch-{batch:05d}{self.tag}"
         by_row: dict[Key, list[int]] = {}
-        for i, key in enumerate(keys):
-            by_row.setdefault(key, []).append(i)
+        codes = [parse_response(t, self.cfg.parser) for t in texts]
+        skipped = {i for i, c in enumerate(codes) if normalized_text(c or "") in self.evaluated}
+        for i, key in enumerate(keys):  # an evaluated row's answer is not executed: no reward, left out
+            if i not in skipped:
+                by_row.setdefault(key, []).append(i)
         folder.mkdir(parents=True)  # a new folder: eval would resume an old batch's verdicts for new texts
         gens = folder / "generations.jsonl"
         write_jsonl_atomic(gens, [{"github_id": k[0], "id": k[1], "raw": [texts[i] for i in idx],
-                                   "output": [parse_response(texts[i], self.cfg.parser) for i in idx]}
+                                   "output": [codes[i] for i in idx]}
                                   for k, idx in by_row.items()])
-        with open(folder / "eval.log", "a", encoding="utf-8") as log, contextlib.redirect_stdout(log), \
-                contextlib.redirect_stderr(log):  # eval's own lines stay with its batch; one line per batch here
-            status = self.score_fn(eval_config(self.cfg, gens, folder / "eval"))
-        if status not in (0, 3):  # 3: some executions faulted (their answers get no reward)
-            raise MLBenchError(f"scoring the reward's batch failed (exit {status})", str(folder / "eval"))
-        verdicts = {(r.key, r.idx): r for r in read_eval_results(folder / "eval" / "results.jsonl")}
+        verdicts = self._execute(gens, folder) if by_row else {}
         rewards: list[float | None] = [None] * len(texts)
         rows = []
         for key, idx in by_row.items():
             for j, i in enumerate(idx):
                 v = verdicts.get((key, j))
-                code = parse_response(texts[i], self.cfg.parser)
-                rewards[i] = None if v is None else shaped(v, code, self.cfg.reward)
-                rows.append({"batch": self.calls, "step": step, "github_id": key[0], "id": key[1], "idx": j,
-                             "reward": rewards[i], "passed": None if v is None else v.passed,
+                rewards[i] = None if v is None else shaped(v, codes[i], self.cfg.reward)
+                rows.append({"batch": batch, "rank": self.rank, "step": step, "github_id": key[0], "id": key[1],
+                             "idx": j, "reward": rewards[i], "passed": None if v is None else v.passed,
                              "error_class": None if v is None else v.error_class,
                              "timed_out": None if v is None else v.timed_out})
+        rows += [{"batch": batch, "rank": self.rank, "step": step, "github_id": keys[i][0], "id": keys[i][1],
+                  "idx": None, "reward": None, "passed": None, "error_class": None, "timed_out": None,
+                  "evaluated_answer": True} for i in sorted(skipped)]
         with self._lock, open(self.log, "a", encoding="utf-8") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
         passed = sum(bool(r["passed"]) for r in rows)
-        print(f"learn: reward batch {self.calls}: {passed}/{len(rows)} answers passed ({self.cfg.reward.mode}), "
+        print(f"learn: reward batch {batch}{self.tag}: {passed}/{len(rows)} answers passed ({self.cfg.reward.mode}), "
               f"{sum(r['reward'] is None for r in rows)} not scored", file=sys.stderr, flush=True)
         return rewards
+
+    def _execute(self, gens: Path, folder: Path) -> dict[tuple[Key, int], EvalResult]:
+        """The batch's verdicts by (row, sample), from the eval stage's own entry."""
+        with open(folder / "eval.log", "a", encoding="utf-8") as log, contextlib.redirect_stdout(log), \
+                contextlib.redirect_stderr(log):  # eval's own lines stay with its batch; one line per batch here
+            status = self.score_fn(eval_config(self.cfg, gens, folder / "eval"))
+        if status not in (0, 3):  # 3: some executions faulted (their answers get no reward)
+            raise MLBenchError(f"scoring the reward's batch failed (exit {status})", str(folder / "eval"))
+        return {(r.key, r.idx): r for r in read_eval_results(folder / "eval" / "results.jsonl")}
 
     def __call__(self, prompts: Sequence[str], completions: Sequence[str], **kw: Any) -> list[float | None]:
         ids, gids = kw.get("id"), kw.get("github_id")

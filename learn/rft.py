@@ -41,7 +41,11 @@ def mlbench(*argv: str, log: Path) -> None:
         f.write("$ mlbench " + " ".join(argv) + "\n")
         f.flush()
         rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
-    if rc not in (0, 3):  # eval's 3: some executions faulted; their answers are no verdict and count for nothing
+    if rc == 3:  # eval's faults: answers left unscored by the environment, so the step is not done
+        raise MLBenchError("some answers were not scored: the environment or the sandbox failed, not the model",
+                           str(log), "see faults.jsonl beside the round's eval results, fix the environment "
+                           "(`mlbench env check`), then re-run the same command: the round resumes at its eval")
+    if rc != 0:
         raise MLBenchError(f"mlbench {argv[0]} failed (exit {rc})", str(log), "read the log; re-run to resume")
 
 
@@ -57,9 +61,14 @@ class RFTRecipe:
         self.cfg = cfg
         self.out = Path(str(cfg.out))
 
+    def check(self) -> None:
+        """What can be refused before anything is written or sampled: the keys ``rft.train_set`` may not set, and
+        ``rft.train_config`` (it must load, and train on a round's records alone)."""
+        self._train_config(self.out / "round-1")
+
     def setup(self) -> None:
         self.prompts = training_prompts(self.cfg)  # the leak check, before any sampling
-        self.train_set()  # a key the rounds own is refused before any sampling too
+        self.check()
         self.out.mkdir(parents=True, exist_ok=True)
 
     def steps(self, r: int, adapter: str | None) -> list[tuple[str, Callable[[Path], None]]]:
@@ -115,6 +124,10 @@ class RFTRecipe:
         """Round ``d``'s training config, resolved here and written whole as ``d/train.yaml``: the round decides
         what it trains on (its ``sft.jsonl`` alone), the model and where it writes; ``rft.train_set`` may only
         tune the training (a handed-over config cannot point it at the evaluation split or outside OUT)."""
+        save_resolved(self._train_config(d), d / "train.yaml")
+        return d / "train.yaml"
+
+    def _train_config(self, d: Path) -> TrainConfig:
         cfg = self.cfg
         over = self.train_set()
         over.update({"model": (str(cfg.model), "--model"), "data.path": (str(d / "sft.jsonl"), "rft"),
@@ -123,8 +136,7 @@ class RFTRecipe:
         if tc.data.extra:
             raise MLBenchError(f"rft.train_config trains on more files too (data.extra: {tc.data.extra})",
                                cfg.rft.train_config, "a round trains on its own records alone: remove data.extra")
-        save_resolved(tc, d / "train.yaml")
-        return d / "train.yaml"
+        return tc
 
     def train(self) -> Path:
         adapter = self.cfg.adapter

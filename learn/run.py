@@ -10,6 +10,7 @@ then per method ``sft.jsonl`` + ``pairs.jsonl`` + ``data.json`` (data), ``round-
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,9 @@ from mlbench_kit.stages import stage
 def resolve_config(args: argparse.Namespace) -> LearnConfig:
     """The run's options: ``--config`` (else the defaults), then every flag given, then ``--set``."""
     return resolve(stage("learn"), args)
+
+
+WRITE_DATA = ("sft.jsonl", "pairs.jsonl", "data.json")  # write_data's files
 
 
 def write_data(out: Path, data: LearningData) -> None:
@@ -52,10 +56,39 @@ def learn(cfg: LearnConfig) -> int:
         prompts, kept = curriculum(cfg, prompts)
     if cfg.method == "data" or (cfg.method == "dpo" and cfg.generations):  # read (and checked) before writing too
         data = from_verdicts(cfg, str(cfg.generations), str(cfg.results), cfg.rft.include_gold, cfg.rft.max_per_row)
+        if cfg.method == "dpo" and not data.pairs:
+            raise MLBenchError("no preference pairs: no training row has both a passing and a failing answer",
+                               str(cfg.results), "sample more answers per row (k), or set dpo.gold_as_chosen")
     out = Path(str(cfg.out))
+    if cfg.method == "rft":
+        from mlbench_kit.learn.rft import RFTRecipe
+        RFTRecipe(cfg).check()
+    made = not out.exists()
+    ours = [n for n in ("learn.json", "config.yaml", "curriculum.jsonl", *WRITE_DATA) if not (out / n).exists()]
     out.mkdir(parents=True, exist_ok=True)
     claim_run_folder(out / "learn.json", {k: v for k, v in to_dict(cfg).items() if k != "out"})
     save_resolved(cfg, out / "config.yaml")
+    try:
+        return _run_method(cfg, out, prompts, data, kept)
+    except BaseException:
+        if "learn.json" in ours and not _progress(out):  # refused before any step ran (a model that does not load)
+            for name in ours:  # the files this call wrote, so that the corrected command is not "other settings"
+                (out / name).unlink(missing_ok=True)
+            if made:
+                with contextlib.suppress(OSError):
+                    out.rmdir()
+        raise
+
+
+def _progress(out: Path) -> bool:
+    """Whether ``out`` holds work of a step: an rft round (its log names the failure), a trainer's checkpoint, a
+    reward batch or an adapter."""
+    return any(out.glob("round-*")) or any((out / "trainer").glob("checkpoint-*")) or (out / "rewards").exists() \
+        or (out / "adapter").exists()
+
+
+def _run_method(cfg: LearnConfig, out: Path, prompts: dict, data: LearningData | None,
+                kept: list[dict[str, Any]]) -> int:
     if kept:
         write_jsonl_atomic(out / "curriculum.jsonl", kept)
         rates = ", ".join(f"{r['pass_rate']:.2f}" for r in kept)

@@ -20,6 +20,7 @@ from mlbench_kit.learn_config import LearnConfig
 from mlbench_kit.progress import Progress
 from mlbench_kit.records import PrepRecord
 
+from .data import evaluated_answers
 from .reward import ExecutionReward
 
 
@@ -176,7 +177,7 @@ class GRPORecipe:
                           temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                           max_completion_length=s.max_new_tokens, save_steps=g.save_steps, use_vllm=False,
                           log_completions=False)
-        self.reward = ExecutionReward(cfg, self.out)
+        self.reward = ExecutionReward(cfg, self.out, evaluated_answers(cfg))
         self.trainer = GRPOTrainer(model=load_policy(cfg), reward_funcs=[self.reward], args=args,
                                    train_dataset=Dataset.from_list(rows), processing_class=tok,
                                    callbacks=[progress_callback("grpo")])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import re
 import shlex
+import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -244,8 +245,21 @@ def prefix_exports(prefix_code: str) -> tuple[tuple[str, str], ...]:
 
 
 def normalized_text(text: str) -> str:
-    """Whitespace- and case-normalised text: what the leak check compares."""
+    """Whitespace-, case- and Unicode-normalised text (NFKC, invisible format characters such as zero-width spaces
+    dropped): what the leak check compares, so a fullwidth or zero-width variant of a test row is the row."""
+    text = "".join(c for c in unicodedata.normalize("NFKC", text) if unicodedata.category(c) != "Cf")
     return re.sub(r"\s+", " ", text.strip().lower())
+
+
+def instruction_finder(evaluated: Sequence[Any]) -> Any:
+    """A function of a text returning the first of ``evaluated`` (rows with ``instruction``) whose normalised
+    instruction it holds, else None: a training prompt may not carry an evaluated instruction under any field."""
+    held = {normalized_text(r.instruction): r for r in evaluated if r.instruction.strip()}
+
+    def find(text: str) -> Any:
+        norm = normalized_text(text)
+        return next((r for instruction, r in held.items() if instruction in norm), None)
+    return find
 
 
 def check_no_leak(train: Sequence[Any], test: Sequence[Any]) -> None:

@@ -37,17 +37,30 @@ def executions(run: Path, method: str) -> int:
     d = run / f"learn-{method}"
     if method == "rft":
         return sum(r.get("answers", 0) for r in _jsonl(d / "rounds.jsonl"))
-    if method == "grpo":
-        return len(_jsonl(d / "rewards.jsonl"))
+    if method == "grpo":  # every process's lines; an evaluated row's answer is not executed
+        return sum(not r.get("evaluated_answer") for r in _rewards(d))
     return 0  # dpo reads rft's first-round verdicts: no execution of its own
 
 
+def _rewards(d: Path) -> list[dict[str, Any]]:
+    """GRPO's reward lines, every process's (``rewards.jsonl``, ``rewards-rankR.jsonl``)."""
+    return [r for f in sorted(d.glob("rewards*.jsonl")) for r in _jsonl(f)]
+
+
 def grpo_curve(run: Path) -> list[str]:
-    """Mean reward and pass rate per GRPO step, from its rewards.jsonl."""
+    """Mean reward and pass rate per GRPO step, from its rewards.jsonl: per step and process the last batch (a
+    resumed run replays the steps after its checkpoint; the replaced batches still count as executions)."""
+    batches: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for r in _rewards(run / "learn-grpo"):
+        batches[(r.get("rank", 0), r.get("batch"))].append(r)
+    last = {}
+    for (rank, b), rs in sorted(batches.items(), key=lambda x: (x[0][0], x[0][1] or 0)):
+        step = rs[0].get("step")
+        last[(b if step is None else step, rank)] = rs
     by_step: dict[Any, list[dict[str, Any]]] = defaultdict(list)
-    for r in _jsonl(run / "learn-grpo" / "rewards.jsonl"):
-        by_step[r.get("batch")].append(r)
-    out = ["| batch (step) | answers | mean reward | passed | faults |", "|---|---|---|---|---|"]
+    for (step, _), rs in last.items():
+        by_step[step] += rs
+    out = ["| step | answers | mean reward | passed | faults |", "|---|---|---|---|---|"]
     for b, rs in sorted(by_step.items()):
         vals = [r["reward"] for r in rs if r.get("reward") is not None]
         out.append(f"| {b} | {len(rs)} | {sum(vals) / max(1, len(vals)):.2f} | {sum(bool(r.get('passed')) for r in rs)}"
@@ -135,7 +148,8 @@ def main() -> None:
           "| round | answers | passed | rows with a pass | SFT records |", "|---|---|---|---|---|"]
     L += [f"| {r['round']} | {r['answers']} | {r['passed']} | {r['rows_with_pass']}/{r['rows']} | "
           f"{r.get('sft_records', '–')} |" for r in rft]
-    L += ["", "GRPO's reward curve (one batch per optimizer step; reward = the strict verdict):", "", *grpo_curve(run)]
+    L += ["", "GRPO's reward curve (per optimizer step, the last batch of each process; reward = the strict "
+          "verdict):", "", *grpo_curve(run)]
     L += ["", "## Reward hacking check", "",
           "Answers that compat passes only because they were still running at the time limit (strict fails them):",
           "", "| model | compat passes at the limit | compat passes |", "|---|---|---|"]

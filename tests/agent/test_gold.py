@@ -117,6 +117,24 @@ def test_gold_episode_records_are_what_the_harness_sends_on_real_rows(shared: Pa
         in err, err
     assert not (tmp_path / "none" / "sft.jsonl").exists()
     assert main([*common, "--rows-of", str(train_f), *own, str(ok), "--out", str(tmp_path / "again")]) == 0
+    # an own episode is checked against the evaluation rows too: an ml-agent turn's prompt is read as the transcript
+    # wrote it, so one holding an evaluated instruction is refused; an episode submitting an evaluated row's answer
+    # is left out, counted (both were kept)
+    lines = ep0.read_text().splitlines()
+    turn = json.loads(lines[0])
+    turn["prompt"] += "\n" + evaluated[0].instruction
+    ep0.write_text("\n".join([json.dumps(turn), *lines[1:]]) + "\n")
+    assert main([*common, "--rows-of", str(train_f), *own, str(ok), "--out", str(tmp_path / "smuggled")]) == 2
+    assert f"holds the instruction of evaluated row id {evaluated[0].id}" in capsys.readouterr().err
+    assert not (tmp_path / "smuggled" / "sft.jsonl").exists()
+    end = json.loads(lines[-1])
+    end["end"]["answer"] = evaluated[0].output
+    ep0.write_text("\n".join([*lines[:-1], json.dumps(end)]) + "\n")
+    as_eval = verdicts(tmp_path / "eval-as-eval", "strict", [True, False], [evaluated[0].output, train[1].output])
+    assert main([*common, "--rows-of", str(train_f), *own, str(as_eval), "--out", str(tmp_path / "as-eval")]) == 0
+    got = json.loads((tmp_path / "as-eval" / "gold.json").read_text())["own_episodes"]
+    assert got["episodes"] == 0 and got["evaluated_answers_left_out"] == 1
+    ep0.write_text("\n".join(lines) + "\n")
     # never the evaluation rows: refused, nothing written
     assert main([*common, "--rows-of", str(eval_f), "--out", str(tmp_path / "leak")]) == 2
     assert not (tmp_path / "leak" / "sft.jsonl").exists()

@@ -94,6 +94,77 @@ def test_learning_refuses_a_training_split_that_leaks_into_the_evaluation_split(
     assert r.returncode == 2 and "in the evaluation split" in r.stderr and not (tmp_path / "o").exists()
 
 
+def test_no_evaluated_answer_is_trained_on_and_no_pair_contradicts_a_verdict(tmp_path):
+    """What is trained on is checked, not only prep's `output`: a sampled answer equal to an evaluated row's answer
+    is left out (the leak check read `output`, training `answer`); a failing answer whose code also passed, or is
+    the chosen gold's, makes no pair (gold was preferred to itself); a passing gold answer is kept once when the
+    prep answer is fenced; zero-width and fullwidth variants of an evaluated row are that row."""
+    from mlbench_kit.dataset import check_no_leak
+    from mlbench_kit.learn.data import Answer, build, training_prompts
+    fenced = replace(_rec(1, 2, "```bash\npython b.py\n```"), output="python b.py")
+    prompts = {(1, 1): _rec(1, 1, "python a.py"), (1, 2): fenced, (1, 3): _rec(1, 3, "python c.py")}
+    answers = {(1, 1): [Answer(0, "python test.py", "python test.py", True),  # an evaluated row's answer
+                        Answer(1, "python a.py --x 2", "python a.py --x 2", True),
+                        Answer(2, "python a.py --x 2", "python a.py --x 2", False, "E5"),  # passed too: no pair
+                        Answer(3, "python test.py", "python test.py", False, "E5")],
+               (1, 2): [Answer(0, "python b.py", "python b.py", True)],  # the gold code itself
+               (1, 3): [Answer(0, "python c.py", "python c.py", False, "E5"),  # the gold, failing (a timeout)
+                        Answer(1, "python d.py", "python d.py", False, "E5")]}
+    data = build(prompts, answers, include_gold=True, max_per_row=4, max_pairs_per_row=4, gold_as_chosen=True,
+                 evaluated=frozenset({"python test.py"}))
+    assert [(r.key, r.answer) for r in data.sft] == [((1, 1), "python a.py"), ((1, 1), "python a.py --x 2"),
+                                                     ((1, 2), fenced.answer), ((1, 3), "python c.py")]
+    assert not [p for p in data.pairs if p["id"] == 1] and all("test.py" not in p["chosen"] + p["rejected"]
+                                                               for p in data.pairs)
+    assert [(p["id"], p["chosen"], p["rejected"]) for p in data.pairs] == [(3, "python c.py", "python d.py")]
+    assert data.stats["evaluated_answers_left_out"] == 2 and data.stats["ambiguous_failures_left_out"] == 2
+    # a prep record trained on an evaluated answer under another `output`: refused before anything
+    _prep(tmp_path, "test", [_rec(1, 9, "python c.py", "Train a GAT on cora")])
+    _prep(tmp_path, "id_train", [replace(_rec(1, 1, "```bash\npython  C.py\n```"), output="python a.py")])
+    with pytest.raises(MLBenchError, match="is an evaluated row's answer"):
+        training_prompts(LearnConfig(prep_dir=str(tmp_path)))
+    evaluated = [_rec(1, 9, "python c.py", "Train a GAT on cora")]
+    for variant in ("Train a GAT\u200b on cora", "Ｔｒａｉｎ a GAT on cora"):
+        with pytest.raises(MLBenchError, match="test instruction"):
+            check_no_leak([_rec(1, 1, "python a.py", variant)], evaluated)
+
+
+def test_a_refused_learning_run_writes_nothing_and_the_corrected_command_runs(tmp_path, capsys, monkeypatch):
+    """rft's training settings, a DPO without pairs and a model that does not load were refused after the run
+    folder was claimed: config.yaml and learn.json stayed, and the corrected command was then refused as "other
+    settings". An eval whose executions faulted ended an rft step as done, its answers never scored."""
+    from mlbench_kit.cli import main
+    from mlbench_kit.learn import rft
+    prep = tmp_path / "prep"
+    _prep(prep, "id_train", [_rec(1, 1, "python a.py")])
+    _prep(prep, "test", [_rec(1, 3, "python c.py")])
+    out = tmp_path / "o"
+    base = ["learn", "--prep-dir", str(prep), "--data", str(DATA), "--envs", str(ENVS), "--out", str(out)]
+    assert main([*base, "--method", "rft", "--model", "m", "--set", 'rft.train_set=["data.path=/etc/passwd"]']) == 2
+    assert "rft.train_set may not set data.path" in capsys.readouterr().err and not out.exists()
+    gens, scored = tmp_path / "g.jsonl", tmp_path / "eval"
+    gens.write_text(json.dumps({"github_id": 1, "id": 1, "raw": ["python z.py"]}) + "\n")
+    scored.mkdir()
+    (scored / "results.jsonl").write_text(json.dumps(_verdict(0, "python z.py", True).to_json()) + "\n")
+    (tmp_path / "sft").mkdir()  # a start adapter (its record is read before training)
+    dpo = [*base, "--method", "dpo", "--adapter", str(tmp_path / "sft"), "--generations", str(gens), "--results",
+           str(scored)]
+    assert main([*dpo, "--model", "m"]) == 2  # one answer, passing: no pair
+    assert "no preference pairs" in capsys.readouterr().err and not out.exists()
+    (scored / "results.jsonl").write_text(json.dumps(_verdict(0, "python z.py", False).to_json()) + "\n")
+    assert main([*dpo, "--model", str(tmp_path / "no-model"), "--set", "dpo.gold_as_chosen=true"]) == 2
+    assert "no-model" in capsys.readouterr().err and not out.exists()  # the pair (gold, z.py) built, no model
+    out.mkdir()  # a folder the user made stays, with nothing of the refused run in it
+    assert main([*dpo, "--model", str(tmp_path / "no-model"), "--set", "dpo.gold_as_chosen=true"]) == 2
+    assert out.is_dir() and not list(out.iterdir())
+    from mlbench_kit.learn.run import _progress  # what a refusal never removes: a step's work, to resume from
+    (out / "trainer" / "checkpoint-2").mkdir(parents=True)  # where TRL's trainers save
+    assert _progress(out)
+    monkeypatch.setattr(rft.subprocess, "run", lambda *a, **k: type("Done", (), {"returncode": 3})())
+    with pytest.raises(MLBenchError, match="not scored: the environment or the sandbox failed"):
+        rft.mlbench("eval", log=tmp_path / "eval.log")
+
+
 def _verdict(idx: int, code: str, passed: bool, **kw) -> EvalResult:
     return EvalResult(1, 1, idx, "r", "Bash Script", kw.pop("sha", output_sha(code)), kw.pop("mode", "strict"), {},
                       True, True, passed=passed, **kw)
@@ -252,6 +323,40 @@ def test_an_rft_round_trains_on_its_own_records_alone(tmp_path):
     cfg.rft.train_config = str(extra)
     with pytest.raises(MLBenchError, match="trains on more files too"):
         RFTRecipe(cfg).train_config(d)
+
+
+def test_each_ddp_process_scores_in_its_own_batches_and_the_curve_counts_a_replayed_step_once(tmp_path,
+                                                                                                monkeypatch):
+    """Under DDP every process scores its own completions: each counted batches from the same folder and made the
+    same batch-N (a FileExistsError on the second), appending to one log. A completion that is an evaluated row's
+    answer is not executed and earns no reward. A resumed GRPO replays the steps after its checkpoint: the reward
+    curve showed both batches of such a step."""
+    import sys
+
+    from mlbench_kit.learn.reward import ExecutionReward
+    (tmp_path / "rewards" / "batch-00003").mkdir(parents=True)
+    (tmp_path / "rewards" / "batch-00005-rank1").mkdir()
+    monkeypatch.setenv("RANK", "1")
+    other = ExecutionReward(LearnConfig(), tmp_path, frozenset({"python test.py"}))
+    monkeypatch.setenv("RANK", "0")
+    first = ExecutionReward(LearnConfig(), tmp_path)
+    assert (first.calls, other.calls) == (3, 5)
+    assert other.score([(1, 1), (1, 2)], ["```bash\npython  test.py\n```", "python TEST.py"], step=7) == [None, None]
+    assert (tmp_path / "rewards" / "batch-00006-rank1").is_dir() and not (tmp_path / "rewards.jsonl").exists()
+    logged = [json.loads(x) for x in (tmp_path / "rewards-rank1.jsonl").read_text().splitlines()]
+    assert [(r["batch"], r["rank"], r["step"], r["id"], r["evaluated_answer"]) for r in logged] == \
+        [(6, 1, 7, 1, True), (6, 1, 7, 2, True)]
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "scripts"))
+    sys.modules.pop("real_learn_report", None)
+    from real_learn_report import executions, grpo_curve
+    d = tmp_path / "run" / "learn-grpo"
+    d.mkdir(parents=True)
+    for name, rank, lines in (("rewards.jsonl", 0, [(1, 0, 1.0), (2, 1, 0.0), (3, 1, 1.0)]),  # 3 replays step 1
+                              ("rewards-rank1.jsonl", 1, [(1, 0, 0.0), (2, 1, 0.0)])):
+        (d / name).write_text("".join(json.dumps({"batch": b, "rank": rank, "step": st, "reward": r,
+                                                  "passed": r == 1.0}) + "\n" for b, st, r in lines))
+    assert grpo_curve(tmp_path / "run")[2:] == ["| 0 | 2 | 0.50 | 1 | 0 |", "| 1 | 2 | 0.50 | 1 | 0 |"]
+    assert executions(tmp_path / "run", "grpo") == 5  # the replaced batch ran too
 
 
 def test_a_shaped_reward_adds_its_named_partial_credits_to_the_strict_verdict():
