@@ -41,6 +41,7 @@ from mlbench_kit.engine import (
     backend,
     context_length,
     reply_fault,
+    serving_dtype,
 )
 from mlbench_kit.engine import make_engine as build_engine
 from mlbench_kit.envspec import EnvConfig
@@ -154,18 +155,24 @@ def make_encoder(tokenizer: Any, template: str) -> tuple[Any, str]:
     return encode, "chat" if chat else "plain"
 
 
-def make_engine(cfg: AgentConfig, tokenizer: Any, max_model_len: int,
-                adapters: dict[str, str] | None = None) -> Engine:
-    """The engine of ``cfg.backend`` with ``adapters`` (engine name -> folder; default: ``cfg.adapter``, if any,
-    under the name ``adapter``) loaded once."""
+def engine_spec(cfg: AgentConfig, max_model_len: int, adapters: dict[str, str] | None = None) -> EngineSpec:
+    """What the agent's engine is built from: ``adapters`` (engine name -> folder; default: ``cfg.adapter``, if any,
+    under the name ``adapter``) loaded once, in the precision they were trained in (infer's rule)."""
     o = cfg.openai
     if adapters is None:
         adapters = {"adapter": cfg.adapter} if cfg.adapter else {}
-    return build_engine(EngineSpec(cfg.backend, str(cfg.model), cfg.tokenizer, max_model_len, cfg.sampling.seed,
-                                   adapters, gpu_memory_utilization=cfg.gpu_memory_utilization,
-                                   enforce_eager=cfg.enforce_eager,
-                                   endpoint=Endpoint(o.base_url, o.api, o.api_key_env, o.max_retries, 0,
-                                                     o.concurrency, o.timeout_s)), tokenizer)
+    dtype = serving_dtype("auto", list(adapters.values()), "--adapter") if backend(cfg.backend).adapter_folders \
+        else "auto"
+    return EngineSpec(cfg.backend, str(cfg.model), cfg.tokenizer, max_model_len, cfg.sampling.seed, adapters,
+                      dtype=dtype, gpu_memory_utilization=cfg.gpu_memory_utilization, enforce_eager=cfg.enforce_eager,
+                      endpoint=Endpoint(o.base_url, o.api, o.api_key_env, o.max_retries, 0, o.concurrency,
+                                        o.timeout_s))
+
+
+def make_engine(cfg: AgentConfig, tokenizer: Any, max_model_len: int,
+                adapters: dict[str, str] | None = None) -> Engine:
+    """The engine of ``cfg.backend`` (:func:`engine_spec`)."""
+    return build_engine(engine_spec(cfg, max_model_len, adapters), tokenizer)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from mlbench_kit.config import rename_old_keys, save_resolved
 from mlbench_kit.engine import (
@@ -28,13 +28,13 @@ from mlbench_kit.engine import (
     adapter_targets,
     backend,
     make_engine,
+    serving_dtype,
 )
 from mlbench_kit.engine import context_length as engine_context
 from mlbench_kit.errors import MLBenchError
 from mlbench_kit.escape import visible
 from mlbench_kit.flags import resolve
 from mlbench_kit.hf import (
-    TRAIN_META,
     check_model_available,
     load_tokenizer,
     model_positions,
@@ -81,22 +81,9 @@ def check_lengths(items: list[PromptItem], cfg: InferConfig, max_model_len: int)
 
 
 def engine_dtype(cfg: InferConfig, adapters: list[str]) -> Dtype:
-    """auto: the precision the adapters were trained in (bf16 stays bf16: vLLM's own auto serves Llama-2 in fp16),
-    else the model config's. One engine has one dtype, so adapters trained in different precisions need
-    ``--dtype``."""
-    if cfg.dtype != "auto" or not adapters:
-        return cfg.dtype
-    import json
-    found: dict[str, Dtype] = {}
-    for adapter in adapters:
-        meta = Path(adapter) / TRAIN_META
-        precision = json.loads(meta.read_text()).get("precision") if meta.is_file() else ""
-        found[adapter] = "bfloat16" if precision == "bf16" else "float16" if precision == "fp16" else "auto"
-    if len(set(found.values())) > 1:
-        listed = ", ".join(f"{a}: {d}" for a, d in found.items())
-        raise MLBenchError(f"the adapters were trained in different precisions ({listed}); one engine serves them "
-                           "all in one dtype", "--adapters", "pass --dtype bfloat16 (or float16), or run them apart")
-    return next(iter(found.values()))
+    """The engine's dtype for ``adapters`` (:func:`mlbench_kit.engine.serving_dtype`: auto is their training
+    precision)."""
+    return cast(Dtype, serving_dtype(cfg.dtype, adapters, "--adapters"))
 
 
 def make_backend(cfg: InferConfig, tokenizer: Any, max_model_len: int, adapters: dict[str, str]) -> Engine:

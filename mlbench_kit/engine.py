@@ -268,6 +268,31 @@ def lora_rank(adapters: dict[str, str], max_lora_rank: int | None) -> int | None
     return next((r for r in VLLM_LORA_RANKS if r >= top), top)
 
 
+TRAINED_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # train's precision -> vLLM's dtype
+
+
+def serving_dtype(configured: str, adapters: list[str], where: str) -> str:
+    """An engine's dtype: the configured one, else (``auto``) the precision the adapters were trained in, read from
+    each adapter's ``mlbench_train.json`` (bf16 stays bf16: vLLM's own auto serves Llama-2 in fp16; fp32 stays fp32:
+    vLLM's auto serves a float32 model in bf16 on CPU, 2.3x slower where the CPU has no bf16 instructions), else
+    vLLM's auto. One engine has one dtype, so adapters trained in different precisions are an error at ``where``."""
+    if configured != "auto" or not adapters:
+        return configured
+    from .hf import TRAIN_META
+    from .io import read_json
+    found: dict[str, str] = {}
+    for adapter in adapters:
+        meta = Path(adapter) / TRAIN_META
+        record = read_json(meta) if meta.is_file() else {}
+        precision = record.get("precision") if isinstance(record, dict) else None
+        found[adapter] = TRAINED_DTYPES.get(precision, "auto") if isinstance(precision, str) else "auto"
+    if len(set(found.values())) > 1:
+        listed = ", ".join(f"{a}: {d}" for a, d in found.items())
+        raise MLBenchError(f"the adapters were trained in different precisions ({listed}); one engine serves them "
+                           "all in one dtype", where, "pass --dtype bfloat16 (or float16), or run them apart")
+    return next(iter(found.values()))
+
+
 def context_length(configured: int | None, positions: int | None, wanted: int, where: str) -> int:
     """An engine's ``max_model_len`` (prompt + new tokens per sequence): the configured one, else ``wanted``;
     never above the model's positions (vLLM refuses more, e.g. Llama-2's 4,096): a configured one above is an

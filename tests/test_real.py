@@ -32,7 +32,7 @@ def quick(tmp_path_factory, shared, real_env_cache):
     env.update(MLBENCH_CACHE=str(real_env_cache), NLTK_DATA=str(shared / "nltk_data"))
     cmd = ["bash", "scripts/real.sh", "--quick", "--data", str(shared / "full.jsonl"), "--repos", str(shared / "repos"),
            "--run", str(run)]
-    return tmp_path, run, env, cmd, run_session(cmd, timeout=1500, cwd=REPO_ROOT, env=env)
+    return tmp_path, run, env, cmd, run_session(cmd, timeout=2700, cwd=REPO_ROOT, env=env)
 
 
 @pytest.mark.integration
@@ -88,7 +88,7 @@ def test_real_model_agent_arm_quick_run(quick):
     kept = ("train-id-task3/adapter/adapter_model.safetensors", "train-id-task3/metrics.jsonl",
             "report-compat/report.md", "real-model.md")  # the quick run's adapter, its training and its reports
     before = {f: (run / f).read_bytes() for f in kept}
-    r = run_session([*cmd, "--agent"], timeout=1500, cwd=REPO_ROOT, env=env)
+    r = run_session([*cmd, "--agent"], timeout=2700, cwd=REPO_ROOT, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("real [")]
     assert [ln.split("]")[0] for ln in lines] == [f"real [{i}/7" for i in range(1, 8)]
