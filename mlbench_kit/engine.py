@@ -274,7 +274,7 @@ TRAINED_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # t
 def serving_dtype(configured: str, adapters: list[str], where: str) -> str:
     """An engine's dtype: the configured one, else (``auto``) the precision the adapters were trained in, read from
     each adapter's ``mlbench_train.json`` (bf16 stays bf16: vLLM's own auto serves Llama-2 in fp16; fp32 stays fp32:
-    vLLM's auto serves a float32 model in bf16 on CPU, 2.3x slower where the CPU has no bf16 instructions), else
+    vLLM's auto serves a float32 model in bf16 on CPU, slower where the CPU has no bf16 instructions), else
     vLLM's auto. One engine has one dtype, so adapters trained in different precisions are an error at ``where``."""
     if configured != "auto" or not adapters:
         return configured

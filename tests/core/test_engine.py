@@ -48,8 +48,8 @@ def _trained(root: Path, name: str, precision: object) -> str:
 
 def test_one_dtype_rule_the_adapters_training_precision_for_infer_and_the_agent(tmp_path: Path):
     """auto serves adapters in the precision they were trained in (fp32 too: vLLM's own auto served a CPU-trained
-    adapter in bf16, 2.3x slower on this CPU), in infer's engine and the agent's alike; a configured dtype wins;
-    adapters of two precisions are one error; no record, or a foreign one, is vLLM's auto."""
+    adapter in bf16, slower on a CPU without bf16 instructions), in infer's engine and the agent's alike; a
+    configured dtype wins; adapters of two precisions are one error; no record, or a foreign one, is vLLM's auto."""
     from mlbench_kit.agent.run import engine_spec
     from mlbench_kit.infer.run import engine_dtype
     fp32, bf16 = _trained(tmp_path, "fp32", "fp32"), _trained(tmp_path, "bf16", "bf16")
