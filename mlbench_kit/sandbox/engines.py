@@ -13,7 +13,9 @@ engine can run on this host at all is :mod:`.probe`'s question.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -66,7 +68,8 @@ class Engine(Protocol):
     #               container's stderr is the runner's alone (the report, then a layer's files: copy_layer)
     copy_layer: bool  # keeps Job.layer without a stage script: the runner applies it and sends the changes back
     cgroup_evidence: bool  # its container's /sys/fs/cgroup is the container's own (docker): the runner reads the
-    #                        kernel's count of refused forks there (pids.events), the process limit's evidence
+    #                        kernel's count of refused forks there (pids.events), the process limit's evidence,
+    #                        and of OOMs while the answer ran (memory.events, v1 memory.oom_control)
     uid_per_execution: str  # when each execution runs as a uid of its own, so per-user kernel quotas are its own:
     #                         "always" (docker: it copies every file it writes, so no file's owner ties it to the
     #                         run's uid), "idmap" (staged as root: the stage script binds the lower layer idmapped
@@ -162,10 +165,23 @@ class Docker:
     def stop(self, name: str, proc: subprocess.Popen, cg: cgroups.ExecCgroup | None) -> bool:
         # started without --rm: the container's own OOM record is read before it is removed (the runner may be
         # the one killed, and then no report tells it); the container outlives a killed CLI, so it is always removed
-        r = subprocess.run(["docker", "inspect", "--format", "{{.State.OOMKilled}}", name], capture_output=True,
-                           text=True)
-        subprocess.run(["docker", "rm", "-f", name], capture_output=True)  # (docker rm has no -t)
-        return r.returncode == 0 and r.stdout.strip() == "true"
+        oom = self.oom_killed(name, patient=proc.poll() == 128 + signal.SIGKILL)
+        subprocess.run([self.name, "rm", "-f", name], capture_output=True)  # (docker rm has no -t)
+        return oom
+
+    def oom_killed(self, name: str, patient: bool, wait_s: float = 3.0) -> bool:
+        """The daemon's ``State.OOMKilled`` for container ``name``. dockerd sets it when it handles the OOM event,
+        which may come after the exit it reported; ``patient`` (the runner, PID 1, died of SIGKILL: nothing inside
+        may signal it, so the kernel's OOM killer did) waits up to ``wait_s`` for a record still false."""
+        deadline = time.monotonic() + (wait_s if patient else 0.0)
+        while True:
+            r = subprocess.run([self.name, "inspect", "--format", "{{.State.OOMKilled}}", name],
+                               capture_output=True, text=True)
+            if r.returncode == 0 and r.stdout.strip() == "true":
+                return True
+            if r.returncode != 0 or time.monotonic() >= deadline:
+                return False
+            time.sleep(0.2)
 
 
 class Podman(Docker):

@@ -226,6 +226,22 @@ def _at_size(paths: list, size: int, max_entries: int = 20000) -> bool:
     return False
 
 
+def _oom_count() -> int | None:
+    """The OOM situations the container's memory controller counted so far ("oom" and "oom_kill" of
+    memory.events on cgroup v2, "oom_kill" of memory.oom_control on v1), None if unreadable. The kernel's own
+    count: the daemon's OOMKilled flag comes from an event it handles asynchronously, and under load Docker
+    reported a container that had an OOM kill as not OOM-killed."""
+    for path, keys in (("/sys/fs/cgroup/memory.events", ("oom", "oom_kill")),
+                       ("/sys/fs/cgroup/memory/memory.oom_control", ("oom_kill",))):
+        try:
+            with open(path, encoding="ascii") as fh:
+                counts = dict(line.split(" ", 1) for line in fh.read(4096).splitlines() if " " in line)
+            return max(int(counts.get(k, 0)) for k in keys)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
 def _pids_max():
     """Forks the container's pids controller refused ("max" of pids.events, cgroup v2 or v1), None if unreadable."""
     for path in ("/sys/fs/cgroup/pids.events", "/sys/fs/cgroup/pids/pids.events"):
@@ -247,8 +263,13 @@ def _evidence(report: dict, spec: dict) -> None:
     fsize = spec.get("rlimits", {}).get("RLIMIT_FSIZE")
     probes = [("survivors", lambda: len(_alive())), ("full", lambda: _full(writable)),
               ("at_fsize", lambda: bool(fsize) and _at_size(writable, fsize))]
-    if spec.get("cgroup_evidence"):  # a container whose /sys/fs/cgroup is its own (docker): the kernel's count
-        probes.append(("pids_max", _pids_max))
+    if spec.get("cgroup_evidence"):  # a container whose /sys/fs/cgroup is its own (docker): the kernel's counts
+        before = report.pop("oom_before", None)  # an OOM of the runner's own set-up is not the answer's
+
+        def oom():
+            now = _oom_count()
+            return None if before is None or now is None else now - before
+        probes = [("oom", oom), *probes, ("pids_max", _pids_max)]  # the count first: the probes allocate
     for key, probe in probes:
         try:
             report[key] = probe()
@@ -486,6 +507,8 @@ def main() -> int:
         limit = spec.get("cpu_limit_s")
         if limit:
             signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])  # unblocked in the child
+        if spec.get("cgroup_evidence"):
+            report["oom_before"] = _oom_count()
         pid = _oom_fork(oom_fd)
         if pid == 0:
             os.close(errr)

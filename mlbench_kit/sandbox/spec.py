@@ -128,7 +128,7 @@ class RunnerSpec:
     layer_in: str | None = None  # an earlier execution's layer, applied over the copy (copy_layer engines)
     layer_out: LayerOut | None = None  # send the copy's changes back as a tar ahead of the report
     undrained_stdout: bool = False  # reproduce the benchmark's undrained stdout inside (relaying engines)
-    cgroup_evidence: bool = False  # the container's /sys/fs/cgroup is its own: read the kernel's refused forks
+    cgroup_evidence: bool = False  # the container's /sys/fs/cgroup is its own: read the kernel's refused forks, OOMs
     report_alone: bool = False  # the report's stream is the runner's alone; the answer's output is drained here
     log_bytes: int = 65536  # with report_alone: the head and tail of the output relayed, in bytes
 

@@ -89,6 +89,9 @@ def _limit_hit(rep: dict, code: object, sig: object, limits: Limits) -> str | No
     a shell's exit status for it) backed by evidence of the limit (a file at the size limit; CPU seconds at the
     CPU limit, from the rusage of everything the child waited for). A status or a signal alone proves nothing:
     any program may ``exit 153`` or send itself SIGXFSZ."""
+    oom = rep.get("oom")  # docker: OOMs its memory controller counted while the answer ran (the kernel's count)
+    if isinstance(oom, int) and not isinstance(oom, bool) and oom > 0:
+        return "memory"
     if (sig == signal.SIGXFSZ or code == 128 + signal.SIGXFSZ) and rep.get("at_fsize") is True:
         return "fsize"
     if cpu_limit_hit(code, sig, rep.get("cpu_s"), limits):

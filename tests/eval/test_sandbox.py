@@ -628,6 +628,33 @@ def test_what_the_runner_is_told_comes_from_the_engines_declaration(tmp_path, mo
     assert set(sent) == {f for f in RunnerSpec.__dataclass_fields__} and sent["argv"] == list(docker.argv)
 
 
+def test_docker_s_oom_record_is_awaited_only_where_the_runner_died_of_sigkill(tmp_path):
+    """dockerd sets ``State.OOMKilled`` when it handles the OOM event, which may come after the exit it reported
+    (in CI a report came back with the answer killed and the record still false). Where the runner, PID 1, died of
+    SIGKILL, only the OOM killer can have done it: the record is read again until true or 3 s have passed; any
+    other exit reads it once, and a container the daemon does not know is no OOM."""
+    calls, cli = tmp_path / "calls", tmp_path / "moby"
+    # the daemon's record turns true on the third read
+    cli.write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\n[ \"$1\" = rm ] && exit 0\n[ \"$4\" = gone ] && exit 1\n"
+                   f"[ $(grep -c inspect {calls}) -ge 3 ] && echo true || echo false\n")
+    cli.chmod(0o755)
+
+    class Moby(Docker):
+        name = str(cli)
+
+    def reads(name: str, patient: bool) -> tuple[bool, int]:
+        calls.write_text("")
+        return Moby().oom_killed(name, patient), calls.read_text().count("inspect")
+
+    assert reads("c1", patient=True) == (True, 3)
+    assert reads("c1", patient=False) == (False, 1)
+    assert reads("gone", patient=True) == (False, 1)
+    calls.write_text("")
+    cli_exit = subprocess.Popen(["sh", "-c", "exit 137"])  # docker run's exit for a container whose PID 1 was killed
+    cli_exit.wait()
+    assert Moby().stop("c1", cli_exit, None) and calls.read_text().splitlines()[-1] == "rm -f c1"
+
+
 @pytest.mark.user
 def test_the_stage_script_idmaps_the_lower_layer_and_shares_quotas_by_who_runs_it(tmp_path):
     """As root with the execution's own uid: the lower layer bound through idmap.py from the run's ids to the
