@@ -24,7 +24,8 @@
 # ID-train rows (configs/learn/smollm2-135m-cpu.yaml): rejection-sampling fine-tuning, DPO on the pass/fail pairs of
 # its first round's samples, GRPO with execution rewards on the rows where those samples both passed and failed;
 # every adapter and the model as released sampled on the test rows in one vLLM engine, executed (strict and compat)
-# and reported beside SFT -> $RUN/learning.md.
+# and reported beside SFT -> $RUN/learning.md. --learn-test-repos 'REPO ...' or all: the test repositories sampled
+# (default External-Attention-pytorch, 12 of the 34 test rows; all: about an hour more on 2 cores).
 #
 # --agent-sft: the gold episodes of External-Attention-pytorch's ID-train rows (`mlbench agent --gold-episodes`:
 # each turn's prompt as the harness sends it, the correct JSON reply as the answer) -> a LoRA trained on them ->
@@ -51,9 +52,10 @@ LEARN=0
 AGENT_SFT=0
 SFT_POLICY=ml-agent
 SFT_NEW_TOKENS=512
+LEARN_REPOS=External-Attention-pytorch
 TASKS="3"
 RUN=""
-usage() { echo "usage: bash scripts/real.sh [--data HUB_ID|FILE] [--repos TARBALL_DIR] [--tasks '1 2 3'] [--quick] [--agent [--agent-rows N] | --agent-sft [--agent-policy ml-agent|bash] [--agent-new-tokens N] | --learn] [--run DIR]" >&2; exit 2; }
+usage() { echo "usage: bash scripts/real.sh [--data HUB_ID|FILE] [--repos TARBALL_DIR] [--tasks '1 2 3'] [--quick] [--agent [--agent-rows N] | --agent-sft [--agent-policy ml-agent|bash] [--agent-new-tokens N] | --learn [--learn-test-repos 'REPO ...'|all]] [--run DIR]" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --data) DATA=${2:?}; shift 2;;
@@ -63,6 +65,7 @@ while [ $# -gt 0 ]; do
     --agent) AGENT=1; shift;;
     --agent-rows) AGENT_ROWS=${2:?}; shift 2;;
     --learn) LEARN=1; shift;;
+    --learn-test-repos) LEARN_REPOS=${2:?}; shift 2;;
     --agent-sft) AGENT=1; AGENT_SFT=1; shift;;
     --agent-policy) SFT_POLICY=${2:?}; shift 2;;
     --agent-new-tokens) SFT_NEW_TOKENS=${2:?}; shift 2;;
@@ -75,6 +78,27 @@ done
 case $SFT_POLICY in ml-agent|bash) ;; *) echo "real: --agent-policy takes ml-agent or bash, got '$SFT_POLICY'" >&2; exit 2;; esac
 for t in $TASKS; do case $t in 1|2|3) ;; *) echo "real: --tasks takes 1, 2 and 3, got '$t'" >&2; exit 2;; esac; done
 case $AGENT_ROWS in ''|*[!0-9]*) echo "real: --agent-rows takes a number of rows per repository, got '$AGENT_ROWS'" >&2; exit 2;; esac
+# --learn: the test repositories every model is sampled on; recorded in the run folder, which holds one choice
+ALL_TEST_REPOS=(External-Attention-pytorch PyTorch-GAN Time-Series-Library)
+[ $QUICK = 1 ] && ALL_TEST_REPOS=(External-Attention-pytorch)
+[ "$LEARN_REPOS" = all ] && LEARN_REPOS="${ALL_TEST_REPOS[*]}"
+read -r -a LEARN_TEST_REPOS <<< "$LEARN_REPOS"
+for r in "${LEARN_TEST_REPOS[@]}"; do
+  case " ${ALL_TEST_REPOS[*]} " in *" $r "*) ;;
+    *) echo "real: --learn-test-repos: '$r' is not a test repository of this run (${ALL_TEST_REPOS[*]}, or all)" >&2
+       exit 2;; esac
+done
+[ ${#LEARN_TEST_REPOS[@]} -gt 0 ] || { echo "real: --learn-test-repos names no repository" >&2; exit 2; }
+if [ $LEARN = 1 ]; then
+  LEARN_RUN=${RUN:-runs/real}; [ $QUICK = 1 ] && LEARN_RUN=${RUN:-runs/real-quick}
+  if [ -f "$LEARN_RUN/learn-test-repos" ] && [ "$(cat "$LEARN_RUN/learn-test-repos")" != "${LEARN_TEST_REPOS[*]}" ]; then
+    echo "real: $LEARN_RUN sampled the test rows of $(cat "$LEARN_RUN/learn-test-repos"); for" \
+         "${LEARN_TEST_REPOS[*]} pass --run DIR, or keep its learned adapters and remove its samples and their" \
+         "verdicts first: rm -r $LEARN_RUN/done/learn-{infer,eval,report} $LEARN_RUN/learn-infer $LEARN_RUN/eval-*/learn" \
+         "$LEARN_RUN/learn-test-repos" >&2
+    exit 2
+  fi
+fi
 if [ -n "$REPOS" ] && [ ! -d "$REPOS" ]; then
   echo "real: --repos $REPOS: no such folder (it holds <repo>.tar.gz checkouts, e.g. ../shared/mlbench/repos)" >&2
   exit 2
@@ -98,7 +122,7 @@ if [ $QUICK = 1 ]; then
   TRAIN_EXTRA=(--epochs 2)
 else
   RUN=${RUN:-runs/real}
-  TEST_REPOS=(External-Attention-pytorch PyTorch-GAN Time-Series-Library)
+  TEST_REPOS=("${ALL_TEST_REPOS[@]}")
   OOD_REPOS=(esm learning3d muzic pytorch-image-models); ARMS=(id ood)
   TEST_FRACTION=0.5; N=5; NEW_TOKENS=256; MODES=(compat strict)
   TRAIN_EXTRA=()
@@ -123,9 +147,9 @@ fi
 if [ $LEARN = 1 ]; then  # the ID LoRA is the SFT baseline every method starts from
   ARMS=(id); TASKS=3; STAGES=(model envs prep train-id learn-rft learn-dpo learn-grpo learn-infer learn-eval learn-report)
   TRAIN_STAGE=train-id; METHODS=(rft dpo grpo); LEARN_EXTRA=()
-  # the test rows every model is sampled on: the repository whose rows the SFT adapter passes (all its Pass@5 in
-  # the real loop came from them); LoRA decoding on 2 CPU cores makes all 34 rows x 5 models about an hour more
-  LEARN_TEST_REPOS=(External-Attention-pytorch)
+  # the test rows every model is sampled on (--learn-test-repos): by default the repository whose rows the SFT
+  # adapter passes (all its Pass@5 in the real loop came from them); all 34 rows x 5 models take about an hour more
+  # of LoRA decoding on 2 CPU cores
   [ $QUICK = 1 ] && LEARN_EXTRA=(--rounds 1 --k 2 --max-steps 2 --set dpo.max_steps=2)
 fi
 if [ $AGENT_SFT = 1 ]; then  # the two policies' --agent-sft runs write the same folders: one policy a run folder
@@ -349,6 +373,7 @@ if [ $LEARN = 1 ]; then
     local adapters=(sft="$SFT") m
     for m in "${METHODS[@]}"; do adapters+=("$m=$RUN/learn-$m/adapter"); done
     mkdir -p "$RUN/learn-test/test"
+    echo "${LEARN_TEST_REPOS[*]}" > "$RUN/learn-test-repos"  # what this run folder samples (checked at the start)
     "$BIN/python" - "$RUN/prep/test/task3.jsonl" "$RUN/learn-test/test/task3.jsonl" "${LEARN_TEST_REPOS[@]}" <<'EOF' || return 1
 import json, sys
 src, dst, repos = sys.argv[1], sys.argv[2], set(sys.argv[3:])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,20 @@ def test_real_model_agent_arm_quick_run(quick):
     # again: every stage is done
     r = run_session([*cmd, "--agent"], timeout=300, cwd=REPO_ROOT, env=env)
     assert r.returncode == 0 and r.stdout.count(" done\n") == 7, r.stdout
+
+
+def test_the_learning_arm_samples_the_test_repositories_named_and_a_run_folder_holds_one_choice(tmp_path):
+    """``--learn-test-repos``: a repository that is not one of the run's test repositories, or a run folder that
+    sampled other test rows, is one clear error before anything is set up or written."""
+    def real(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "scripts/real.sh", "--learn", "--run", str(tmp_path / "run"), *args],
+                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    r = real("--learn-test-repos", "PyTorch-GAN esm")
+    assert r.returncode == 2 and "'esm' is not a test repository of this run" in r.stderr, r.stderr
+    r = real("--quick", "--learn-test-repos", "all PyTorch-GAN")
+    assert r.returncode == 2 and "'all' is not a test repository" in r.stderr, r.stderr
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "learn-test-repos").write_text("External-Attention-pytorch\n")
+    r = real("--learn-test-repos", "all")
+    assert r.returncode == 2 and "sampled the test rows of External-Attention-pytorch" in r.stderr, r.stderr
+    assert "rm -r" in r.stderr and sorted(p.name for p in (tmp_path / "run").iterdir()) == ["learn-test-repos"]
