@@ -82,22 +82,32 @@ case $AGENT_ROWS in ''|*[!0-9]*) echo "real: --agent-rows takes a number of rows
 ALL_TEST_REPOS=(External-Attention-pytorch PyTorch-GAN Time-Series-Library)
 [ $QUICK = 1 ] && ALL_TEST_REPOS=(External-Attention-pytorch)
 [ "$LEARN_REPOS" = all ] && LEARN_REPOS="${ALL_TEST_REPOS[*]}"
-read -r -a LEARN_TEST_REPOS <<< "$LEARN_REPOS"
-for r in "${LEARN_TEST_REPOS[@]}"; do
+read -r -a asked <<< "$LEARN_REPOS"
+[ ${#asked[@]} -gt 0 ] || { echo "real: --learn-test-repos names no repository" >&2; exit 2; }
+for r in "${asked[@]}"; do
   case " ${ALL_TEST_REPOS[*]} " in *" $r "*) ;;
     *) echo "real: --learn-test-repos: '$r' is not a test repository of this run (${ALL_TEST_REPOS[*]}, or all)" >&2
        exit 2;; esac
 done
-[ ${#LEARN_TEST_REPOS[@]} -gt 0 ] || { echo "real: --learn-test-repos names no repository" >&2; exit 2; }
+LEARN_TEST_REPOS=()  # in the run's own order, each once: the same rows are the same choice however they are named
+for r in "${ALL_TEST_REPOS[@]}"; do
+  case " ${asked[*]} " in *" $r "*) LEARN_TEST_REPOS+=("$r");; esac
+done
 if [ $LEARN = 1 ]; then
   LEARN_RUN=${RUN:-runs/real}; [ $QUICK = 1 ] && LEARN_RUN=${RUN:-runs/real-quick}
-  if [ -f "$LEARN_RUN/learn-test-repos" ] && [ "$(cat "$LEARN_RUN/learn-test-repos")" != "${LEARN_TEST_REPOS[*]}" ]; then
-    echo "real: $LEARN_RUN sampled the test rows of $(cat "$LEARN_RUN/learn-test-repos"); for" \
-         "${LEARN_TEST_REPOS[*]} pass --run DIR, or keep its learned adapters and remove its samples and their" \
-         "verdicts first: rm -r $LEARN_RUN/done/learn-{infer,eval,report} $LEARN_RUN/learn-infer $LEARN_RUN/eval-*/learn" \
-         "$LEARN_RUN/learn-test-repos" >&2
+  sampled=
+  if [ -f "$LEARN_RUN/learn-test-repos" ]; then sampled=$(cat "$LEARN_RUN/learn-test-repos")
+  elif [ -f "$LEARN_RUN/done/learn-infer" ]; then sampled=External-Attention-pytorch  # a folder from before the option
+  fi
+  if [ -n "$sampled" ] && [ "$sampled" != "${LEARN_TEST_REPOS[*]}" ]; then
+    stale=("$LEARN_RUN"/done/learn-{infer,eval,report} "$LEARN_RUN/learn-infer" "$LEARN_RUN"/eval-{compat,strict}/learn
+           "$LEARN_RUN/learn-test-repos")
+    echo "real: $LEARN_RUN sampled the test rows of $sampled; for ${LEARN_TEST_REPOS[*]} pass --run DIR, or keep" \
+         "its learned adapters and remove its samples and their verdicts first: rm -rf$(printf ' %q' "${stale[@]}")" >&2
     exit 2
   fi
+elif [ "$LEARN_REPOS" != External-Attention-pytorch ]; then
+  echo "real: --learn-test-repos is an option of --learn" >&2; usage
 fi
 if [ -n "$REPOS" ] && [ ! -d "$REPOS" ]; then
   echo "real: --repos $REPOS: no such folder (it holds <repo>.tar.gz checkouts, e.g. ../shared/mlbench/repos)" >&2

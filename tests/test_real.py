@@ -125,16 +125,36 @@ def test_real_model_agent_arm_quick_run(quick):
 
 def test_the_learning_arm_samples_the_test_repositories_named_and_a_run_folder_holds_one_choice(tmp_path):
     """``--learn-test-repos``: a repository that is not one of the run's test repositories, or a run folder that
-    sampled other test rows, is one clear error before anything is set up or written."""
+    sampled other test rows (a folder from before the option sampled the default's), is one clear error before
+    anything is set up or written; its ``rm`` command, pasted, keeps the learned adapters whatever the folder's
+    name. The same rows named in another order or twice are the same choice."""
+    run = tmp_path / "my run"
+
     def real(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["bash", "scripts/real.sh", "--learn", "--run", str(tmp_path / "run"), *args],
+        return subprocess.run(["bash", "scripts/real.sh", "--run", str(run), *args],
                               cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
-    r = real("--learn-test-repos", "PyTorch-GAN esm")
+    r = real("--learn", "--learn-test-repos", "PyTorch-GAN esm")
     assert r.returncode == 2 and "'esm' is not a test repository of this run" in r.stderr, r.stderr
-    r = real("--quick", "--learn-test-repos", "all PyTorch-GAN")
+    r = real("--learn", "--quick", "--learn-test-repos", "all PyTorch-GAN")
     assert r.returncode == 2 and "'all' is not a test repository" in r.stderr, r.stderr
-    (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "learn-test-repos").write_text("External-Attention-pytorch\n")
-    r = real("--learn-test-repos", "all")
-    assert r.returncode == 2 and "sampled the test rows of External-Attention-pytorch" in r.stderr, r.stderr
-    assert "rm -r" in r.stderr and sorted(p.name for p in (tmp_path / "run").iterdir()) == ["learn-test-repos"]
+    r = real("--learn", "--learn-test-repos", " ")
+    assert r.returncode == 2 and "names no repository" in r.stderr, r.stderr
+    r = real("--agent", "--learn-test-repos", "all")
+    assert r.returncode == 2 and "an option of --learn" in r.stderr, r.stderr
+    kept = ["done/train-id", "learn-rft/adapter/adapter_model.safetensors", "eval-strict/base/results.jsonl"]
+    stale = ["done/learn-infer", "done/learn-eval", "learn-infer/sft/task3.jsonl",
+             "eval-compat/learn/sft/results.jsonl", "eval-strict/learn/sft/results.jsonl"]
+    for f in kept + stale:
+        (run / f).parent.mkdir(parents=True, exist_ok=True)
+        (run / f).write_text("x")
+    r = real("--learn", "--learn-test-repos", "all")  # a folder from before the option: the default's 12 rows
+    assert r.returncode == 2 and "sampled the test rows of External-Attention-pytorch;" in r.stderr, r.stderr
+    (run / "learn-test-repos").write_text("External-Attention-pytorch PyTorch-GAN Time-Series-Library\n")
+    r = real("--learn", "--learn-test-repos", "Time-Series-Library PyTorch-GAN External-Attention-pytorch PyTorch-GAN",
+             "--repos", str(tmp_path / "none"))
+    assert r.returncode == 2 and "--repos" in r.stderr and "sampled" not in r.stderr, r.stderr  # past the check
+    r = real("--learn", "--learn-test-repos", "PyTorch-GAN")
+    assert r.returncode == 2 and "sampled the test rows of External-Attention-pytorch PyTorch-GAN" in r.stderr
+    subprocess.run(["bash", "-c", r.stderr.split("first: ", 1)[1]], check=True, cwd=tmp_path)
+    left = sorted(str(f.relative_to(run)) for f in run.rglob("*") if f.is_file())
+    assert left == sorted(kept), left

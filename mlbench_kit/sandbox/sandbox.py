@@ -479,7 +479,7 @@ class Sandbox:
             self._keep_layer(job.layer, stream, span, limits, res, raw)
         elif job.layer is not None and staged:
             self._swap_layer(job.layer, timed_out, res)
-        if engine_oom and not timed_out:  # the container's own record (docker): a verdict, even without a report
+        if engine_oom:  # the container's own record (docker): a verdict, even without a report or past the limit
             res.limit, res.fault = "memory", None
         if cg is not None:
             hit = cg.hit()

@@ -89,47 +89,61 @@ def _limit_hit(rep: dict, code: object, sig: object, limits: Limits) -> str | No
     a shell's exit status for it) backed by evidence of the limit (a file at the size limit; CPU seconds at the
     CPU limit, from the rusage of everything the child waited for). A status or a signal alone proves nothing:
     any program may ``exit 153`` or send itself SIGXFSZ."""
-    oom = rep.get("oom")  # docker: OOMs its memory controller counted while the answer ran (the kernel's count)
-    if isinstance(oom, int) and not isinstance(oom, bool) and oom > 0:
-        return "memory"
     if (sig == signal.SIGXFSZ or code == 128 + signal.SIGXFSZ) and rep.get("at_fsize") is True:
         return "fsize"
     if cpu_limit_hit(code, sig, rep.get("cpu_s"), limits):
         return "cpu"
     if rep.get("full"):
         return "disk"
-    pids = rep.get("pids_max")  # docker: its pids controller refused a fork (a count only the kernel keeps)
-    if isinstance(pids, int) and not isinstance(pids, bool) and pids > 0:
+    if _counted(rep, "pids_max"):  # docker: its pids controller refused a fork (a count only the kernel keeps)
         return "pids"
     return None
 
 
+def _counted(rep: dict, key: str) -> bool:
+    """Whether the report's kernel count ``key`` is a positive number."""
+    n = rep.get(key)
+    return isinstance(n, int) and not isinstance(n, bool) and n > 0
+
+
 def result_from_report(raw: bytes, timed_out: bool, duration: float, log: str, returncode: int | None,
             limits: Limits) -> ExecResult:
-    """Turn the runner's report into a result; anything unexpected is a sandbox fault, never a verdict."""
+    """Turn the runner's report into a result; anything unexpected is a sandbox fault, never a verdict. An OOM
+    its container's memory controller counted (docker: ``oom``, read once everything is dead) is a verdict over
+    everything else, as the host's cgroup makes it on the other engines: past the cpu clock's limit, where compat
+    would pass an answer still running, and over a fault that the OOM may have caused."""
+    res, rep = _result(raw, timed_out, duration, log, returncode, limits)
+    if rep is not None and _counted(rep, "oom"):
+        res.limit, res.fault = "memory", None
+    return res
+
+
+def _result(raw: bytes, timed_out: bool, duration: float, log: str, returncode: int | None,
+            limits: Limits) -> tuple[ExecResult, dict | None]:
+    """The result the report tells before its OOM count is applied, and the report (None: none could be read)."""
     base: dict[str, Any] = dict(timed_out=timed_out, duration=round(duration, 3), log=log)
     if timed_out:
-        return ExecResult(None, survivors=0, **base)
+        return ExecResult(None, survivors=0, **base), None
     try:
         rep = json.loads(raw.decode("utf-8")) if raw and len(raw) <= REPORT_CAP else None
     except (UnicodeDecodeError, json.JSONDecodeError):
         rep = None
     if not isinstance(rep, dict) or rep.get("v") != 1:
         why = "no report from the runner" if not raw else "an unreadable report from the runner"
-        return ExecResult(None, survivors=0, fault=f"SANDBOX: {why} (engine exit {returncode})", **base)
+        return ExecResult(None, survivors=0, fault=f"SANDBOX: {why} (engine exit {returncode})", **base), None
     at_limit = rep.get("at_limit")
     if isinstance(at_limit, (int, float)) and not isinstance(at_limit, bool):
         # the cpu clock's limit, reached while still running: the same result as a wall-clock timeout
-        return ExecResult(None, survivors=0, usage={"cpu_s": float(at_limit)}, **(base | {"timed_out": True}))
+        return ExecResult(None, survivors=0, usage={"cpu_s": float(at_limit)}, **(base | {"timed_out": True})), rep
     fault = rep.get("fault")
     if fault:
         kind = fault.get("kind") if isinstance(fault, dict) else "?"
         detail = str(fault.get("detail", ""))[:300] if isinstance(fault, dict) else str(fault)[:300]
         cls = "ENV" if kind in ("workdir", "exec", "interpreter") else "SANDBOX"
-        return ExecResult(None, survivors=0, fault=f"{cls}: {kind}: {detail}", **base)
+        return ExecResult(None, survivors=0, fault=f"{cls}: {kind}: {detail}", **base), rep
     code, sig, surv = rep.get("exit"), rep.get("signal"), rep.get("survivors")
     if not (isinstance(code, int) or isinstance(sig, int)) or not isinstance(surv, int):
-        return ExecResult(None, survivors=0, fault="SANDBOX: an incomplete report from the runner", **base)
+        return ExecResult(None, survivors=0, fault="SANDBOX: an incomplete report from the runner", **base), rep
     limit = _limit_hit(rep, code, sig, limits)
     exit_code = code if isinstance(code, int) else 128 + cast(int, sig)  # one of them is an int (checked above)
-    return ExecResult(exit_code, survivors=surv, signal=sig if isinstance(sig, int) else None, limit=limit, **base)
+    return ExecResult(exit_code, survivors=surv, signal=sig if isinstance(sig, int) else None, limit=limit, **base), rep

@@ -75,7 +75,8 @@ def test_docker_verdicts_match_bwrap(docker_base, monkeypatch):
 
     An OOM the runner outlives is its memory controller's count, not the daemon's word: dockerd's OOMKilled comes
     from an event it handles asynchronously, and under CI's load it read false for an answer the kernel had killed
-    (the runner reported exit 137, and no limit). Here the daemon's word is hidden, and the verdicts stand."""
+    (the runner reported exit 137, and no limit); and an answer whose worker was OOM-killed, still running at the
+    cpu clock's limit, passed compat on docker alone. Here the daemon's word is hidden, and the verdicts stand."""
     from test_sandbox import CROSS, cross_verdicts, verdict_of
 
     from mlbench_kit.sandbox.engines import Docker
@@ -84,8 +85,10 @@ def test_docker_verdicts_match_bwrap(docker_base, monkeypatch):
     told = Docker.stop
     monkeypatch.setattr(Docker, "stop", lambda self, name, proc, cg: told(self, name, proc, cg) and False)
     hidden = cross_verdicts(("docker",), docker_base, {"oom-mapped": (MAPPED_OOM, {"mem_mb": 160}),
+                                                       "oom-then-spin": CROSS["oom-then-spin"],
                                                        "honest": CROSS["honest"]})
     assert hidden[("docker", "oom-mapped")][:4] == (None, 1, False, "memory"), hidden  # the shell's own exit 1
+    assert hidden[("docker", "oom-then-spin")][:4] == (None, None, True, "memory"), hidden  # passed compat before
     assert hidden[("docker", "honest")][:4] == (None, 0, False, None), hidden
     monkeypatch.undo()
     cases = {"nonblock-stdout": (NONBLOCK, {})} | CROSS

@@ -655,6 +655,28 @@ def test_docker_s_oom_record_is_awaited_only_where_the_runner_died_of_sigkill(tm
     assert Moby().stop("c1", cli_exit, None) and calls.read_text().splitlines()[-1] == "rm -f c1"
 
 
+def test_an_oom_the_container_counted_is_a_verdict_past_the_cpu_clock_and_over_a_fault(monkeypatch):
+    """On bwrap and podman the host's cgroup makes an OOM a verdict over everything; on docker the runner's count
+    (``oom``) must too. It was read only for a finished answer: one whose worker was OOM-killed and which then ran
+    to the cpu clock's limit passed compat on docker and failed on bwrap, and a fault outranked it."""
+    from mlbench_kit.sandbox import runner
+    from mlbench_kit.sandbox.verdict import result_from_report
+
+    def result(**rep):
+        raw = json.dumps({"v": 1, "exit": None, "signal": None, "survivors": 0, "fault": None} | rep).encode()
+        r = result_from_report(raw, False, 1.0, "", 0, Limits())
+        return r.exit_code, r.timed_out, r.limit, r.fault
+    assert result(at_limit=10.0, oom=1) == (None, True, "memory", None)
+    assert result(at_limit=10.0, oom=0) == (None, True, None, None)
+    assert result(fault={"kind": "runner", "detail": "MemoryError"}, oom=2)[2:] == ("memory", None)
+    assert result(exit=1, oom=1) == (1, False, "memory", None)
+    assert result(exit=0, oom=True) == (0, False, None, None)  # a count is a number
+    assert result(exit=0, oom=None) == (0, False, None, None)  # unreadable: no evidence
+    # the runner's count: each of the kernel's counts against its own value before the answer ran
+    monkeypatch.setattr(runner, "_oom_counts", lambda: {"oom": 3, "oom_kill": 3})
+    assert runner._oom_growth({"oom": 3, "oom_kill": 1}) == 2 and runner._oom_growth({"oom": 3, "oom_kill": 3}) == 0
+
+
 @pytest.mark.user
 def test_the_stage_script_idmaps_the_lower_layer_and_shares_quotas_by_who_runs_it(tmp_path):
     """As root with the execution's own uid: the lower layer bound through idmap.py from the run's ids to the
@@ -976,6 +998,9 @@ CROSS = {  # answer -> limits: scored on every backend, the verdicts must agree
     "stderr-flood": ("python -c \"import sys; sys.stderr.write('x' * 300000000); sys.exit(1)\"", {}),
     "stdout-undrained": ("python -c \"print('x' * 300000)\"; exit 1", {"wall_s": 6.0}),  # blocks until the limit
     "oom-unmapped": (UNMAPPED["shm-file"], {"mem_mb": 160, "tmp_mb": 1024}),
+    # a worker OOM-killed, then still running at the cpu clock's limit (compat passes that without the OOM)
+    "oom-then-spin": ("python -c 'x = bytearray(400 << 20)'; python -c 'while True: pass'",
+                      {"mem_mb": 160, "clock": "cpu", "wall_s": 3.0}),
     "fork-bomb": ("for i in $(seq 200); do sleep 5 & done; wait", {"pids": 48}),
     "disk": ("head -c 60000000 /dev/zero > /tmp/x || exit 9", {"tmp_mb": 32}),
     "fsize": ("head -c 20000000 /dev/zero > big", {"fsize_mb": 8}),
@@ -1024,6 +1049,7 @@ def test_same_verdicts_on_every_backend(base_image):
     assert verdicts[("bwrap", "daemon")][4]  # the setsid sleep outlived the answer, and was counted
     assert verdicts[("bwrap", "honest")][:4] == (None, 0, False, None)
     assert verdicts[("bwrap", "oom-unmapped")][3] == "memory" and verdicts[("bwrap", "stdout-undrained")][2]
+    assert verdicts[("bwrap", "oom-then-spin")][:4] == (None, None, True, "memory")
 
 
 # -- verdicts that load on the machine cannot move (issue 30) ----------------------------------------------------
