@@ -262,6 +262,14 @@ def _pids_max():
     return None
 
 
+def _probe(report: dict, key: str, probe) -> None:
+    """``report[key] = probe()``; a probe that fails is named under "unproven" instead of failing the report."""
+    try:
+        report[key] = probe()
+    except Exception as exc:  # noqa: BLE001 - e.g. out of memory in an OOM-filled cgroup
+        report.setdefault("unproven", []).append(f"{key}: {type(exc).__name__}")
+
+
 def _evidence(report: dict, spec: dict) -> None:
     """What the generation left behind: survivors, full mounts, a file at the size limit. Each part is bounded,
     and none can fail the report: a verdict without one piece of evidence beats a fault."""
@@ -272,10 +280,7 @@ def _evidence(report: dict, spec: dict) -> None:
     if spec.get("cgroup_evidence"):  # a container whose /sys/fs/cgroup is its own (docker): the kernel's count
         probes.append(("pids_max", _pids_max))
     for key, probe in probes:
-        try:
-            report[key] = probe()
-        except Exception as exc:  # noqa: BLE001 - e.g. out of memory in an OOM-filled cgroup
-            report.setdefault("unproven", []).append(f"{key}: {type(exc).__name__}")
+        _probe(report, key, probe)
     if report["survivors"] is None:
         report["survivors"] = 0
 
@@ -562,10 +567,7 @@ def main() -> int:
         # once everything is dead, as the host reads its cgroup on the other engines: every OOM of the answer's
         # processes counted, background ones too, and the runner's own probes' (they allocate only in the
         # memory the answer left full)
-        try:
-            report["oom"] = _oom_growth(oom_before)
-        except Exception as exc:  # noqa: BLE001 - a verdict without this piece beats a fault
-            report.setdefault("unproven", []).append(f"oom: {type(exc).__name__}")
+        _probe(report, "oom", lambda: _oom_growth(oom_before))
     if copied and spec.get("layer_out") and report_fd == 2:
         _quiesce()
         _send_layer(report_fd, spec, nonce, report)

@@ -112,38 +112,44 @@ def result_from_report(raw: bytes, timed_out: bool, duration: float, log: str, r
     its container's memory controller counted (docker: ``oom``, read once everything is dead) is a verdict over
     everything else, as the host's cgroup makes it on the other engines: past the cpu clock's limit, where compat
     would pass an answer still running, and over a fault that the OOM may have caused."""
-    res, rep = _result(raw, timed_out, duration, log, returncode, limits)
+    rep = None if timed_out else _read_report(raw)
+    res = _result(rep, raw, timed_out, duration, log, returncode, limits)
     if rep is not None and _counted(rep, "oom"):
         res.limit, res.fault = "memory", None
     return res
 
 
-def _result(raw: bytes, timed_out: bool, duration: float, log: str, returncode: int | None,
-            limits: Limits) -> tuple[ExecResult, dict | None]:
-    """The result the report tells before its OOM count is applied, and the report (None: none could be read)."""
-    base: dict[str, Any] = dict(timed_out=timed_out, duration=round(duration, 3), log=log)
-    if timed_out:
-        return ExecResult(None, survivors=0, **base), None
+def _read_report(raw: bytes) -> dict | None:
+    """The runner's report (version 1) in ``raw``, None if there is none or it is not one."""
     try:
         rep = json.loads(raw.decode("utf-8")) if raw and len(raw) <= REPORT_CAP else None
     except (UnicodeDecodeError, json.JSONDecodeError):
-        rep = None
-    if not isinstance(rep, dict) or rep.get("v") != 1:
+        return None
+    return rep if isinstance(rep, dict) and rep.get("v") == 1 else None
+
+
+def _result(rep: dict | None, raw: bytes, timed_out: bool, duration: float, log: str, returncode: int | None,
+            limits: Limits) -> ExecResult:
+    """The result report ``rep`` tells, before its OOM count is applied."""
+    base: dict[str, Any] = dict(timed_out=timed_out, duration=round(duration, 3), log=log)
+    if timed_out:
+        return ExecResult(None, survivors=0, **base)
+    if rep is None:
         why = "no report from the runner" if not raw else "an unreadable report from the runner"
-        return ExecResult(None, survivors=0, fault=f"SANDBOX: {why} (engine exit {returncode})", **base), None
+        return ExecResult(None, survivors=0, fault=f"SANDBOX: {why} (engine exit {returncode})", **base)
     at_limit = rep.get("at_limit")
     if isinstance(at_limit, (int, float)) and not isinstance(at_limit, bool):
         # the cpu clock's limit, reached while still running: the same result as a wall-clock timeout
-        return ExecResult(None, survivors=0, usage={"cpu_s": float(at_limit)}, **(base | {"timed_out": True})), rep
+        return ExecResult(None, survivors=0, usage={"cpu_s": float(at_limit)}, **(base | {"timed_out": True}))
     fault = rep.get("fault")
     if fault:
         kind = fault.get("kind") if isinstance(fault, dict) else "?"
         detail = str(fault.get("detail", ""))[:300] if isinstance(fault, dict) else str(fault)[:300]
         cls = "ENV" if kind in ("workdir", "exec", "interpreter") else "SANDBOX"
-        return ExecResult(None, survivors=0, fault=f"{cls}: {kind}: {detail}", **base), rep
+        return ExecResult(None, survivors=0, fault=f"{cls}: {kind}: {detail}", **base)
     code, sig, surv = rep.get("exit"), rep.get("signal"), rep.get("survivors")
     if not (isinstance(code, int) or isinstance(sig, int)) or not isinstance(surv, int):
-        return ExecResult(None, survivors=0, fault="SANDBOX: an incomplete report from the runner", **base), rep
+        return ExecResult(None, survivors=0, fault="SANDBOX: an incomplete report from the runner", **base)
     limit = _limit_hit(rep, code, sig, limits)
     exit_code = code if isinstance(code, int) else 128 + cast(int, sig)  # one of them is an int (checked above)
-    return ExecResult(exit_code, survivors=surv, signal=sig if isinstance(sig, int) else None, limit=limit, **base), rep
+    return ExecResult(exit_code, survivors=surv, signal=sig if isinstance(sig, int) else None, limit=limit, **base)
