@@ -26,6 +26,8 @@
 # every adapter and the model as released sampled on the test rows in one vLLM engine, executed (strict and compat)
 # and reported beside SFT -> $RUN/learning.md. --learn-test-repos 'REPO ...' or all: the test repositories sampled
 # (default External-Attention-pytorch, 12 of the 34 test rows; all: about an hour more on 2 cores).
+# --learn-methods 'rft [dpo] [grpo]': the methods run (default all three; DPO's pairs and GRPO's curriculum come from
+# rft's first round, so rft is always one of them).
 #
 # --agent-sft: the gold episodes of External-Attention-pytorch's ID-train rows (`mlbench agent --gold-episodes`:
 # each turn's prompt as the harness sends it, the correct JSON reply as the answer) -> a LoRA trained on them ->
@@ -53,9 +55,10 @@ AGENT_SFT=0
 SFT_POLICY=ml-agent
 SFT_NEW_TOKENS=512
 LEARN_REPOS=External-Attention-pytorch
+LEARN_METHODS="rft dpo grpo"
 TASKS="3"
 RUN=""
-usage() { echo "usage: bash scripts/real.sh [--data HUB_ID|FILE] [--repos TARBALL_DIR] [--tasks '1 2 3'] [--quick] [--agent [--agent-rows N] | --agent-sft [--agent-policy ml-agent|bash] [--agent-new-tokens N] | --learn [--learn-test-repos 'REPO ...'|all]] [--run DIR]" >&2; exit 2; }
+usage() { echo "usage: bash scripts/real.sh [--data HUB_ID|FILE] [--repos TARBALL_DIR] [--tasks '1 2 3'] [--quick] [--agent [--agent-rows N] | --agent-sft [--agent-policy ml-agent|bash] [--agent-new-tokens N] | --learn [--learn-test-repos 'REPO ...'|all] [--learn-methods 'rft [dpo] [grpo]']] [--run DIR]" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --data) DATA=${2:?}; shift 2;;
@@ -66,6 +69,7 @@ while [ $# -gt 0 ]; do
     --agent-rows) AGENT_ROWS=${2:?}; shift 2;;
     --learn) LEARN=1; shift;;
     --learn-test-repos) LEARN_REPOS=${2:?}; shift 2;;
+    --learn-methods) LEARN_METHODS=${2:?}; shift 2;;
     --agent-sft) AGENT=1; AGENT_SFT=1; shift;;
     --agent-policy) SFT_POLICY=${2:?}; shift 2;;
     --agent-new-tokens) SFT_NEW_TOKENS=${2:?}; shift 2;;
@@ -93,21 +97,32 @@ LEARN_TEST_REPOS=()  # in the run's own order, each once: the same rows are the 
 for r in "${ALL_TEST_REPOS[@]}"; do
   case " ${asked[*]} " in *" $r "*) LEARN_TEST_REPOS+=("$r");; esac
 done
+read -r -a asked <<< "$LEARN_METHODS"
+METHODS=()  # in the run's order, each once
+for m in "${asked[@]}"; do
+  case $m in rft|dpo|grpo) ;; *) echo "real: --learn-methods takes rft, dpo and grpo, got '$m'" >&2; exit 2;; esac
+done
+for m in rft dpo grpo; do case " ${asked[*]} " in *" $m "*) METHODS+=("$m");; esac; done
+[ "${METHODS[0]:-}" = rft ] || { echo "real: --learn-methods '$LEARN_METHODS': DPO's pairs and GRPO's curriculum come from rft's first round; name rft too" >&2; exit 2; }
 if [ $LEARN = 1 ]; then
   LEARN_RUN=${RUN:-runs/real}; [ $QUICK = 1 ] && LEARN_RUN=${RUN:-runs/real-quick}
-  sampled=
+  # what the folder's test samples hold: the test repositories and the methods (a folder from before either option
+  # sampled the defaults)
+  sampled= sampled_methods="rft dpo grpo"
   if [ -f "$LEARN_RUN/learn-test-repos" ]; then sampled=$(cat "$LEARN_RUN/learn-test-repos")
-  elif [ -f "$LEARN_RUN/done/learn-infer" ]; then sampled=External-Attention-pytorch  # a folder from before the option
+  elif [ -f "$LEARN_RUN/done/learn-infer" ]; then sampled=External-Attention-pytorch
   fi
-  if [ -n "$sampled" ] && [ "$sampled" != "${LEARN_TEST_REPOS[*]}" ]; then
+  [ -f "$LEARN_RUN/learn-methods" ] && sampled_methods=$(cat "$LEARN_RUN/learn-methods")
+  if [ -n "$sampled" ] && { [ "$sampled" != "${LEARN_TEST_REPOS[*]}" ] || [ "$sampled_methods" != "${METHODS[*]}" ]; }; then
     stale=("$LEARN_RUN"/done/learn-{infer,eval,report} "$LEARN_RUN/learn-infer" "$LEARN_RUN"/eval-{compat,strict}/learn
-           "$LEARN_RUN/learn-test-repos")
-    echo "real: $LEARN_RUN sampled the test rows of $sampled; for ${LEARN_TEST_REPOS[*]} pass --run DIR, or keep" \
-         "its learned adapters and remove its samples and their verdicts first: rm -rf$(printf ' %q' "${stale[@]}")" >&2
+           "$LEARN_RUN"/learn-{test-repos,methods})
+    echo "real: $LEARN_RUN sampled the test rows of $sampled with $sampled_methods; for ${LEARN_TEST_REPOS[*]} with" \
+         "${METHODS[*]} pass --run DIR, or keep its learned adapters and remove its samples and their verdicts first:" \
+         "rm -rf$(printf ' %q' "${stale[@]}")" >&2
     exit 2
   fi
-elif [ "$LEARN_REPOS" != External-Attention-pytorch ]; then
-  echo "real: --learn-test-repos is an option of --learn" >&2; usage
+elif [ "$LEARN_REPOS" != External-Attention-pytorch ] || [ "$LEARN_METHODS" != "rft dpo grpo" ]; then
+  echo "real: --learn-test-repos and --learn-methods are options of --learn" >&2; usage
 fi
 if [ -n "$REPOS" ] && [ ! -d "$REPOS" ]; then
   echo "real: --repos $REPOS: no such folder (it holds <repo>.tar.gz checkouts, e.g. ../shared/mlbench/repos)" >&2
@@ -155,8 +170,8 @@ if [ $AGENT = 1 ]; then  # the model as released and its ID LoRA; episodes inste
   fi
 fi
 if [ $LEARN = 1 ]; then  # the ID LoRA is the SFT baseline every method starts from
-  ARMS=(id); TASKS=3; STAGES=(model envs prep train-id learn-rft learn-dpo learn-grpo learn-infer learn-eval learn-report)
-  TRAIN_STAGE=train-id; METHODS=(rft dpo grpo); LEARN_EXTRA=()
+  ARMS=(id); TASKS=3; STAGES=(model envs prep train-id "${METHODS[@]/#/learn-}" learn-infer learn-eval learn-report)
+  TRAIN_STAGE=train-id; LEARN_EXTRA=()
   # the test rows every model is sampled on (--learn-test-repos): by default the repository whose rows the SFT
   # adapter passes (all its Pass@5 in the real loop came from them); all 34 rows x 5 models take about an hour more
   # of LoRA decoding on 2 CPU cores
@@ -367,7 +382,8 @@ if [ $LEARN = 1 ]; then
   stage learn-rft "learn: rejection-sampling fine-tuning (rft)" \
     "$BIN/mlbench" learn --method rft "${LEARN_ARGS[@]}" "${LEARN_EXTRA[@]}" --out "$RUN/learn-rft"
   # 6. DPO on the pass/fail pairs of rft's first-round samples (the SFT adapter's own answers)
-  stage learn-dpo "learn: DPO on pass/fail pairs" \
+  has() { case " ${METHODS[*]} " in *" $1 "*) return 0;; esac; return 1; }
+  has dpo && stage learn-dpo "learn: DPO on pass/fail pairs" \
     "$BIN/mlbench" learn --method dpo "${LEARN_ARGS[@]}" "${LEARN_EXTRA[@]}" \
     --generations "$RUN/learn-rft/round-1/infer/task3.jsonl" --results "$RUN/learn-rft/round-1/eval" \
     --out "$RUN/learn-dpo"
@@ -376,7 +392,7 @@ if [ $LEARN = 1 ]; then
   GRPO_ROWS=(--set grpo.curriculum=mixed --generations "$RUN/learn-rft/round-1/infer/task3.jsonl"
              --results "$RUN/learn-rft/round-1/eval")
   [ $QUICK = 1 ] && GRPO_ROWS=()
-  stage learn-grpo "learn: GRPO with execution rewards" \
+  has grpo && stage learn-grpo "learn: GRPO with execution rewards" \
     "$BIN/mlbench" learn --method grpo "${LEARN_ARGS[@]}" "${LEARN_EXTRA[@]}" "${GRPO_ROWS[@]}" --out "$RUN/learn-grpo"
   # 8. the model as released, SFT and every learned adapter on the test rows: one vLLM engine
   learn_infer() {
@@ -384,6 +400,7 @@ if [ $LEARN = 1 ]; then
     for m in "${METHODS[@]}"; do adapters+=("$m=$RUN/learn-$m/adapter"); done
     mkdir -p "$RUN/learn-test/test"
     echo "${LEARN_TEST_REPOS[*]}" > "$RUN/learn-test-repos"  # what this run folder samples (checked at the start)
+    echo "${METHODS[*]}" > "$RUN/learn-methods"
     "$BIN/python" - "$RUN/prep/test/task3.jsonl" "$RUN/learn-test/test/task3.jsonl" "${LEARN_TEST_REPOS[@]}" <<'EOF' || return 1
 import json, sys
 src, dst, repos = sys.argv[1], sys.argv[2], set(sys.argv[3:])

@@ -68,6 +68,27 @@ def grpo_curve(run: Path) -> list[str]:
     return out
 
 
+def method_lines(run: Path, cfg: dict[str, Any], rft: list[dict[str, Any]], kept: list[dict[str, Any]]
+                 ) -> list[tuple[str, str]]:
+    """One line of the setting per method: (method, its markdown line); ``cfg``: rft's settings (its learn.json)."""
+    dpo_pairs = _jsonl(run / "learn-dpo" / "pairs.jsonl")
+    g = _json(run / "learn-grpo" / "learn.json").get("grpo", {})
+    rates = ", ".join(f"{r['pass_rate']:.1f}" for r in kept)
+    return [
+        ("rft", f"  - rft: {len(rft)} round(s): k = {cfg.get('rft', {}).get('k', '?')} samples per ID-train prompt "
+                "from the SFT adapter -> executed -> the distinct passing answers plus the gold ones -> SFT from the "
+                "base model;"),
+        ("dpo", f"  - dpo: {len(dpo_pairs)} pass/fail pairs from rft's first-round samples (gold as chosen where no "
+                "sample passed), the SFT adapter as policy and frozen reference, beta "
+                f"{cfg.get('dpo', {}).get('beta', '?')};"),
+        ("grpo", f"  - grpo: {g.get('max_steps', '?')} steps at learning rate {g.get('lr', '?')}, groups of "
+                 f"{g.get('num_generations', '?')} samples per ID-train prompt, each executed in the sandbox for its "
+                 "reward (TRL 1.16, transformers' generate); "
+                 + (f"curriculum `mixed`: the {len(kept)} ID-train rows where rft's first-round samples both passed "
+                    f"and failed (pass rates {rates})." if kept else "every ID-train prompt.")),
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--run", type=Path, required=True)
@@ -86,52 +107,55 @@ def main() -> None:
                             text=True).stdout.strip()
     f = train_facts(run, "id", 3)
     test = _jsonl(run / "learn-test" / "test" / "task3.jsonl")
+    split = _jsonl(run / "prep" / "test" / "task3.jsonl")
+    every = set(a.test_repos) == {r["repo"] for r in split}
+    chosen = " --learn-test-repos all" if every and len(a.test_repos) > 1 else (
+        "" if a.test_repos == ["External-Attention-pytorch"] else f" --learn-test-repos '{' '.join(a.test_repos)}'")
     train = _jsonl(run / "prep" / "id_train" / "task3.jsonl")
     rft = _jsonl(run / "learn-rft" / "rounds.jsonl")
-    dpo_pairs = _jsonl(run / "learn-dpo" / "pairs.jsonl")
-    cfg = _json(run / "learn-grpo" / "learn.json")
+    cfg = _json(run / "learn-rft" / "learn.json")
     kept = _jsonl(run / "learn-grpo" / "curriculum.jsonl")
-    rates = ", ".join(f"{r['pass_rate']:.1f}" for r in kept)
     L = [f"# Learning from execution on ML-Bench: SmolLM2-135M, the real loop's rows{' (quick)' if a.quick else ''}",
          "",
-         f"Made by `bash scripts/real.sh --learn --data {a.data} --repos ../shared/mlbench/repos` on "
+         f"Made by `bash scripts/real.sh --learn{chosen} --data {a.data} --repos ../shared/mlbench/repos` on "
          f"{dt.date.today()}, commit {commit or 'unknown'}, {os.cpu_count()} CPU cores ({platform.machine()}), no GPU. "
          f"Every number below comes from this run's own files in `{run}`.", "",
          "## Setting", "",
          f"- **Rows**: the real loop's split of the real rows (`mlbench prep --build-splits`, seed 0): {len(train)} "
          f"ID-train rows of External-Attention-pytorch, PyTorch-GAN and Time-Series-Library (all that learning reads; "
-         f"the leak check against the test split ran first in every learning run); every model is sampled on the "
-         f"{len(test)} test rows of {', '.join(a.test_repos)} (the rows the SFT adapter passes; all 34 test rows x 5 "
-         "models did not fit the session on 2 CPU cores).",
+         f"the leak check against the test split ran first in every learning run); every model is sampled on "
+         + (f"all {len(test)} test rows ({', '.join(a.test_repos)})." if every else
+            f"the {len(test)} test rows of {', '.join(a.test_repos)} of the split's {len(split)} (`--learn-test-repos "
+            "all`: every test row)."),
          "- **SFT** (the baseline every method starts from): the ID LoRA, `configs/train/smollm2-135m-cpu.yaml` on the "
          f"ID-train rows' gold answers (mean loss {f.get('loss_first', 0):.3f} -> {f.get('loss_last', 0):.3f}).",
          "- **Methods** (`configs/learn/smollm2-135m-cpu.yaml`; rewards and data from **strict** verdicts):",
-         f"  - rft: {len(rft)} round(s): k = {cfg.get('rft', {}).get('k', '?')} samples per ID-train prompt from the "
-         "SFT adapter -> executed -> the distinct passing answers plus the gold ones -> SFT from the base model;",
-         f"  - dpo: {len(dpo_pairs)} pass/fail pairs from rft's first-round samples (gold as chosen where no sample "
-         "passed), the SFT adapter as policy and frozen reference, beta "
-         f"{cfg.get('dpo', {}).get('beta', '?')};",
-         f"  - grpo: {cfg.get('grpo', {}).get('max_steps', '?')} steps, groups of "
-         f"{cfg.get('grpo', {}).get('num_generations', '?')} samples per ID-train prompt, each executed in the "
-         "sandbox for its reward (TRL 1.16, transformers' generate); "
-         + (f"curriculum `mixed`: the {len(kept)} ID-train rows where rft's first-round samples both passed and "
-            f"failed (pass rates {rates})."
-            if kept else "every ID-train prompt."),
+         *[line for m, line in method_lines(run, cfg, rft, kept) if m in a.methods],
          f"- **Test sampling**: the paper's (temperature 1.0, top-p 1.0, top-k 50), n = {a.n}, every adapter and the "
          "model as released in one vLLM engine; `mlbench eval` in the bwrap sandbox, modes "
          f"{', '.join(a.modes)}.", "",
          "## Results", "",
-         "Pass@k in percent over the test rows with bootstrap 95% intervals; parameter-hit precision and type "
-         "accuracy over all outputs.", "",
-         "| model | mode | Pass@1 | Pass@2 | Pass@5 | param hit | type acc |", "|---|---|---|---|---|---|---|"]
+         "Pass@k in percent over the test rows with bootstrap 95% intervals (the paper's: a row passes at k if one of "
+         "its first k answers passes), the unbiased estimate of pass@1 from all n answers of each row (Chen et al. "
+         "2021); parameter-hit precision and type accuracy over all outputs.", "",
+         "| model | mode | Pass@1 | Pass@2 | Pass@5 | unbiased pass@1 | param hit | type acc |",
+         "|---|---|---|---|---|---|---|---|"]
     for v in variants:
         for mode in a.modes:
             m = _json(run / f"eval-{mode}" / "learn" / v / "summary.json").get("metrics", {}).get("overall")
             if not m:
-                L.append(f"| {v} | {mode} | – | – | – | – | – |")
+                L.append(f"| {v} | {mode} | – | – | – | – | – | – |")
                 continue
             L.append(f"| {v} | {mode} | {_ci(m, 1)} | {_ci(m, 2)} | {_ci(m, 5)} | "
+                     f"{100 * (m.get('unbiased_pass@1') or 0):.1f} | "
                      f"{m.get('param_hit_precision', 0):.2f} | {m.get('type_accuracy', 0):.2f} |")
+    if len(a.test_repos) > 1:
+        L += ["", "Per test repository (strict):", "",
+              "| model | repository | rows | Pass@1 | Pass@5 |", "|---|---|---|---|---|"]
+        for v in variants:
+            per = _json(run / "eval-strict" / "learn" / v / "summary.json").get("metrics", {}).get("per_repo", {})
+            L += [f"| {v} | {g} | {m.get('samples', '–')} | {_ci(m, 1)} | {_ci(m, 5)} |"
+                  for g, m in sorted(per.items())]
     L += ["", "Each model against SFT and the model as released on the same rows (strict), **paired**: the mean "
           "per-row difference in points with a paired bootstrap 95% interval (`mlbench report --baseline`); "
           "*better* / *worse* only when the interval excludes 0.", "", *PAIRED_HEAD]
@@ -148,8 +172,9 @@ def main() -> None:
           "| round | answers | passed | rows with a pass | SFT records |", "|---|---|---|---|---|"]
     L += [f"| {r['round']} | {r['answers']} | {r['passed']} | {r['rows_with_pass']}/{r['rows']} | "
           f"{r.get('sft_records', '–')} |" for r in rft]
-    L += ["", "GRPO's reward curve (per optimizer step, the last batch of each process; reward = the strict "
-          "verdict):", "", *grpo_curve(run)]
+    if "grpo" in a.methods:
+        L += ["", "GRPO's reward curve (per optimizer step, the last batch of each process; reward = the strict "
+              "verdict):", "", *grpo_curve(run)]
     L += ["", "## Reward hacking check", "",
           "Answers that compat passes only because they were still running at the time limit (strict fails them):",
           "", "| model | compat passes at the limit | compat passes |", "|---|---|---|"]

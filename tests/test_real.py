@@ -140,7 +140,13 @@ def test_the_learning_arm_samples_the_test_repositories_named_and_a_run_folder_h
     r = real("--learn", "--learn-test-repos", " ")
     assert r.returncode == 2 and "names no repository" in r.stderr, r.stderr
     r = real("--agent", "--learn-test-repos", "all")
-    assert r.returncode == 2 and "an option of --learn" in r.stderr, r.stderr
+    assert r.returncode == 2 and "options of --learn" in r.stderr, r.stderr
+    r = real("--agent", "--learn-methods", "rft grpo")
+    assert r.returncode == 2 and "options of --learn" in r.stderr, r.stderr
+    r = real("--learn", "--learn-methods", "grpo")  # its curriculum comes from rft's first round
+    assert r.returncode == 2 and "name rft too" in r.stderr, r.stderr
+    r = real("--learn", "--learn-methods", "rft ppo")
+    assert r.returncode == 2 and "got 'ppo'" in r.stderr, r.stderr
     kept = ["done/train-id", "learn-rft/adapter/adapter_model.safetensors", "eval-strict/base/results.jsonl"]
     stale = ["done/learn-infer", "done/learn-eval", "learn-infer/sft/task3.jsonl",
              "eval-compat/learn/sft/results.jsonl", "eval-strict/learn/sft/results.jsonl"]
@@ -148,13 +154,17 @@ def test_the_learning_arm_samples_the_test_repositories_named_and_a_run_folder_h
         (run / f).parent.mkdir(parents=True, exist_ok=True)
         (run / f).write_text("x")
     r = real("--learn", "--learn-test-repos", "all")  # a folder from before the option: the default's 12 rows
-    assert r.returncode == 2 and "sampled the test rows of External-Attention-pytorch;" in r.stderr, r.stderr
+    assert r.returncode == 2 and "sampled the test rows of External-Attention-pytorch with rft dpo grpo;" in r.stderr
+    (run / "learn-test-repos").write_text("External-Attention-pytorch\n")
+    r = real("--learn", "--learn-methods", "grpo rft")  # the same rows, fewer methods: other samples
+    assert r.returncode == 2 and "with rft dpo grpo; for External-Attention-pytorch with rft grpo" in r.stderr
     (run / "learn-test-repos").write_text("External-Attention-pytorch PyTorch-GAN Time-Series-Library\n")
     r = real("--learn", "--learn-test-repos", "Time-Series-Library PyTorch-GAN External-Attention-pytorch PyTorch-GAN",
              "--repos", str(tmp_path / "none"))
     assert r.returncode == 2 and "--repos" in r.stderr and "sampled" not in r.stderr, r.stderr  # past the check
     r = real("--learn", "--learn-test-repos", "PyTorch-GAN")
     assert r.returncode == 2 and "sampled the test rows of External-Attention-pytorch PyTorch-GAN" in r.stderr
+    (run / "learn-methods").write_text("rft grpo\n")
     subprocess.run(["bash", "-c", r.stderr.split("first: ", 1)[1]], check=True, cwd=tmp_path)
     left = sorted(str(f.relative_to(run)) for f in run.rglob("*") if f.is_file())
     assert left == sorted(kept), left
