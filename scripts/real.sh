@@ -56,6 +56,7 @@ SFT_POLICY=ml-agent
 SFT_NEW_TOKENS=512
 LEARN_REPOS=External-Attention-pytorch
 LEARN_METHODS="rft dpo grpo"
+LEARN_OPTION=  # the first --learn-* option given (an error without --learn)
 TASKS="3"
 RUN=""
 usage() { echo "usage: bash scripts/real.sh [--data HUB_ID|FILE] [--repos TARBALL_DIR] [--tasks '1 2 3'] [--quick] [--agent [--agent-rows N] | --agent-sft [--agent-policy ml-agent|bash] [--agent-new-tokens N] | --learn [--learn-test-repos 'REPO ...'|all] [--learn-methods 'rft [dpo] [grpo]']] [--run DIR]" >&2; exit 2; }
@@ -68,17 +69,18 @@ while [ $# -gt 0 ]; do
     --agent) AGENT=1; shift;;
     --agent-rows) AGENT_ROWS=${2:?}; shift 2;;
     --learn) LEARN=1; shift;;
-    --learn-test-repos) LEARN_REPOS=${2:?}; shift 2;;
-    --learn-methods) LEARN_METHODS=${2:?}; shift 2;;
+    --learn-test-repos) LEARN_REPOS=${2:?}; LEARN_OPTION=${LEARN_OPTION:-$1}; shift 2;;
+    --learn-methods) LEARN_METHODS=${2:?}; LEARN_OPTION=${LEARN_OPTION:-$1}; shift 2;;
     --agent-sft) AGENT=1; AGENT_SFT=1; shift;;
     --agent-policy) SFT_POLICY=${2:?}; shift 2;;
     --agent-new-tokens) SFT_NEW_TOKENS=${2:?}; shift 2;;
     --run) RUN=${2:?}; shift 2;;
-    -h|--help) sed -n 2,40p "$0"; exit 0;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0;;
     *) echo "real: unknown option $1" >&2; usage;;
   esac
 done
 [ $AGENT = 1 ] && [ $LEARN = 1 ] && { echo "real: --agent and --learn are separate runs" >&2; usage; }
+[ $LEARN = 1 ] || [ -z "$LEARN_OPTION" ] || { echo "real: $LEARN_OPTION is an option of --learn" >&2; usage; }
 case $SFT_POLICY in ml-agent|bash) ;; *) echo "real: --agent-policy takes ml-agent or bash, got '$SFT_POLICY'" >&2; exit 2;; esac
 for t in $TASKS; do case $t in 1|2|3) ;; *) echo "real: --tasks takes 1, 2 and 3, got '$t'" >&2; exit 2;; esac; done
 case $AGENT_ROWS in ''|*[!0-9]*) echo "real: --agent-rows takes a number of rows per repository, got '$AGENT_ROWS'" >&2; exit 2;; esac
@@ -86,7 +88,7 @@ case $AGENT_ROWS in ''|*[!0-9]*) echo "real: --agent-rows takes a number of rows
 ALL_TEST_REPOS=(External-Attention-pytorch PyTorch-GAN Time-Series-Library)
 [ $QUICK = 1 ] && ALL_TEST_REPOS=(External-Attention-pytorch)
 [ "$LEARN_REPOS" = all ] && LEARN_REPOS="${ALL_TEST_REPOS[*]}"
-read -r -a asked <<< "$LEARN_REPOS"
+read -r -d '' -a asked <<< "$LEARN_REPOS" || true
 [ ${#asked[@]} -gt 0 ] || { echo "real: --learn-test-repos names no repository" >&2; exit 2; }
 for r in "${asked[@]}"; do
   case " ${ALL_TEST_REPOS[*]} " in *" $r "*) ;;
@@ -97,7 +99,8 @@ LEARN_TEST_REPOS=()  # in the run's own order, each once: the same rows are the 
 for r in "${ALL_TEST_REPOS[@]}"; do
   case " ${asked[*]} " in *" $r "*) LEARN_TEST_REPOS+=("$r");; esac
 done
-read -r -a asked <<< "$LEARN_METHODS"
+read -r -d '' -a asked <<< "$LEARN_METHODS" || true
+[ ${#asked[@]} -gt 0 ] || { echo "real: --learn-methods names no method" >&2; exit 2; }
 METHODS=()  # in the run's order, each once
 for m in "${asked[@]}"; do
   case $m in rft|dpo|grpo) ;; *) echo "real: --learn-methods takes rft, dpo and grpo, got '$m'" >&2; exit 2;; esac
@@ -115,14 +118,13 @@ if [ $LEARN = 1 ]; then
   [ -f "$LEARN_RUN/learn-methods" ] && sampled_methods=$(cat "$LEARN_RUN/learn-methods")
   if [ -n "$sampled" ] && { [ "$sampled" != "${LEARN_TEST_REPOS[*]}" ] || [ "$sampled_methods" != "${METHODS[*]}" ]; }; then
     stale=("$LEARN_RUN"/done/learn-{infer,eval,report} "$LEARN_RUN/learn-infer" "$LEARN_RUN"/eval-{compat,strict}/learn
-           "$LEARN_RUN"/learn-{test-repos,methods})
-    echo "real: $LEARN_RUN sampled the test rows of $sampled with $sampled_methods; for ${LEARN_TEST_REPOS[*]} with" \
-         "${METHODS[*]} pass --run DIR, or keep its learned adapters and remove its samples and their verdicts first:" \
-         "rm -rf$(printf ' %q' "${stale[@]}")" >&2
+           "$LEARN_RUN"/learn-{test-repos,methods} "$LEARN_RUN/learning.md")
+    echo "real: $LEARN_RUN sampled the test rows of $sampled with $sampled_methods, not ${LEARN_TEST_REPOS[*]} with" \
+         "${METHODS[*]}. To resume it, name its choice: --learn-test-repos '$sampled' --learn-methods '$sampled_methods'." \
+         "For the new choice pass --run DIR, or keep its learned adapters and remove its samples and their verdicts" \
+         "first: rm -rf --$(printf ' %q' "${stale[@]}")" >&2
     exit 2
   fi
-elif [ "$LEARN_REPOS" != External-Attention-pytorch ] || [ "$LEARN_METHODS" != "rft dpo grpo" ]; then
-  echo "real: --learn-test-repos and --learn-methods are options of --learn" >&2; usage
 fi
 if [ -n "$REPOS" ] && [ ! -d "$REPOS" ]; then
   echo "real: --repos $REPOS: no such folder (it holds <repo>.tar.gz checkouts, e.g. ../shared/mlbench/repos)" >&2

@@ -17,7 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from real_report import PAIRED_HEAD, ROOT, _ci, _jsonl, paired_row, stage_times, train_facts, tsv
+from real_report import PAIRED_HEAD, ROOT, _ci, _jsonl, _pct, paired_row, stage_times, train_facts, tsv
 
 VARIANTS = ("base", "sft")
 
@@ -68,19 +68,19 @@ def grpo_curve(run: Path) -> list[str]:
     return out
 
 
-def method_lines(run: Path, cfg: dict[str, Any], rft: list[dict[str, Any]], kept: list[dict[str, Any]]
-                 ) -> list[tuple[str, str]]:
-    """One line of the setting per method: (method, its markdown line); ``cfg``: rft's settings (its learn.json)."""
+def method_lines(run: Path, rft: list[dict[str, Any]], kept: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """One line of the setting per method, from each method's own settings (its learn.json): (method, line)."""
     dpo_pairs = _jsonl(run / "learn-dpo" / "pairs.jsonl")
     g = _json(run / "learn-grpo" / "learn.json").get("grpo", {})
+    k = _json(run / "learn-rft" / "learn.json").get("rft", {}).get("k", "?")
     rates = ", ".join(f"{r['pass_rate']:.1f}" for r in kept)
     return [
-        ("rft", f"  - rft: {len(rft)} round(s): k = {cfg.get('rft', {}).get('k', '?')} samples per ID-train prompt "
+        ("rft", f"  - rft: {len(rft)} round(s): k = {k} samples per ID-train prompt "
                 "from the SFT adapter -> executed -> the distinct passing answers plus the gold ones -> SFT from the "
                 "base model;"),
         ("dpo", f"  - dpo: {len(dpo_pairs)} pass/fail pairs from rft's first-round samples (gold as chosen where no "
                 "sample passed), the SFT adapter as policy and frozen reference, beta "
-                f"{cfg.get('dpo', {}).get('beta', '?')};"),
+                f"{_json(run / 'learn-dpo' / 'learn.json').get('dpo', {}).get('beta', '?')};"),
         ("grpo", f"  - grpo: {g.get('max_steps', '?')} steps at learning rate {g.get('lr', '?')}, groups of "
                  f"{g.get('num_generations', '?')} samples per ID-train prompt, each executed in the sandbox for its "
                  "reward (TRL 1.16, transformers' generate); "
@@ -111,9 +111,12 @@ def main() -> None:
     every = set(a.test_repos) == {r["repo"] for r in split}
     chosen = " --learn-test-repos all" if every and len(a.test_repos) > 1 else (
         "" if a.test_repos == ["External-Attention-pytorch"] else f" --learn-test-repos '{' '.join(a.test_repos)}'")
+    if a.methods != ["rft", "dpo", "grpo"]:
+        chosen += f" --learn-methods '{' '.join(a.methods)}'"
+    if a.quick:
+        chosen = " --quick" + chosen
     train = _jsonl(run / "prep" / "id_train" / "task3.jsonl")
     rft = _jsonl(run / "learn-rft" / "rounds.jsonl")
-    cfg = _json(run / "learn-rft" / "learn.json")
     kept = _jsonl(run / "learn-grpo" / "curriculum.jsonl")
     L = [f"# Learning from execution on ML-Bench: SmolLM2-135M, the real loop's rows{' (quick)' if a.quick else ''}",
          "",
@@ -130,7 +133,7 @@ def main() -> None:
          "- **SFT** (the baseline every method starts from): the ID LoRA, `configs/train/smollm2-135m-cpu.yaml` on the "
          f"ID-train rows' gold answers (mean loss {f.get('loss_first', 0):.3f} -> {f.get('loss_last', 0):.3f}).",
          "- **Methods** (`configs/learn/smollm2-135m-cpu.yaml`; rewards and data from **strict** verdicts):",
-         *[line for m, line in method_lines(run, cfg, rft, kept) if m in a.methods],
+         *[line for m, line in method_lines(run, rft, kept) if m in a.methods],
          f"- **Test sampling**: the paper's (temperature 1.0, top-p 1.0, top-k 50), n = {a.n}, every adapter and the "
          "model as released in one vLLM engine; `mlbench eval` in the bwrap sandbox, modes "
          f"{', '.join(a.modes)}.", "",
@@ -147,7 +150,7 @@ def main() -> None:
                 L.append(f"| {v} | {mode} | – | – | – | – | – | – |")
                 continue
             L.append(f"| {v} | {mode} | {_ci(m, 1)} | {_ci(m, 2)} | {_ci(m, 5)} | "
-                     f"{100 * (m.get('unbiased_pass@1') or 0):.1f} | "
+                     f"{_pct(m.get('unbiased_pass@1'))} | "
                      f"{m.get('param_hit_precision', 0):.2f} | {m.get('type_accuracy', 0):.2f} |")
     if len(a.test_repos) > 1:
         L += ["", "Per test repository (strict):", "",
@@ -181,7 +184,7 @@ def main() -> None:
     for v in variants:
         at_limit, passes = compat_only_at_limit(run, v)
         L.append(f"| {v} | {at_limit} | {passes} |")
-    L += ["", *stage_times(run, [k for k in times if k.startswith("learn-")])]
+    L += ["", *stage_times(run, [f"learn-{m}" for m in (*a.methods, "infer", "eval")])]
     out = run / "learning.md"
     out.write_text("\n".join(L) + "\n")
     print(f"real: {out}")

@@ -124,10 +124,11 @@ def test_real_model_agent_arm_quick_run(quick):
 
 
 def test_the_learning_arm_samples_the_test_repositories_named_and_a_run_folder_holds_one_choice(tmp_path):
-    """``--learn-test-repos``: a repository that is not one of the run's test repositories, or a run folder that
-    sampled other test rows (a folder from before the option sampled the default's), is one clear error before
-    anything is set up or written; its ``rm`` command, pasted, keeps the learned adapters whatever the folder's
-    name. The same rows named in another order or twice are the same choice."""
+    """``--learn-test-repos`` and ``--learn-methods``: a repository that is not one of the run's test repositories,
+    a method that is not one, or a run folder that sampled other test rows or other methods (a folder from before
+    the options sampled the defaults), is one clear error before anything is set up or written; it names the
+    folder's choice to resume it, and its ``rm`` command, pasted, keeps the learned adapters whatever the folder's
+    name. The same rows or methods named in another order, twice or across lines are the same choice."""
     run = tmp_path / "my run"
 
     def real(*args: str) -> subprocess.CompletedProcess:
@@ -140,24 +141,34 @@ def test_the_learning_arm_samples_the_test_repositories_named_and_a_run_folder_h
     r = real("--learn", "--learn-test-repos", " ")
     assert r.returncode == 2 and "names no repository" in r.stderr, r.stderr
     r = real("--agent", "--learn-test-repos", "all")
-    assert r.returncode == 2 and "options of --learn" in r.stderr, r.stderr
-    r = real("--agent", "--learn-methods", "rft grpo")
-    assert r.returncode == 2 and "options of --learn" in r.stderr, r.stderr
+    assert r.returncode == 2 and "--learn-test-repos is an option of --learn" in r.stderr, r.stderr
+    r = real("--agent", "--learn-methods", "grpo")  # the misplaced option first, not what it names
+    assert r.returncode == 2 and "--learn-methods is an option of --learn" in r.stderr, r.stderr
     r = real("--learn", "--learn-methods", "grpo")  # its curriculum comes from rft's first round
     assert r.returncode == 2 and "name rft too" in r.stderr, r.stderr
-    r = real("--learn", "--learn-methods", "rft ppo")
+    r = real("--learn", "--learn-methods", "rft\nppo")  # every word, whatever separates them
     assert r.returncode == 2 and "got 'ppo'" in r.stderr, r.stderr
+    r = real("--learn", "--learn-methods", " ")
+    assert r.returncode == 2 and "names no method" in r.stderr, r.stderr
     kept = ["done/train-id", "learn-rft/adapter/adapter_model.safetensors", "eval-strict/base/results.jsonl"]
-    stale = ["done/learn-infer", "done/learn-eval", "learn-infer/sft/task3.jsonl",
+    stale = ["done/learn-infer", "done/learn-eval", "learn-infer/sft/task3.jsonl", "learning.md",
              "eval-compat/learn/sft/results.jsonl", "eval-strict/learn/sft/results.jsonl"]
     for f in kept + stale:
         (run / f).parent.mkdir(parents=True, exist_ok=True)
         (run / f).write_text("x")
     r = real("--learn", "--learn-test-repos", "all")  # a folder from before the option: the default's 12 rows
-    assert r.returncode == 2 and "sampled the test rows of External-Attention-pytorch with rft dpo grpo;" in r.stderr
+    assert r.returncode == 2 and "sampled the test rows of External-Attention-pytorch with rft dpo grpo," in r.stderr
     (run / "learn-test-repos").write_text("External-Attention-pytorch\n")
     r = real("--learn", "--learn-methods", "grpo rft")  # the same rows, fewer methods: other samples
-    assert r.returncode == 2 and "with rft dpo grpo; for External-Attention-pytorch with rft grpo" in r.stderr
+    assert r.returncode == 2 and "with rft dpo grpo, not External-Attention-pytorch with rft grpo" in r.stderr
+    # resuming a folder that ran some methods: its choice is named, in any order, whatever separates the names
+    (run / "learn-methods").write_text("rft grpo\n")
+    r = real("--learn", "--repos", str(tmp_path / "none"))
+    assert r.returncode == 2 and "To resume it, name its choice: --learn-test-repos 'External-Attention-pytorch' " \
+        "--learn-methods 'rft grpo'." in r.stderr, r.stderr
+    r = real("--learn", "--learn-methods", "grpo\nrft rft", "--repos", str(tmp_path / "none"))
+    assert r.returncode == 2 and "--repos" in r.stderr and "sampled" not in r.stderr, r.stderr  # past the check
+    (run / "learn-methods").unlink()
     (run / "learn-test-repos").write_text("External-Attention-pytorch PyTorch-GAN Time-Series-Library\n")
     r = real("--learn", "--learn-test-repos", "Time-Series-Library PyTorch-GAN External-Attention-pytorch PyTorch-GAN",
              "--repos", str(tmp_path / "none"))
