@@ -88,24 +88,23 @@ case $AGENT_ROWS in ''|*[!0-9]*) echo "real: --agent-rows takes a number of rows
 ALL_TEST_REPOS=(External-Attention-pytorch PyTorch-GAN Time-Series-Library)
 [ $QUICK = 1 ] && ALL_TEST_REPOS=(External-Attention-pytorch)
 [ "$LEARN_REPOS" = all ] && LEARN_REPOS="${ALL_TEST_REPOS[*]}"
-read -r -d '' -a asked <<< "$LEARN_REPOS" || true
-[ ${#asked[@]} -gt 0 ] || { echo "real: --learn-test-repos names no repository" >&2; exit 2; }
-for r in "${asked[@]}"; do
-  case " ${ALL_TEST_REPOS[*]} " in *" $r "*) ;;
-    *) echo "real: --learn-test-repos: '$r' is not a test repository of this run (${ALL_TEST_REPOS[*]}, or all)" >&2
-       exit 2;; esac
-done
-LEARN_TEST_REPOS=()  # in the run's own order, each once: the same rows are the same choice however they are named
-for r in "${ALL_TEST_REPOS[@]}"; do
-  case " ${asked[*]} " in *" $r "*) LEARN_TEST_REPOS+=("$r");; esac
-done
-read -r -d '' -a asked <<< "$LEARN_METHODS" || true
-[ ${#asked[@]} -gt 0 ] || { echo "real: --learn-methods names no method" >&2; exit 2; }
-METHODS=()  # in the run's order, each once
-for m in "${asked[@]}"; do
-  case $m in rft|dpo|grpo) ;; *) echo "real: --learn-methods takes rft, dpo and grpo, got '$m'" >&2; exit 2;; esac
-done
-for m in rft dpo grpo; do case " ${asked[*]} " in *" $m "*) METHODS+=("$m");; esac; done
+member() { local w=$1; shift; case " $* " in *" $w "*) return 0;; esac; return 1; }  # member WORD LIST...
+# pick OPTION VALUE NONE UNKNOWN ALLOWED...: PICKED=the ALLOWED words VALUE names (whatever separates them), in
+# ALLOWED's order, each once: the same choice however it is named. No word: "real: OPTION NONE"; a word not allowed:
+# "real: OPTION UNKNOWN" (a printf format, %s the word).
+pick() {
+  local opt=$1 value=$2 none=$3 unknown=$4 w words=(); shift 4
+  read -r -d '' -a words <<< "$value" || true
+  [ ${#words[@]} -gt 0 ] || { echo "real: $opt$none" >&2; exit 2; }
+  for w in "${words[@]}"; do member "$w" "$@" || { printf "real: %s$unknown\n" "$opt" "$w" >&2; exit 2; }; done
+  PICKED=()
+  for w in "$@"; do if member "$w" "${words[@]}"; then PICKED+=("$w"); fi; done
+}
+pick --learn-test-repos "$LEARN_REPOS" " names no repository" \
+  ": '%s' is not a test repository of this run (${ALL_TEST_REPOS[*]}, or all)" "${ALL_TEST_REPOS[@]}"
+LEARN_TEST_REPOS=("${PICKED[@]}")
+pick --learn-methods "$LEARN_METHODS" " names no method" " takes rft, dpo and grpo, got '%s'" rft dpo grpo
+METHODS=("${PICKED[@]}")
 [ "${METHODS[0]:-}" = rft ] || { echo "real: --learn-methods '$LEARN_METHODS': DPO's pairs and GRPO's curriculum come from rft's first round; name rft too" >&2; exit 2; }
 if [ $LEARN = 1 ]; then
   LEARN_RUN=${RUN:-runs/real}; [ $QUICK = 1 ] && LEARN_RUN=${RUN:-runs/real-quick}
@@ -384,8 +383,7 @@ if [ $LEARN = 1 ]; then
   stage learn-rft "learn: rejection-sampling fine-tuning (rft)" \
     "$BIN/mlbench" learn --method rft "${LEARN_ARGS[@]}" "${LEARN_EXTRA[@]}" --out "$RUN/learn-rft"
   # 6. DPO on the pass/fail pairs of rft's first-round samples (the SFT adapter's own answers)
-  has() { case " ${METHODS[*]} " in *" $1 "*) return 0;; esac; return 1; }
-  has dpo && stage learn-dpo "learn: DPO on pass/fail pairs" \
+  member dpo "${METHODS[@]}" && stage learn-dpo "learn: DPO on pass/fail pairs" \
     "$BIN/mlbench" learn --method dpo "${LEARN_ARGS[@]}" "${LEARN_EXTRA[@]}" \
     --generations "$RUN/learn-rft/round-1/infer/task3.jsonl" --results "$RUN/learn-rft/round-1/eval" \
     --out "$RUN/learn-dpo"
@@ -394,7 +392,7 @@ if [ $LEARN = 1 ]; then
   GRPO_ROWS=(--set grpo.curriculum=mixed --generations "$RUN/learn-rft/round-1/infer/task3.jsonl"
              --results "$RUN/learn-rft/round-1/eval")
   [ $QUICK = 1 ] && GRPO_ROWS=()
-  has grpo && stage learn-grpo "learn: GRPO with execution rewards" \
+  member grpo "${METHODS[@]}" && stage learn-grpo "learn: GRPO with execution rewards" \
     "$BIN/mlbench" learn --method grpo "${LEARN_ARGS[@]}" "${LEARN_EXTRA[@]}" "${GRPO_ROWS[@]}" --out "$RUN/learn-grpo"
   # 8. the model as released, SFT and every learned adapter on the test rows: one vLLM engine
   learn_infer() {
